@@ -1,0 +1,130 @@
+"""Gangs: ``world_size`` rank actors in one placement group, reused across cells of one shape.
+
+A gang's shape is (world size, device, placement strategy). A gang in which anything failed is
+killed whole and its placement group removed; the next cell of that shape gets a new one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.rank_actor import RankActor
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_READY_TIMEOUT_S = 60.0
+"""How long a new gang's placement group may take to be scheduled before the gang is given up."""
+ACTOR_NAMESPACE = "commprof"
+"""Ray namespace of the driver; rank actors are named ``gang<N>-rank<R>`` in it."""
+
+_gang_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Gang:
+    """A placement group and its rank actors."""
+
+    shape: tuple[int, str, str]
+    """(world size, device, placement strategy)."""
+    group: PlacementGroup
+    """The placement group holding one bundle per rank."""
+    actors: list[Any]
+    """Rank actor handles, in rank order."""
+    gang_id: int
+    """Sequence number of the gang in this driver (names its actors)."""
+    nodes: list[tuple[str, str]] = field(default_factory=list)
+    """(node id, IP) of each rank, filled in by :meth:`locate`."""
+    cells_run: int = 0
+    """Cells this gang has completed."""
+
+    @property
+    def world_size(self) -> int:
+        return self.shape[0]
+
+    def bundle(self) -> dict[str, float]:
+        """Resources of one rank: a GPU and a CPU on GPU cells, a CPU otherwise."""
+        return bundle_for(self.shape[1])
+
+    def locate(self, timeout_s: float = PLACEMENT_READY_TIMEOUT_S) -> None:
+        """Ask each actor where it runs (also proves that every actor has started)."""
+        self.nodes = ray.get([a.node.remote() for a in self.actors], timeout=timeout_s)
+
+    @property
+    def single_node(self) -> bool:
+        return len({node for node, _ in self.nodes}) == 1
+
+    def local_ranks(self) -> list[int]:
+        """Each rank's index among the gang's ranks on the same node."""
+        seen: dict[str, int] = {}
+        out = []
+        for node, _ in self.nodes:
+            out.append(seen.get(node, 0))
+            seen[node] = out[-1] + 1
+        return out
+
+    def kill(self) -> None:
+        """Kill every actor and free the placement group (idempotent)."""
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as err:  # an actor that is already gone is fine
+                log.debug("kill of a rank actor of gang %d: %s", self.gang_id, err)
+        self.actors = []
+        try:
+            remove_placement_group(self.group)
+        except Exception as err:
+            log.debug("removing placement group of gang %d: %s", self.gang_id, err)
+
+
+def bundle_for(device: str) -> dict[str, float]:
+    """Resources of one rank (DESIGN.md: ``num_gpus=1`` on GPU cells, a CPU otherwise)."""
+    return {"CPU": 1.0, "GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
+
+
+def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
+    """Reserve a placement group for ``shape`` and start one rank actor per bundle.
+
+    Raises:
+        TimeoutError: the cluster could not place the group in time (e.g. SPREAD over more
+            ranks than nodes, or too few GPUs).
+    """
+    world_size, device, strategy = shape
+    bundles = [bundle_for(device) for _ in range(world_size)]
+    group = placement_group(bundles, strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=ready_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise TimeoutError(
+            f"placement group of {world_size} x {bundles[0]} ({strategy}) not placed within "
+            f"{ready_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}"
+        )
+    gang_id = next(_gang_ids)
+    remote = ray.remote(RankActor)
+    actors = [
+        remote.options(
+            name=f"gang{gang_id}-rank{rank}",
+            namespace=ACTOR_NAMESPACE,
+            num_cpus=bundles[rank]["CPU"],
+            num_gpus=bundles[rank].get("GPU", 0),
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=rank
+            ),
+        ).remote()
+        for rank in range(world_size)
+    ]
+    gang = Gang(shape=shape, group=group, actors=actors, gang_id=gang_id)
+    try:
+        gang.locate(ready_timeout_s)
+    except Exception:
+        gang.kill()
+        raise
+    log.debug("gang %d of shape %s on nodes %s", gang_id, shape, gang.nodes)
+    return gang

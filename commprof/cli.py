@@ -1,0 +1,262 @@
+"""The ``commprof`` command line: check, run, sweep, estimate, analyze.
+
+Each subcommand imports what it needs when it runs, so ``commprof estimate`` starts without
+torch or Ray and ``commprof --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from commprof import __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``commprof`` console script."""
+    parser = argparse.ArgumentParser(
+        prog="commprof",
+        description="Where the gradient-communication time of data-parallel training goes.",
+    )
+    parser.add_argument("--version", action="version", version=f"commprof {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = sub.add_parser("check", help="versions, backends, devices, Ray, a matrix's cells")
+    check.add_argument("matrix", nargs="?", type=Path, help="a matrix YAML file to validate")
+    check.add_argument("--json", action="store_true", help="print one JSON document")
+    check.set_defaults(func=_check)
+
+    run = sub.add_parser("run", help="run one cell on this machine, without Ray")
+    run.add_argument("--model", required=True, help="model name (see `commprof check`)")
+    run.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    run.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda for nccl, else cpu")
+    run.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap (MiB)")
+    run.add_argument("--steps", type=int, default=6, help="training steps, warm-up included")
+    run.add_argument("--warmup-steps", type=int, default=1, help="steps not measured")
+    run.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
+    run.add_argument("--hook", choices=("allreduce", "fp16"), default="allreduce")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--repeat", type=int, default=0, help="repetition index (a new cell id)")
+    run.add_argument("--pg-timeout-s", type=float, default=60.0, help="process-group timeout")
+    run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
+    run.set_defaults(func=_run)
+
+    sweep = sub.add_parser("sweep", help="run a matrix on Ray (same as sweeps/run_matrix.py)")
+    _optional("sweeps.run_matrix", "add_arguments", sweep)
+    sweep.set_defaults(func=_sweep)
+
+    estimate = sub.add_parser("estimate", help="predict all-reduce and exposed communication")
+    _optional("commprof.modeling.estimate", "add_arguments", estimate)
+    estimate.set_defaults(func=_estimate)
+
+    analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
+    analyze.add_argument("trace_dir", type=Path, help="folder of Kineto/chrome traces")
+    analyze.add_argument("--out", type=Path, help="write the tables as Parquet here")
+    analyze.add_argument("--json", action="store_true", help="print per-(rank, step) records")
+    analyze.add_argument(
+        "--regime", choices=("cpu-gloo", "cuda-nccl", "cuda-gloo"), help="force the rule table"
+    )
+    analyze.set_defaults(func=_analyze)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _optional(module: str, attr: str, parser: argparse.ArgumentParser) -> None:
+    """Let a module add its flags (it owns them); the import is deferred to parse time."""
+    getattr(importlib.import_module(module), attr)(parser)
+
+
+def _check(args: argparse.Namespace) -> int:
+    report: dict[str, Any] = {"commprof": __version__, "python": platform.python_version()}
+    for name in ("torch", "ray", "numpy", "pandas", "pyarrow", "scipy", "matplotlib", "yaml"):
+        try:
+            report[name] = importlib.import_module(name).__version__
+        except ImportError:
+            report[name] = None
+    import torch
+    import torch.distributed as dist
+
+    report["backends"] = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
+    report["devices"] = {
+        "cpu_count": os.cpu_count(),
+        "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    report["ray_cluster"] = _ray_resources()
+    if args.matrix is not None:
+        from commprof.matrix import load
+        from sweeps.guard import GuardPlan, estimate_cell_s
+
+        matrix = load(args.matrix)
+        guard = GuardPlan(matrix)
+        cells = []
+        for cell in matrix.cells:
+            decision = guard.decide(cell)
+            cells.append(
+                {
+                    "cell_id": cell.cell_id,
+                    **{k: getattr(cell, k) for k in ("model", "world_size", "bucket_cap_mb")},
+                    **{k: getattr(cell, k) for k in ("backend", "device", "placement", "repeat")},
+                    "feasible": decision.feasible,
+                    "guard": decision.explain(),
+                    "estimate_s": round(estimate_cell_s(cell, guard.num_params(cell)), 1),
+                }
+            )
+        report["matrix"] = {
+            "name": matrix.name,
+            "file": matrix.source,
+            "num_cells": len(cells),
+            "num_rejected": sum(not c["feasible"] for c in cells),
+            "estimate_s": round(sum(c["estimate_s"] for c in cells if c["feasible"]), 1),
+            "cells": cells,
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for key in ("commprof", "python", "torch", "ray", "numpy", "pandas", "pyarrow"):
+        print(f"{key:>12}: {report[key]}")
+    print(f"{'backends':>12}: {report['backends']}")
+    print(f"{'devices':>12}: {report['devices']}")
+    print(f"{'ray cluster':>12}: {report['ray_cluster'] or 'none reachable (sweeps embed one)'}")
+    if "matrix" in report:
+        m = report["matrix"]
+        print(
+            f"\nmatrix {m['name']!r} ({m['file']}): {m['num_cells']} cells, "
+            f"{m['num_rejected']} rejected by the memory guard, "
+            f"estimated {m['estimate_s']:.0f} s to run (one cell at a time)"
+        )
+        for c in m["cells"]:
+            mark = "ok      " if c["feasible"] else "REJECTED"
+            print(
+                f"  {c['cell_id']} {mark} {c['model']:>10} ws={c['world_size']} "
+                f"cap={c['bucket_cap_mb']}MiB {c['backend']}/{c['device']} {c['placement']} "
+                f"r{c['repeat']} ~{c['estimate_s']}s"
+            )
+            if not c["feasible"]:
+                print("      " + c["guard"].replace("\n", "\n      "))
+    return 0
+
+
+def _ray_resources() -> dict[str, float] | None:
+    """Resources of a reachable Ray cluster, without starting one."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address is None and not Path("/tmp/ray/ray_current_cluster").exists():
+        return None
+    import ray
+
+    try:
+        ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError):
+        return None
+    try:
+        return dict(ray.cluster_resources())
+    finally:
+        ray.shutdown()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from commprof import results
+    from commprof.catalog import count_parameters
+    from commprof.matrix import Cell
+    from commprof.training.launcher import RankFailure, merge_rank_records, run_local
+
+    device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+    cell = Cell(
+        model=args.model,
+        world_size=args.world_size,
+        bucket_cap_mb=args.bucket_cap_mb,
+        backend=args.backend,
+        device=device,
+        hook=args.hook,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        repeat=args.repeat,
+    )
+    status = results.latest_status(args.out).get(cell.cell_id)
+    if status is not None and status[0] == "ok":
+        print(
+            f"cell {cell.cell_id} is already complete in {args.out}; "
+            "pass --repeat N for another measurement of it",
+            file=sys.stderr,
+        )
+        return 0
+    attempt = status[1] + 1 if status else 1
+    started, t0 = time.time(), time.monotonic()
+    common: dict[str, Any] = {
+        "sweep": "run",
+        "attempt": attempt,
+        "num_params": count_parameters(cell.model),
+        "started_unix_s": started,
+    }
+    try:
+        per_rank = run_local(cell, timeout_s=args.pg_timeout_s)
+    except RankFailure as err:
+        row = results.cell_row(
+            cell,
+            status="failed",
+            error=str(err),
+            error_kind="transient",
+            wall_s=time.monotonic() - t0,
+            **common,
+        )
+        results.write_attempt(args.out, row, {})
+        print(f"error: cell {cell.cell_id} failed: {err}", file=sys.stderr)
+        return 1
+    wall_s = time.monotonic() - t0
+    row = results.cell_row(cell, status="ok", env=per_rank[0]["env"], wall_s=wall_s, **common)
+    results.write_attempt(args.out, row, merge_rank_records(per_rank))
+    from sweeps.run_matrix import summary_table
+
+    print(summary_table(results.load(args.out), [cell.cell_id]))
+    print(f"cell {cell.cell_id} done in {wall_s:.2f} s; dataset: {args.out}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from sweeps.run_matrix import run
+
+    return run(args)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from commprof.modeling.estimate import run
+
+    return int(run(args, _param_sizes(args)))
+
+
+def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:
+    """Parameter sizes from ``--params-file`` or ``--model`` (closed form, torch-free)."""
+    from commprof.catalog import MODEL_NAMES, parameter_sizes
+    from commprof.modeling.estimate import load_param_sizes_file
+
+    if getattr(args, "params_file", None):
+        return load_param_sizes_file(args.params_file)
+
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return parameter_sizes(args.model)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from commprof.profiling.analyze import run
+
+    return int(run(args.trace_dir, args.out, args.json, args.regime))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

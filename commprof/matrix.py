@@ -1,0 +1,421 @@
+"""Matrix YAML -> validated, expanded cells with stable ids.
+
+A matrix file names axes (each a list of values); the cells are their Cartesian product, times
+``repeats``. Every key is checked before anything runs: an unknown key, a wrong type or an
+impossible value raises :class:`MatrixError` naming the file, the key and what is allowed.
+
+Example::
+
+    name: smoke
+    axes:
+      model: [srn-100k, srn-1m]
+      world_size: [2]
+      bucket_cap_mb: [1, 25]
+    defaults:
+      steps: 6
+    run:
+      max_attempts: 2
+
+This module imports no torch and no ray (DESIGN.md, "Imports go one way").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from commprof.catalog import MODEL_NAMES
+
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+HOOKS = ("allreduce", "fp16")
+REGIMES = {
+    "cpu-gloo": ("gloo", "cpu"),
+    "cuda-nccl": ("nccl", "cuda"),
+    "cuda-gloo": ("gloo", "cuda"),
+}
+"""A ``regime`` axis value sets backend and device together (DESIGN.md, "Regimes")."""
+OPTIMIZERS = ("sgd", "adam")
+
+# Cell fields that are identity: two cells with equal values here are the same measurement.
+_ID_FIELDS = (
+    "model",
+    "world_size",
+    "bucket_cap_mb",
+    "backend",
+    "device",
+    "placement",
+    "hook",
+    "optimizer",
+    "steps",
+    "warmup_steps",
+    "batch_size",
+    "seed",
+    "repeat",
+    "microbench_sizes_bytes",
+    "microbench_iters",
+    "profile",
+)
+
+
+class MatrixError(ValueError):
+    """A matrix file or value the user must change; the message names file and key."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cell:
+    """One configuration to measure: a point of the matrix."""
+
+    model: str
+    """Model name from ``commprof.catalog.MODEL_NAMES``."""
+    world_size: int
+    """Number of ranks (processes) in the process group."""
+    bucket_cap_mb: float
+    """DDP ``bucket_cap_mb`` (MiB, as DDP reads it)."""
+    backend: str = "gloo"
+    """torch.distributed backend: gloo or nccl."""
+    device: str = "cpu"
+    """Where tensors live: cpu or cuda (gloo over cuda tensors is the cuda-gloo regime)."""
+    placement: str = "PACK"
+    """Ray placement-group strategy for the gang of ranks."""
+    hook: str = "allreduce"
+    """Inner communication hook the timing wrapper composes with: allreduce or fp16."""
+    optimizer: str = "sgd"
+    """Optimizer: sgd (with momentum) or adam."""
+    steps: int = 6
+    """Training steps in total, warm-up included."""
+    warmup_steps: int = 1
+    """Steps excluded from statistics at the start (step 0 is always excluded)."""
+    batch_size: int = 8
+    """Per-rank batch size."""
+    seed: int = 0
+    """Seed of the synthetic data and the model initialisation."""
+    repeat: int = 0
+    """Index of the repetition of an otherwise identical configuration."""
+    microbench_sizes_bytes: tuple[int, ...] = ()
+    """All-reduce microbenchmark message sizes (bytes); the model's bucket sizes are added."""
+    microbench_iters: int = 5
+    """Timed iterations per microbenchmark size."""
+    profile: bool = False
+    """Also record a torch.profiler trace per rank and derive trace metrics from it."""
+
+    def __post_init__(self) -> None:
+        # 25 and 25.0 MiB are one configuration: one id (frozen, so set through object).
+        object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
+        _check_choice("model", self.model, MODEL_NAMES)
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("placement", self.placement, PLACEMENTS)
+        _check_choice("hook", self.hook, HOOKS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.backend == "nccl" and self.device != "cuda":
+            raise MatrixError("backend 'nccl' needs device 'cuda'; use backend 'gloo' on cpu")
+        for name in ("world_size", "steps", "batch_size", "microbench_iters"):
+            if getattr(self, name) < 1:
+                raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.bucket_cap_mb <= 0:
+            raise MatrixError(f"bucket_cap_mb must be > 0 (MiB), got {self.bucket_cap_mb!r}")
+        if not 0 <= self.warmup_steps < self.steps - 1:
+            raise MatrixError(
+                f"warmup_steps must be in [0, steps - 1) so that at least one step after "
+                f"step 0 is measured; got warmup_steps={self.warmup_steps}, steps={self.steps}"
+            )
+        if any(n <= 0 for n in self.microbench_sizes_bytes):
+            raise MatrixError(f"microbench sizes must be > 0 bytes: {self.microbench_sizes_bytes}")
+
+    @property
+    def cell_id(self) -> str:
+        """Short hash of the canonical configuration: equal configs, equal ids."""
+        return config_hash(self.config())
+
+    @property
+    def shape(self) -> tuple[int, str, str]:
+        """What a gang of rank actors must match to be reused: (world size, device, placement)."""
+        return (self.world_size, self.device, self.placement)
+
+    @property
+    def regime(self) -> str:
+        """The trace regime of DESIGN.md: cpu-gloo, cuda-nccl or cuda-gloo."""
+        return f"{self.device}-{self.backend}"
+
+    def config(self) -> dict[str, Any]:
+        """The identity fields as plain JSON-able values."""
+        return {name: _plain(getattr(self, name)) for name in _ID_FIELDS}
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """12 hex digits of SHA-256 over the canonical JSON of ``config``."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunPolicy:
+    """How the driver runs the cells of a matrix."""
+
+    max_attempts: int = 2
+    """Attempts per cell before it stays failed (errors that would repeat stop earlier)."""
+    cell_timeout_s: float = 600.0
+    """Wall-clock limit of one cell attempt; the whole gang is stopped past it."""
+    pg_timeout_s: float = 60.0
+    """torch.distributed process-group timeout: short, so a lost peer fails fast."""
+    exclusive: bool = False
+    """Run one cell at a time (a link being measured must not be shared)."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise MatrixError(f"run.max_attempts must be >= 1, got {self.max_attempts}")
+        for name in ("cell_timeout_s", "pg_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise MatrixError(f"run.{name} must be > 0 seconds, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Matrix:
+    """A validated matrix file: its name, expanded cells, run policy and memory budgets."""
+
+    name: str
+    """Name of the sweep; the default dataset folder is ``results/<name>/``."""
+    source: str
+    """File the matrix was read from (for messages)."""
+    cells: tuple[Cell, ...]
+    """Expanded cells, in file order (axes varying last-fastest)."""
+    run: RunPolicy = field(default_factory=RunPolicy)
+    """Driver policy."""
+    budget_bytes: dict[str, int] = field(default_factory=dict)
+    """Memory budgets by pool name, overriding detected ones."""
+
+
+# Allowed keys per section, with the type each value must have.
+_AXES: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "regime": (str,),
+    "world_size": (int,),
+    "bucket_cap_mb": (int, float),
+    "backend": (str,),
+    "device": (str,),
+    "placement": (str,),
+    "hook": (str,),
+    "optimizer": (str,),
+    "batch_size": (int,),
+    "steps": (int,),
+}
+_DEFAULTS: dict[str, tuple[type, ...]] = {
+    **_AXES,
+    "warmup_steps": (int,),
+    "seed": (int,),
+    "microbench_iters": (int,),
+    "profile": (bool,),
+}
+_RUN: dict[str, tuple[type, ...]] = {
+    "max_attempts": (int,),
+    "cell_timeout_s": (int, float),
+    "pg_timeout_s": (int, float),
+    "exclusive": (bool,),
+}
+_BUDGET_POOLS = (
+    "device_bytes",
+    "host_ram_bytes",
+    "pinned_bytes",
+    "shm_bytes",
+    "object_store_bytes",
+)
+_TOP = ("name", "description", "axes", "defaults", "repeats", "run", "budget", "microbench")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def load(path: str | Path) -> Matrix:
+    """Read, validate and expand a matrix YAML file.
+
+    Args:
+        path: the matrix file.
+
+    Returns:
+        The validated matrix.
+
+    Raises:
+        MatrixError: naming the file and key to change.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise MatrixError(f"{path}: cannot read the matrix file ({err.strerror})") from err
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise MatrixError(f"{path}: not valid YAML: {err}") from err
+    return parse(raw, source=str(path))
+
+
+def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
+    """Validate and expand an already-parsed matrix document.
+
+    Args:
+        raw: the document (a mapping) as ``yaml.safe_load`` returns it.
+        source: a name for messages, usually the file path.
+
+    Returns:
+        The validated matrix.
+    """
+    if not isinstance(raw, dict):
+        raise MatrixError(f"{source}: the matrix must be a mapping with keys {', '.join(_TOP)}")
+    _check_keys(raw, _TOP, source, "")
+    name = raw.get("name", Path(source).stem)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise MatrixError(
+            f"{source}: key 'name': {name!r} must be letters, digits, '.', '_' or '-' "
+            "(it names the results folder)"
+        )
+    axes = _section(raw, "axes", source)
+    _check_keys(axes, tuple(_AXES), source, "axes.")
+    for key in ("model", "world_size", "bucket_cap_mb"):
+        if key not in axes:
+            raise MatrixError(f"{source}: key 'axes.{key}' is required")
+    axis_values = {k: _axis_list(v, k, source) for k, v in axes.items()}
+    defaults = _section(raw, "defaults", source)
+    _check_keys(defaults, tuple(_DEFAULTS), source, "defaults.")
+    for key, value in defaults.items():
+        _check_type(value, _DEFAULTS[key], f"defaults.{key}", source)
+    repeats = raw.get("repeats", 1)
+    _check_type(repeats, (int,), "repeats", source)
+    if repeats < 1:
+        raise MatrixError(f"{source}: key 'repeats' must be >= 1, got {repeats}")
+    microbench = _microbench_sizes(raw.get("microbench"), source)
+
+    run_raw = _section(raw, "run", source)
+    _check_keys(run_raw, tuple(_RUN), source, "run.")
+    for key, value in run_raw.items():
+        _check_type(value, _RUN[key], f"run.{key}", source)
+    budget_raw = _section(raw, "budget", source)
+    _check_keys(budget_raw, _BUDGET_POOLS, source, "budget.")
+    for key, value in budget_raw.items():
+        _check_type(value, (int,), f"budget.{key}", source)
+        if value <= 0:
+            raise MatrixError(f"{source}: key 'budget.{key}' must be > 0 bytes, got {value}")
+
+    if "regime" in axis_values or "regime" in defaults:
+        clash = [k for k in ("backend", "device") if k in axis_values or k in defaults]
+        if clash:
+            raise MatrixError(
+                f"{source}: key 'regime' sets backend and device; remove {', '.join(clash)}"
+            )
+    keys = list(axis_values)
+    cells = []
+    for combo in itertools.product(*(axis_values[k] for k in keys)):
+        values = {**defaults, **dict(zip(keys, combo, strict=True))}
+        if "regime" in values:
+            regime = values.pop("regime")
+            if regime not in REGIMES:
+                raise MatrixError(
+                    f"{source}: key 'axes.regime': {regime!r} is not one of: {', '.join(REGIMES)}"
+                )
+            values["backend"], values["device"] = REGIMES[regime]
+        for repeat in range(repeats):
+            try:
+                cells.append(Cell(**values, repeat=repeat, microbench_sizes_bytes=microbench))
+            except MatrixError as err:
+                where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+                raise MatrixError(f"{source}: cell ({where}): {err}") from None
+    try:
+        run = RunPolicy(**run_raw)
+    except MatrixError as err:
+        raise MatrixError(f"{source}: {err}") from None
+    return Matrix(name=name, source=source, cells=tuple(cells), run=run, budget_bytes=budget_raw)
+
+
+def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise MatrixError(f"{source}: key '{key}' must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(section: dict[str, Any], allowed: tuple[str, ...], source: str, prefix: str):
+    for key in section:
+        if key not in allowed:
+            raise MatrixError(
+                f"{source}: unknown key '{prefix}{key}'; allowed here: {', '.join(allowed)}"
+            )
+
+
+def _check_type(value: Any, types: tuple[type, ...], key: str, source: str) -> None:
+    # bool is an int in Python; a YAML `true` is never a valid count or size.
+    is_bool = isinstance(value, bool) and bool not in types
+    if is_bool or not isinstance(value, types):
+        wanted = " or ".join(t.__name__ for t in types)
+        raise MatrixError(
+            f"{source}: key '{key}': {value!r} is a {type(value).__name__}, expected {wanted}"
+        )
+
+
+def _axis_list(value: Any, key: str, source: str) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise MatrixError(f"{source}: key 'axes.{key}' is an empty list; give at least one value")
+    for item in values:
+        _check_type(item, _AXES[key], f"axes.{key}", source)
+    if len(set(values)) != len(values):
+        raise MatrixError(f"{source}: key 'axes.{key}' repeats a value: {values}")
+    return values
+
+
+def _microbench_sizes(value: Any, source: str) -> tuple[int, ...]:
+    """Sizes from ``microbench: {sizes_bytes: [...]}`` or ``{min_bytes, max_bytes, factor}``."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise MatrixError(f"{source}: key 'microbench' must be a mapping")
+    _check_keys(value, ("sizes_bytes", "min_bytes", "max_bytes", "factor"), source, "microbench.")
+    if "sizes_bytes" in value:
+        sizes = value["sizes_bytes"]
+        if not isinstance(sizes, list):
+            raise MatrixError(f"{source}: key 'microbench.sizes_bytes' must be a list of ints")
+        for size in sizes:
+            _check_type(size, (int,), "microbench.sizes_bytes", source)
+        return tuple(sizes)
+    lo, hi, factor = value.get("min_bytes"), value.get("max_bytes"), value.get("factor", 2)
+    for key, item in (("min_bytes", lo), ("max_bytes", hi), ("factor", factor)):
+        _check_type(item, (int,), f"microbench.{key}", source)
+    assert isinstance(lo, int) and isinstance(hi, int) and isinstance(factor, int)
+    if not (0 < lo <= hi and factor >= 2):
+        raise MatrixError(
+            f"{source}: key 'microbench': need 0 < min_bytes <= max_bytes and factor >= 2, "
+            f"got {lo}, {hi}, {factor}"
+        )
+    sizes = []
+    size = lo
+    while size <= hi:
+        sizes.append(size)
+        size *= factor
+    return tuple(sizes)
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise MatrixError(f"{name} {value!r} is not one of: {', '.join(allowed)}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def cell_from_config(config: Mapping[str, Any]) -> Cell:
+    """Rebuild a cell from its ``config()`` (as stored in the dataset)."""
+    names = {f.name for f in dataclasses.fields(Cell)}
+    values = {k: v for k, v in config.items() if k in names}
+    if "microbench_sizes_bytes" in values:
+        values["microbench_sizes_bytes"] = tuple(values["microbench_sizes_bytes"])
+    return Cell(**values)

@@ -1,0 +1,238 @@
+"""DDP communication hooks that time every gradient bucket without perturbing it.
+
+The timing wrapper keeps PyTorch's hook shape, ``hook(state, bucket) -> Future[Tensor]``, and
+composes with any inner hook (plain all-reduce, fp16 compression), the way
+``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_wrapper`` composes.
+It never touches the gradients: the inner hook's future is returned with one extra ``then``
+that only reads a clock.
+
+Per bucket it takes three host timestamps (``time.perf_counter_ns``, one process-wide clock):
+
+- ``ready_ns``: hook entry, when DDP found the bucket's gradients ready;
+- ``launch_ns``: after the inner hook returned, i.e. the collective is enqueued;
+- ``done_ns``: in the future's callback, when the collective has completed.
+
+On CUDA it also records an event pair, at hook entry on the current stream and in the callback
+on the stream the future completes on; the pair is resolved with ``elapsed_time`` after the step
+(:meth:`TimingState.resolve`), never in the hook. The hot path holds no device sync, no lock and
+no blocking call: a ``perf_counter_ns``, a list append, and on CUDA two ``Event.record``.
+
+Definitions (DESIGN.md): ``latency_ns = done_ns - launch_ns``. The step's backward compute ends
+when the last bucket becomes ready (its gradients are the last ones autograd produces), so a
+bucket's ``exposed_ns = max(0, done_ns - max(launch_ns, compute_end_ns))``, with
+``compute_end_ns`` the latest ``ready_ns`` of the step: the part of its transfer that nothing
+overlapped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+
+INNER_HOOKS: dict[str, Hook] = {
+    "allreduce": default_hooks.allreduce_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+}
+"""Inner hooks by the matrix's ``hook`` name; both take a process group (or None) as state."""
+
+# Buckets are rebuilt at the end of step 0 (DDP rebuilds them from the order gradients became
+# ready), so composition is recorded once, on step 1, when it is final.
+COMPOSITION_STEP = 1
+
+# Indices into a raw record (a list, so the callback can fill in done_ns in place).
+_STEP, _INDEX, _BYTES, _PARAMS, _READY, _LAUNCH, _DONE, _EV_READY, _EV_DONE = range(9)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BucketParam:
+    """One parameter's place in a gradient bucket."""
+
+    bucket_index: int
+    """DDP's bucket index (0 is the bucket launched first)."""
+    position: int
+    """Position of the parameter inside the bucket."""
+    param_name: str
+    """Fully qualified parameter name, as ``named_parameters`` gives it."""
+    module: str
+    """The owning module's path (the parameter name without its last component)."""
+    numel: int
+    """Number of elements."""
+    num_bytes: int
+    """numel times element size."""
+
+
+class TimingState:
+    """State of the timing wrapper: the inner hook's state and the records of each step.
+
+    Args:
+        inner_state: the state the inner hook expects (a process group, or None for the default).
+        param_names: ``id(parameter) -> name`` for composition records.
+        use_cuda_events: record CUDA event pairs too (cuda tensors only).
+    """
+
+    def __init__(
+        self,
+        inner_state: Any = None,
+        *,
+        param_names: dict[int, str] | None = None,
+        use_cuda_events: bool = False,
+    ) -> None:
+        self.inner_state = inner_state
+        self.param_names = param_names or {}
+        self.use_cuda_events = use_cuda_events
+        self.step = 0
+        self.raw: list[list[Any]] = []
+        self.composition: list[BucketParam] = []
+
+    def resolve(self) -> list[dict[str, Any]]:
+        """Turn the raw records of all steps so far into bucket rows, then forget them.
+
+        Call after a step has completed (on CUDA after the step's sync point), never in a hook.
+
+        Returns:
+            Rows with ``step, bucket_index, num_bytes, num_params, ready_ns, launch_ns, done_ns,
+            latency_ns, exposed_ns, device_latency_ns`` (the last is None off CUDA).
+        """
+        raw, self.raw = self.raw, []
+        params_per_bucket: dict[int, int] = {}
+        for param in self.composition:
+            params_per_bucket[param.bucket_index] = params_per_bucket.get(param.bucket_index, 0) + 1
+        compute_end: dict[int, int] = {}
+        for rec in raw:
+            compute_end[rec[_STEP]] = max(compute_end.get(rec[_STEP], 0), rec[_READY])
+        rows = []
+        for rec in raw:
+            if rec[_DONE] == 0:
+                self.raw = raw + self.raw  # keep every record for a later resolve()
+                raise RuntimeError(
+                    f"bucket {rec[_INDEX]} of step {rec[_STEP]} has not completed; "
+                    "resolve() must be called after the step"
+                )
+            device_ns = None
+            if rec[_EV_READY] is not None:
+                device_ns = round(rec[_EV_READY].elapsed_time(rec[_EV_DONE]) * 1e6)
+            start = max(rec[_LAUNCH], compute_end[rec[_STEP]])
+            rows.append(
+                {
+                    "step": rec[_STEP],
+                    "bucket_index": rec[_INDEX],
+                    "num_bytes": rec[_BYTES],
+                    "num_params": (
+                        rec[_PARAMS] if rec[_PARAMS] >= 0 else params_per_bucket[rec[_INDEX]]
+                    ),
+                    "ready_ns": rec[_READY],
+                    "launch_ns": rec[_LAUNCH],
+                    "done_ns": rec[_DONE],
+                    "latency_ns": rec[_DONE] - rec[_LAUNCH],
+                    "exposed_ns": max(0, rec[_DONE] - start),
+                    "device_latency_ns": device_ns,
+                }
+            )
+        return rows
+
+    def _record_composition(self, bucket: dist.GradBucket) -> None:
+        index = bucket.index()
+        if any(p.bucket_index == index for p in self.composition):
+            return
+        for position, param in enumerate(bucket.parameters()):
+            name = self.param_names.get(id(param), f"<unnamed {id(param)}>")
+            self.composition.append(
+                BucketParam(
+                    bucket_index=index,
+                    position=position,
+                    param_name=name,
+                    module=name.rpartition(".")[0],
+                    numel=param.numel(),
+                    num_bytes=param.numel() * param.element_size(),
+                )
+            )
+
+
+def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]:
+    """Wrap a communication hook so that every bucket it handles is timed.
+
+    Args:
+        inner: a hook ``(state, bucket) -> Future[Tensor]``; it receives ``state.inner_state``.
+
+    Returns:
+        A hook taking a :class:`TimingState`; register it with
+        ``ddp.register_comm_hook(timing_state, hook)``.
+    """
+
+    def hook(state: TimingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        ready_ns = time.perf_counter_ns()
+        ev_ready = ev_done = None
+        if state.use_cuda_events:
+            ev_ready = torch.cuda.Event(enable_timing=True)
+            ev_ready.record()
+        if state.step == COMPOSITION_STEP:
+            state._record_composition(bucket)
+        buffer = bucket.buffer()
+        fut = inner(state.inner_state, bucket)
+        rec = [
+            state.step,
+            bucket.index(),
+            buffer.numel() * buffer.element_size(),
+            # Counted while the layout may still change; later steps take it from composition.
+            len(bucket.parameters()) if state.step <= COMPOSITION_STEP else -1,
+            ready_ns,
+            time.perf_counter_ns(),
+            0,
+            ev_ready,
+            ev_done,
+        ]
+        state.raw.append(rec)
+
+        # Runs on the backend's completion thread (gloo worker / CUDA callback): only reads a
+        # clock and records an event; never blocks, never starts a collective (FACTS.md).
+        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            rec[_DONE] = time.perf_counter_ns()
+            if rec[_EV_READY] is not None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                rec[_EV_DONE] = event
+            return f.value()
+
+        return fut.then(done)
+
+    hook.__name__ = f"timed_{getattr(inner, '__name__', 'hook')}"
+    # DDP compares the annotations to the real types; postponed evaluation would give strings.
+    hook.__annotations__ = {
+        "state": TimingState,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    return hook
+
+
+def register_timing_hook(
+    ddp: torch.nn.parallel.DistributedDataParallel,
+    *,
+    inner: str = "allreduce",
+    process_group: Any = None,
+) -> TimingState:
+    """Register the timing wrapper around a named inner hook on a DDP model.
+
+    Args:
+        ddp: the wrapped model (before its first backward).
+        inner: ``allreduce`` or ``fp16`` (``INNER_HOOKS``).
+        process_group: the group the inner hook reduces over (None: the default group).
+
+    Returns:
+        The state holding the records.
+    """
+    if inner not in INNER_HOOKS:
+        raise ValueError(f"hook {inner!r} is not one of: {', '.join(INNER_HOOKS)}")
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    on_cuda = next(ddp.module.parameters()).is_cuda
+    state = TimingState(process_group, param_names=names, use_cuda_events=on_cuda)
+    ddp.register_comm_hook(state, timing_wrapper(INNER_HOOKS[inner]))
+    return state

@@ -1,0 +1,186 @@
+"""Interval sets over int64 nanoseconds: merge, union, intersection, difference, length.
+
+An interval set is a pair of sorted, merged int64 arrays (starts, ends) of
+half-open intervals [start, end) (DESIGN.md, Definitions). Every function here is
+pure: inputs are never mutated, outputs are new read-only arrays, and the work is
+vectorised with numpy (sort, ``maximum.accumulate``, ``cumsum``, ``searchsorted``);
+there is no Python loop over intervals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def _frozen(values: npt.ArrayLike) -> Int64Array:
+    out = np.array(values, dtype=np.int64, copy=True).reshape(-1)
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IntervalSet:
+    """Sorted, disjoint, non-touching, non-empty half-open intervals [start, end).
+
+    Build one with :meth:`from_arrays` (which sorts and merges); the constructor
+    only accepts arrays that already satisfy the invariant.
+    """
+
+    starts: Int64Array
+    """Interval starts (ns), strictly increasing."""
+    ends: Int64Array
+    """Interval ends (ns); ``starts[i] < ends[i] < starts[i + 1]``."""
+
+    def __post_init__(self) -> None:
+        starts = _frozen(self.starts)
+        ends = _frozen(self.ends)
+        if starts.shape != ends.shape:
+            raise ValueError(
+                f"starts and ends must have the same length, got {starts.size} and {ends.size}"
+            )
+        if starts.size and (np.any(ends <= starts) or np.any(starts[1:] <= ends[:-1])):
+            raise ValueError(
+                "IntervalSet arrays must be sorted, merged and non-empty intervals; "
+                "use IntervalSet.from_arrays(starts, ends) to build one from raw intervals"
+            )
+        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "ends", ends)
+
+    @classmethod
+    def empty(cls) -> IntervalSet:
+        """The empty set."""
+        return cls(starts=np.empty(0, np.int64), ends=np.empty(0, np.int64))
+
+    @classmethod
+    def from_arrays(cls, starts: npt.ArrayLike, ends: npt.ArrayLike) -> IntervalSet:
+        """Merge raw intervals (any order; nested, overlapping, touching or zero-length).
+
+        Args:
+            starts: Interval starts (ns), integer values.
+            ends: Interval ends (ns), each ``>= `` its start.
+
+        Returns:
+            The union of the intervals as an :class:`IntervalSet`.
+
+        Raises:
+            ValueError: If the lengths differ or an end lies before its start.
+        """
+        s = np.asarray(starts)
+        e = np.asarray(ends)
+        if s.shape != e.shape or s.ndim != 1:
+            raise ValueError(
+                f"starts and ends must be 1-D arrays of equal length, got shapes "
+                f"{s.shape} and {e.shape}"
+            )
+        if s.size and not (
+            np.issubdtype(s.dtype, np.integer) and np.issubdtype(e.dtype, np.integer)
+        ):
+            raise TypeError(
+                f"interval bounds must be integer nanoseconds, got dtypes {s.dtype} and {e.dtype}; "
+                "convert float microseconds with np.rint(ts_us * 1000).astype(np.int64)"
+            )
+        s = s.astype(np.int64, copy=False)
+        e = e.astype(np.int64, copy=False)
+        bad = np.flatnonzero(e < s)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{bad.size} interval(s) end before they start, first at index {i}: "
+                f"[{int(s[i])}, {int(e[i])})"
+            )
+        keep = e > s  # zero-length intervals cover nothing
+        s, e = s[keep], e[keep]
+        if s.size == 0:
+            return cls.empty()
+        # Sort by start, then sweep: the running maximum of ends says how far the
+        # merged interval so far reaches; a new interval starts wherever a start
+        # lies strictly beyond that reach (touching intervals, start == reach, merge).
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
+        reach = np.maximum.accumulate(e)
+        new_group = np.empty(s.size, dtype=bool)
+        new_group[0] = True
+        new_group[1:] = s[1:] > reach[:-1]
+        first = np.flatnonzero(new_group)
+        last = np.append(first[1:] - 1, s.size - 1)
+        return cls(starts=s[first], ends=reach[last])
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+
+def _sweep(
+    a: IntervalSet, b: IntervalSet, keep: Callable[[Int64Array], npt.NDArray[np.bool_]]
+) -> IntervalSet:
+    # +1/-1 at a's bounds and +2/-2 at b's bounds, sorted by position; the running
+    # sum after each boundary is the coverage code of the segment up to the next
+    # boundary: 0 = neither, 1 = only a, 2 = only b, 3 = both (both sets are
+    # disjoint, so a code never exceeds 3). Keep the segments whose code passes
+    # `keep`; zero-width segments at shared positions fall out in from_arrays.
+    pos = np.concatenate([a.starts, a.ends, b.starts, b.ends])
+    if pos.size == 0:
+        return IntervalSet.empty()
+    na, nb = a.starts.size, b.starts.size
+    delta = np.concatenate(
+        [np.full(na, 1), np.full(na, -1), np.full(nb, 2), np.full(nb, -2)]
+    ).astype(np.int64)
+    order = np.argsort(pos, kind="stable")
+    pos, code = pos[order], np.cumsum(delta[order])
+    mask = keep(code[:-1])
+    return IntervalSet.from_arrays(pos[:-1][mask], pos[1:][mask])
+
+
+def union(a: IntervalSet, b: IntervalSet) -> IntervalSet:
+    """Points covered by ``a`` or ``b``."""
+    return IntervalSet.from_arrays(
+        np.concatenate([a.starts, b.starts]), np.concatenate([a.ends, b.ends])
+    )
+
+
+def union_all(sets: list[IntervalSet]) -> IntervalSet:
+    """Points covered by any of ``sets`` (empty for an empty list)."""
+    if not sets:
+        return IntervalSet.empty()
+    return IntervalSet.from_arrays(
+        np.concatenate([s.starts for s in sets]), np.concatenate([s.ends for s in sets])
+    )
+
+
+def intersection(a: IntervalSet, b: IntervalSet) -> IntervalSet:
+    """Points covered by both ``a`` and ``b``."""
+    return _sweep(a, b, lambda code: code == 3)
+
+
+def difference(a: IntervalSet, b: IntervalSet) -> IntervalSet:
+    """Points covered by ``a`` but not by ``b``."""
+    return _sweep(a, b, lambda code: code == 1)
+
+
+def total_length(a: IntervalSet) -> int:
+    """Total covered length (ns) as a Python int."""
+    return int(np.sum(a.ends - a.starts, dtype=np.int64))
+
+
+def clip(a: IntervalSet, lo: int, hi: int) -> IntervalSet:
+    """The part of ``a`` inside the window [lo, hi).
+
+    Raises:
+        ValueError: If ``hi < lo``.
+    """
+    if hi < lo:
+        raise ValueError(f"clip window must have hi >= lo, got [{lo}, {hi})")
+    # Binary search for the intervals that reach into the window (end > lo and
+    # start < hi), then clamp the first and last of them to the window.
+    i0 = int(np.searchsorted(a.ends, lo, side="right"))
+    i1 = int(np.searchsorted(a.starts, hi, side="left"))
+    if i1 <= i0 or hi == lo:
+        return IntervalSet.empty()
+    starts = np.maximum(a.starts[i0:i1], lo)
+    ends = np.minimum(a.ends[i0:i1], hi)
+    return IntervalSet(starts=starts, ends=ends)

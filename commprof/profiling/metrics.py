@@ -1,0 +1,251 @@
+"""Overlap metrics of parsed traces: per step, per bucket, across ranks.
+
+Definitions (DESIGN.md, Definitions): in a step window W, C is the union of
+communication intervals and K the union of compute intervals;
+comm = |C|, overlap = |C and K|, exposed = |C minus K|,
+overlap efficiency = overlap / comm (undefined where comm = 0),
+communication overhead fraction = exposed / |W|. Here
+other = |O minus (C or K)| with O the union of the memcpy, memset, sync and other
+classes, and idle = |W minus (C or K or O)|, so that
+compute + exposed + idle + other = |W| holds exactly; it is checked.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from commprof.profiling.intervals import (
+    IntervalSet,
+    clip,
+    difference,
+    intersection,
+    total_length,
+    union,
+    union_all,
+)
+from commprof.profiling.trace_parser import ParsedTrace
+
+STEP_COLUMNS = (
+    "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
+    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
+)  # fmt: skip
+OTHER_CLASSES = ("memcpy", "memset", "sync", "other")
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN (undefined, not 0) where the denominator is 0."""
+    return float(numerator) / float(denominator) if denominator else float("nan")
+
+
+def window_metrics(
+    comm: IntervalSet, compute: IntervalSet, others: IntervalSet, lo: int, hi: int
+) -> dict[str, Any]:
+    """Metrics of one window [lo, hi) (see the module docstring for the formulas).
+
+    Raises:
+        AssertionError: If compute + exposed + idle + other != window (a bug, not input).
+    """
+    c, k, o = clip(comm, lo, hi), clip(compute, lo, hi), clip(others, lo, hi)
+    busy = union(c, k)
+    comm_ns, compute_ns = total_length(c), total_length(k)
+    overlap_ns = total_length(intersection(c, k))
+    exposed_ns = total_length(difference(c, k))
+    other_ns = total_length(difference(o, busy))
+    window_ns = hi - lo
+    idle_ns = window_ns - total_length(union(busy, o))
+    if compute_ns + exposed_ns + idle_ns + other_ns != window_ns or idle_ns < 0:
+        raise AssertionError(
+            f"identity violated in [{lo}, {hi}): compute {compute_ns} + exposed {exposed_ns} "
+            f"+ idle {idle_ns} + other {other_ns} != window {window_ns}"
+        )
+    return {
+        "window_ns": window_ns, "comm_ns": comm_ns, "compute_ns": compute_ns,
+        "overlap_ns": overlap_ns, "exposed_ns": exposed_ns, "idle_ns": idle_ns,
+        "other_ns": other_ns, "overlap_efficiency": ratio(overlap_ns, comm_ns),
+        "comm_overhead_fraction": ratio(exposed_ns, window_ns),
+    }  # fmt: skip
+
+
+def step_metrics(parsed: ParsedTrace) -> pd.DataFrame:
+    """One row per step window of one rank's trace (columns STEP_COLUMNS).
+
+    Args:
+        parsed: A parsed trace.
+
+    Returns:
+        DataFrame with int64 ``*_ns`` columns and float ratios (NaN where comm = 0).
+    """
+    others = union_all([parsed.classes[c] for c in OTHER_CLASSES])
+    comm, compute = parsed.classes["communication"], parsed.classes["compute"]
+    rows = [
+        {"rank": parsed.rank, "step": int(step)}
+        | window_metrics(comm, compute, others, int(lo), int(hi))
+        for step, lo, hi in zip(
+            parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True
+        )
+    ]
+    frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    int_cols = [c for c in STEP_COLUMNS if c.endswith("_ns") or c in ("rank", "step")]
+    return frame.astype({c: np.int64 for c in int_cols})
+
+
+def trace_overlap(parsed: ParsedTrace) -> tuple[int, int]:
+    """Communication time and its overlap with compute over the whole trace (ns).
+
+    100 * overlap / comm is HolisticTraceAnalysis's communication/computation
+    overlap on GPU traces: the share of communication-kernel time during which a
+    compute kernel also runs (HTA, ``get_comm_comp_overlap``).
+
+    Returns:
+        (comm_ns, overlap_ns).
+    """
+    comm = parsed.classes["communication"]
+    return total_length(comm), total_length(intersection(comm, parsed.classes["compute"]))
+
+
+def bucket_exposure(parsed: ParsedTrace, bucket_records: pd.DataFrame) -> pd.DataFrame:
+    """Match each hook bucket record to its collective and measure its exposed time.
+
+    Within each step, records are taken in launch order (``launch_ns``, else
+    ``bucket_index``) and collectives in start order; a record takes the next
+    unmatched collective of the same size where both sizes are known (``num_bytes``),
+    else the next one in order. exposed_ns = |bucket interval minus compute|.
+
+    Args:
+        parsed: One rank's parsed trace.
+        bucket_records: Hook records with at least step, bucket_index, num_bytes
+            (and latency_ns for :func:`hook_trace_disagreement`); rows of other
+            ranks are ignored.
+
+    Returns:
+        One row per record of a traced step: the record's columns plus
+        comm_start_ns, comm_end_ns, comm_ns, comm_exposed_ns, matched_by
+        ("size", "order" or "none").
+    """
+    missing = {"step", "bucket_index", "num_bytes"} - set(bucket_records.columns)
+    if missing:
+        raise ValueError(f"bucket_records lacks columns {sorted(missing)}")
+    recs = bucket_records
+    if "rank" in recs.columns:
+        recs = recs[recs["rank"] == parsed.rank]
+    recs = recs[recs["step"].isin(parsed.step_ids)]
+    order_col = "launch_ns" if "launch_ns" in recs.columns else "bucket_index"
+    colls = parsed.collectives
+    out = []
+    for step, lo, hi in zip(parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True):
+        step_recs = recs[recs["step"] == step].sort_values(order_col, kind="stable")
+        step_colls = colls[colls["step"] == step]
+        compute = clip(parsed.classes["compute"], int(lo), int(hi))
+        taken = np.zeros(len(step_colls), bool)
+        sizes = step_colls["num_bytes"].to_numpy(dtype=float, na_value=np.nan)
+        for rec in step_recs.to_dict("records"):
+            free = np.flatnonzero(~taken)
+            same = free[sizes[free] == float(rec["num_bytes"])]
+            pick, how = (
+                (same[0], "size")
+                if same.size
+                else ((free[0], "order") if free.size else (-1, "none"))
+            )
+            row = dict(
+                rec,
+                comm_start_ns=pd.NA,
+                comm_end_ns=pd.NA,
+                comm_ns=pd.NA,
+                comm_exposed_ns=pd.NA,
+                matched_by=how,
+            )
+            if pick >= 0:
+                taken[pick] = True
+                s, e = int(step_colls["start_ns"].iat[pick]), int(step_colls["end_ns"].iat[pick])
+                exposed = difference(IntervalSet.from_arrays([s], [e]), compute)
+                row.update(
+                    comm_start_ns=s,
+                    comm_end_ns=e,
+                    comm_ns=e - s,
+                    comm_exposed_ns=total_length(exposed),
+                )
+            out.append(row)
+        if len(step_recs) != len(step_colls):
+            warnings.warn(
+                f"rank {parsed.rank} step {step}: {len(step_recs)} bucket records but "
+                f"{len(step_colls)} collectives in the trace", stacklevel=2,
+            )  # fmt: skip
+    frame = pd.DataFrame(out)
+    for col in ("comm_start_ns", "comm_end_ns", "comm_ns", "comm_exposed_ns"):
+        if col in frame:
+            frame[col] = frame[col].astype("Int64")
+    return frame
+
+
+def transfer_wait(per_rank_collectives: list[pd.DataFrame]) -> pd.DataFrame:
+    """Split each collective's time on each rank into transfer and waiting.
+
+    A collective ends on all ranks together, so the rank that entered it last
+    spent the least time in it: that shortest duration across ranks is the
+    transfer time; the rest of each rank's duration is waiting for the others.
+    Collectives are matched across ranks by (process_group, seq) where every rank
+    has sequence ids, else by (step, position within the step).
+
+    Args:
+        per_rank_collectives: ``ParsedTrace.collectives`` of each rank, with a
+            ``rank`` column added, or in rank order (list index = rank).
+
+    Returns:
+        One row per (collective, rank): key columns, rank, name, duration_ns,
+        transfer_ns, wait_ns.
+    """
+    frames = []
+    for i, frame in enumerate(per_rank_collectives):
+        f = frame.copy()
+        if "rank" not in f.columns:
+            f["rank"] = i
+        f["position"] = f.groupby("step", dropna=False).cumcount()
+        frames.append(f)
+    if not frames:
+        return pd.DataFrame(columns=["rank", "name", "duration_ns", "transfer_ns", "wait_ns"])
+    both = pd.concat(frames, ignore_index=True)
+    use_seq = bool(both["seq"].notna().all()) if "seq" in both else False
+    key = ["process_group", "seq"] if use_seq else ["step", "position"]
+    num_ranks = both["rank"].nunique()
+    counts = both.groupby(key, dropna=False)["rank"].transform("nunique")
+    if (counts < num_ranks).any():
+        warnings.warn(
+            f"{int((counts < num_ranks).sum())} collective(s) not seen on every rank are left out",
+            stacklevel=2,
+        )
+    both = both[counts == num_ranks].copy()
+    both["transfer_ns"] = both.groupby(key, dropna=False)["duration_ns"].transform("min")
+    both["wait_ns"] = both["duration_ns"] - both["transfer_ns"]
+    cols = [*key, "rank", "name", "duration_ns", "transfer_ns", "wait_ns"]
+    return both[cols].sort_values([*key, "rank"]).reset_index(drop=True)
+
+
+def hook_trace_disagreement(matched: pd.DataFrame) -> dict[str, float]:
+    """How far hook-measured bucket latencies are from the trace's collective durations.
+
+    Args:
+        matched: Output of :func:`bucket_exposure` (needs latency_ns and comm_ns).
+
+    Returns:
+        num_matched; hook_ns and trace_ns (sums); relative_diff = (hook - trace) / trace
+        over the sums; median_abs_relative_diff over buckets. NaN where nothing matched.
+    """
+    if not {"latency_ns", "comm_ns"} <= set(matched.columns):
+        raise ValueError("matched needs latency_ns and comm_ns columns (from bucket_exposure)")
+    ok = matched[matched["comm_ns"].notna() & matched["latency_ns"].notna()]
+    hook = ok["latency_ns"].to_numpy(np.float64)
+    trace = ok["comm_ns"].to_numpy(np.float64)
+    per_bucket = np.abs(hook - trace) / np.where(trace > 0, trace, np.nan)
+    return {
+        "num_matched": float(len(ok)),
+        "hook_ns": float(hook.sum()),
+        "trace_ns": float(trace.sum()),
+        "relative_diff": ratio(hook.sum() - trace.sum(), trace.sum()),
+        "median_abs_relative_diff": float(np.nanmedian(per_bucket))
+        if np.isfinite(per_bucket).any()
+        else float("nan"),
+    }

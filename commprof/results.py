@@ -1,0 +1,328 @@
+"""The collected dataset: schema, atomic writes, loading (pandas and Ray Data).
+
+Layout of a dataset folder (DESIGN.md, "Data flow" step 4)::
+
+    DIR/<table>/<cell_id>-a<attempt>.parquet     one file per table per cell attempt
+
+Every file is written to a temporary name in the same folder and renamed into place, so a
+reader never sees half a file. The ``cells`` file of an attempt is written last: it is the
+commit record. Rows of the other tables count only when their (cell_id, attempt) has a cells
+row, so an attempt the driver was killed in the middle of writing is invisible, and its
+leftovers are overwritten when the cell runs again.
+
+This module imports no torch and no ray at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import ray.data
+
+_KEY = [("cell_id", pa.string()), ("attempt", pa.int32())]
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "cells": pa.schema(
+        [
+            *_KEY,
+            ("status", pa.string()),  # ok | failed | rejected
+            ("error", pa.string()),
+            ("error_kind", pa.string()),  # transient | deterministic | timeout | None
+            ("sweep", pa.string()),
+            ("model", pa.string()),
+            ("num_params", pa.int64()),
+            ("world_size", pa.int32()),
+            ("bucket_cap_mb", pa.float64()),
+            ("backend", pa.string()),
+            ("device", pa.string()),
+            ("regime", pa.string()),
+            ("placement", pa.string()),
+            ("hook", pa.string()),
+            ("optimizer", pa.string()),
+            ("steps", pa.int32()),
+            ("warmup_steps", pa.int32()),
+            ("batch_size", pa.int32()),
+            ("seed", pa.int64()),
+            ("repeat", pa.int32()),
+            ("profile", pa.bool_()),
+            ("config_json", pa.string()),
+            ("guard_json", pa.string()),
+            ("env_json", pa.string()),
+            ("nodes", pa.string()),
+            ("started_unix_s", pa.float64()),
+            ("wall_s", pa.float64()),
+        ]
+    ),
+    "steps": pa.schema(
+        [
+            *_KEY,
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("measured", pa.bool_()),
+            ("step_ns", pa.int64()),
+            ("forward_ns", pa.int64()),
+            ("backward_ns", pa.int64()),
+            ("optimizer_ns", pa.int64()),
+        ]
+    ),
+    "buckets": pa.schema(
+        [
+            *_KEY,
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("bucket_index", pa.int32()),
+            ("num_bytes", pa.int64()),
+            ("num_params", pa.int32()),
+            ("ready_ns", pa.int64()),
+            ("launch_ns", pa.int64()),
+            ("done_ns", pa.int64()),
+            ("latency_ns", pa.int64()),
+            ("exposed_ns", pa.int64()),
+            ("device_latency_ns", pa.int64()),
+        ]
+    ),
+    "bucket_params": pa.schema(
+        [
+            *_KEY,
+            ("bucket_index", pa.int32()),
+            ("position", pa.int32()),
+            ("param_name", pa.string()),
+            ("module", pa.string()),
+            ("numel", pa.int64()),
+            ("num_bytes", pa.int64()),
+        ]
+    ),
+    "microbench": pa.schema(
+        [
+            *_KEY,
+            ("num_bytes", pa.int64()),
+            ("dtype", pa.string()),
+            ("num_iters", pa.int32()),
+            ("time_p50_ns", pa.int64()),
+            ("time_min_ns", pa.int64()),
+            ("time_max_ns", pa.int64()),
+            ("algbw_gbps", pa.float64()),
+            ("busbw_gbps", pa.float64()),
+            ("num_wrong", pa.int64()),
+            ("source", pa.string()),  # "sizes" (from the matrix) or "bucket" (the model's)
+        ]
+    ),
+    "trace_metrics": pa.schema(
+        [
+            *_KEY,
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("window_ns", pa.int64()),
+            ("comm_ns", pa.int64()),
+            ("compute_ns", pa.int64()),
+            ("overlap_ns", pa.int64()),
+            ("exposed_ns", pa.int64()),
+            ("idle_ns", pa.int64()),
+            ("other_ns", pa.int64()),
+            ("overlap_efficiency", pa.float64()),
+            ("comm_overhead_fraction", pa.float64()),
+        ]
+    ),
+}
+TABLES = tuple(SCHEMAS)
+"""Table names, ``cells`` first."""
+
+_FILE_RE = re.compile(r"^(?P<cell>[0-9a-f]{12})-a(?P<attempt>\d+)\.parquet$")
+
+
+def _to_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows -> an Arrow table with the table's schema; unknown columns are an error."""
+    schema = SCHEMAS[name]
+    extra = set().union(*(row.keys() for row in rows)) - set(schema.names)
+    if extra:
+        raise ValueError(f"table {name!r} has no columns {sorted(extra)}; schema: {schema.names}")
+    columns = {f.name: [row.get(f.name) for row in rows] for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _atomic_write(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            pq.write_table(table, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_attempt(
+    root: str | Path, cell_row: Mapping[str, Any], tables: Mapping[str, list[dict[str, Any]]]
+) -> None:
+    """Write one finished cell attempt: every table's rows, then the cells row (the commit).
+
+    Args:
+        root: the dataset folder.
+        cell_row: the row of the ``cells`` table; must hold ``cell_id`` and ``attempt``.
+        tables: rows by table name (any of ``TABLES`` but ``cells``); the key columns are
+            filled in from ``cell_row``.
+    """
+    root = Path(root)
+    cell_id, attempt = str(cell_row["cell_id"]), int(cell_row["attempt"])
+    if not re.fullmatch(r"[0-9a-f]{12}", cell_id):
+        raise ValueError(f"cell_id {cell_id!r} is not a 12-digit hex id")
+    file_name = f"{cell_id}-a{attempt}.parquet"
+    for name, rows in tables.items():
+        if name == "cells" or name not in SCHEMAS:
+            raise ValueError(f"unknown table {name!r}; expected one of {TABLES[1:]}")
+        if rows:
+            keyed = [{**row, "cell_id": cell_id, "attempt": attempt} for row in rows]
+            _atomic_write(_to_table(name, keyed), root / name / file_name)
+    _atomic_write(_to_table("cells", [dict(cell_row)]), root / "cells" / file_name)
+
+
+def _committed_files(root: Path, table: str, keys: set[tuple[str, int]] | None) -> list[Path]:
+    folder = root / table
+    if not folder.is_dir():
+        return []
+    files = []
+    for path in sorted(folder.iterdir()):
+        match = _FILE_RE.match(path.name)
+        if match is None:
+            continue  # temporary files and anything that is not ours
+        key = (match["cell"], int(match["attempt"]))
+        if keys is None or key in keys:
+            files.append(path)
+    return files
+
+
+def _read(files: Iterable[Path], table: str) -> pd.DataFrame:
+    parts = [pq.read_table(path, schema=SCHEMAS[table]) for path in files]
+    if not parts:
+        return SCHEMAS[table].empty_table().to_pandas()
+    return pa.concat_tables(parts).to_pandas()
+
+
+def load(root: str | Path) -> dict[str, pd.DataFrame]:
+    """The collected dataset as pandas DataFrames by table name.
+
+    Only committed attempts are included (see the module docstring); every table is present,
+    empty where nothing was recorded.
+
+    Args:
+        root: the dataset folder (``results/<sweep>/`` by default).
+
+    Returns:
+        ``{table: DataFrame}`` for every name in ``TABLES``.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no dataset folder at {root}; run a sweep or pass --out")
+    cells = _read(_committed_files(root, "cells", None), "cells")
+    keys = set(zip(cells["cell_id"], cells["attempt"].astype(int), strict=True))
+    out = {"cells": cells}
+    for table in TABLES[1:]:
+        out[table] = _read(_committed_files(root, table, keys), table)
+    return out
+
+
+def load_dataset(root: str | Path, table: str) -> ray.data.Dataset:
+    """One table of the dataset as a Ray Dataset (``ray.data.read_parquet``), committed rows only.
+
+    Args:
+        root: the dataset folder.
+        table: a name from ``TABLES``.
+
+    Returns:
+        The Ray Dataset.
+    """
+    import ray.data  # the one place results touches Ray: only when asked for a Ray Dataset
+
+    if table not in SCHEMAS:
+        raise ValueError(f"unknown table {table!r}; expected one of {TABLES}")
+    root = Path(root)
+    keys = None
+    if table != "cells":
+        cells = load(root)["cells"]
+        keys = set(zip(cells["cell_id"], cells["attempt"].astype(int), strict=True))
+    files = _committed_files(root, table, keys)
+    if not files:
+        return ray.data.from_arrow(SCHEMAS[table].empty_table())
+    return ray.data.read_parquet([str(p) for p in files], schema=SCHEMAS[table])
+
+
+def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:
+    """Per cell id, the status, attempt number and error kind of its latest committed attempt."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    cells = _read(_committed_files(root, "cells", None), "cells")
+    out: dict[str, tuple[str, int, str | None]] = {}
+    for cell_id, status, attempt, kind in cells.sort_values("attempt")[
+        ["cell_id", "status", "attempt", "error_kind"]
+    ].itertuples(index=False):
+        out[str(cell_id)] = (str(status), int(attempt), kind if isinstance(kind, str) else None)
+    return out
+
+
+def cell_row(
+    cell: Any,
+    *,
+    sweep: str,
+    attempt: int,
+    status: str,
+    num_params: int | None = None,
+    error: str | None = None,
+    error_kind: str | None = None,
+    guard: Mapping[str, Any] | None = None,
+    env: Mapping[str, Any] | None = None,
+    nodes: Iterable[str] = (),
+    started_unix_s: float | None = None,
+    wall_s: float | None = None,
+) -> dict[str, Any]:
+    """The ``cells`` row of one attempt of a :class:`commprof.matrix.Cell`.
+
+    Args:
+        cell: the cell (duck-typed so this module needs nothing but its fields).
+        sweep: the matrix name.
+        attempt: 1 for the first attempt.
+        status: ok, failed or rejected.
+        num_params: the model's parameter count.
+        error: the failure text (failed) or the guard's arithmetic (rejected).
+        error_kind: transient, deterministic or timeout, for failures.
+        guard: the memory guard's decision record.
+        env: the environment fingerprint of rank 0.
+        nodes: the Ray node ids (or host names) the ranks ran on.
+        started_unix_s: when the attempt started.
+        wall_s: how long it took, end to end.
+    """
+    if status not in ("ok", "failed", "rejected"):
+        raise ValueError(f"status {status!r} is not one of ok, failed, rejected")
+    config = cell.config()
+    return {
+        "cell_id": cell.cell_id,
+        "attempt": attempt,
+        "status": status,
+        "error": error,
+        "error_kind": error_kind,
+        "sweep": sweep,
+        "num_params": num_params,
+        **{k: v for k, v in config.items() if k in SCHEMAS["cells"].names},
+        "regime": cell.regime,
+        "config_json": json.dumps(config, sort_keys=True),
+        "guard_json": json.dumps(guard, sort_keys=True) if guard is not None else None,
+        "env_json": json.dumps(env, sort_keys=True) if env is not None else None,
+        "nodes": ",".join(nodes),
+        "started_unix_s": started_unix_s,
+        "wall_s": wall_s,
+    }

@@ -1,0 +1,212 @@
+"""Process groups and local multi-process runs of a cell (``commprof run``), without Ray.
+
+:func:`process_group` is the one way a rank joins and leaves a group, used by the local launcher
+here and by the Ray rank actors alike: a short timeout always (a lost peer then fails fast
+instead of hanging for 30 minutes), and a barrier before ``destroy_process_group`` (without it
+about 15 % of gloo runs aborted at exit, FACTS.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from commprof.matrix import Cell
+
+DEFAULT_PG_TIMEOUT_S = 60.0
+ERROR_GRACE_S = 5.0
+"""After one rank failed, how long the others get to report before they are killed."""
+
+
+@contextlib.contextmanager
+def process_group(
+    *,
+    backend: str,
+    rank: int,
+    world_size: int,
+    store: dist.Store,
+    timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+) -> Iterator[None]:
+    """Join a process group for the duration of the block; leave it cleanly.
+
+    Args:
+        backend: gloo or nccl.
+        rank: this process's rank.
+        world_size: ranks in the group.
+        store: the rendezvous store (FileStore locally, TCPStore across hosts).
+        timeout_s: the group's timeout for every collective.
+    """
+    dist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def device_for(cell: Cell, local_rank: int) -> torch.device:
+    """The device a rank uses: CPU, or a CUDA device by local rank (shared when there are few)."""
+    if cell.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"cell asks for device 'cuda' but torch {torch.__version__} sees none")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def fingerprint(device: torch.device) -> dict[str, Any]:
+    """The environment a measurement was taken in: versions, host, device, backends."""
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "num_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            device_name=props.name,
+            device_memory_bytes=props.total_memory,
+            cuda=torch.version.cuda,
+            nccl_version=".".join(map(str, torch.cuda.nccl.version())),
+        )
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+    return info
+
+
+def run_rank(
+    cell: Cell, *, rank: int, local_rank: int, store: dist.Store, timeout_s: float
+) -> dict[str, Any]:
+    """One rank of a cell, start to finish: join the group, train, benchmark, leave.
+
+    Returns:
+        ``{"records": {table: rows}, "env": fingerprint}``.
+    """
+    from commprof.training.trainer import train_rank
+
+    device = device_for(cell, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with process_group(
+        backend=cell.backend,
+        rank=rank,
+        world_size=cell.world_size,
+        store=store,
+        timeout_s=timeout_s,
+    ):
+        records = train_rank(cell, rank=rank, device=device)
+    return {"records": records, "env": fingerprint(device)}
+
+
+def _spawned_rank(
+    rank: int, cell: Cell, store_path: str, timeout_s: float, queue: Any
+) -> None:  # pragma: no cover - runs in a child process
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(store_path, cell.world_size)
+        result = run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
+        queue.put((rank, "ok", result))
+    except BaseException as err:
+        queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks of a cell failed; the message groups their errors by text."""
+
+
+def group_errors(errors: dict[int, str]) -> str:
+    """``{rank: text}`` -> one message, ranks with the same first line grouped together."""
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(errors.items()):
+        by_text.setdefault(text.strip().splitlines()[0] if text.strip() else "?", []).append(rank)
+    parts = [f"ranks {ranks}: {text}" for text, ranks in by_text.items()]
+    return f"{len(errors)} rank(s) failed; " + "; ".join(parts)
+
+
+def run_local(cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Run a cell on this machine: ``world_size`` spawned processes, FileStore rendezvous.
+
+    Args:
+        cell: the configuration.
+        timeout_s: process-group timeout; the whole run is bounded by a few times it.
+
+    Returns:
+        Per rank, in rank order, what :func:`run_rank` returns.
+
+    Raises:
+        RankFailure: with the ranks' errors grouped by text.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="commprof-store-") as tmp:
+        store_path = str(Path(tmp) / "store")
+        procs = [
+            ctx.Process(target=_spawned_rank, args=(r, cell, store_path, timeout_s, queue))
+            for r in range(cell.world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        results: dict[int, dict[str, Any]] = {}
+        errors: dict[int, str] = {}
+        limit_s = 4 * timeout_s + 60
+        deadline = time.monotonic() + limit_s
+        while len(results) + len(errors) < cell.world_size:
+            if not queue.empty():
+                rank, status, payload = queue.get()
+                (results if status == "ok" else errors)[rank] = payload
+                if status != "ok":  # the others fail fast or hang: give them a moment only
+                    deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
+                continue
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            missing = [r for r in dead if r not in results and r not in errors]
+            for r in missing:
+                errors[r] = f"process exited with code {procs[r].exitcode}"
+            if time.monotonic() > deadline:
+                for r in range(cell.world_size):
+                    if r not in results and r not in errors:
+                        errors[r] = "gave no result in time; stopped"
+                break
+            time.sleep(0.01)
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    if errors:
+        raise RankFailure(group_errors(errors))
+    return [results[r] for r in range(cell.world_size)]
+
+
+def merge_rank_records(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Concatenate the ranks' records table by table."""
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for result in per_rank:
+        for table, rows in result["records"].items():
+            merged.setdefault(table, []).extend(rows)
+    return merged

@@ -1,0 +1,207 @@
+"""All-reduce microbenchmark with nccl-tests conventions (torch.distributed, any backend).
+
+Conventions (nccl-tests, doc/PERFORMANCE.md): algbw = S / t; all-reduce
+busbw = algbw * 2(p-1)/p; GB is 1e9 bytes; the reduced values are checked and
+the number of wrong elements reported (nccl-tests' ``#wrong``).
+
+Timing. Before each timed iteration every rank refills its buffer (outside the
+timed window) and enters a barrier, so all ranks start together; each rank then
+times ``all_reduce(...).wait()`` with ``time.perf_counter_ns`` (CUDA: after a
+device synchronize). The iteration's time is the MAX over ranks of that
+iteration's duration: an all-reduce is finished only when the last rank has its
+result, so the slowest rank is the collective's time (barrier exit skew, a few
+microseconds on loopback gloo, is included and not removed). Per size we report
+the median (p50), min and max of those per-iteration times, identical on every
+rank because the durations are all-gathered.
+
+Correctness. Rank r fills element i with (r + 1) * (i % 4 + 1), so the sum is
+p(p+1)/2 * (i % 4 + 1) in closed form; all partial sums are small integers and
+exact in every supported dtype for p <= 8 (bf16 holds integers up to 256
+exactly).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commprof.modeling.buckets import ParamSize, assign_buckets
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+"""Supported element types by name."""
+DEFAULT_WARMUP_ITERS = 5
+"""Untimed iterations per size (connection setup, allocator, caches)."""
+DEFAULT_TIMED_ITERS = 20
+"""Timed iterations per size."""
+FILL_PERIOD = 4
+"""Element i of rank r holds (r + 1) * (i % FILL_PERIOD + 1)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MicrobenchConfig:
+    """What to measure."""
+
+    sizes_bytes: tuple[int, ...]
+    """Message sizes in bytes; each is rounded down to whole elements (at least one)."""
+    warmup_iters: int = DEFAULT_WARMUP_ITERS
+    """Untimed iterations before the timed ones, per size."""
+    timed_iters: int = DEFAULT_TIMED_ITERS
+    """Timed iterations per size."""
+    dtype: str = "float32"
+    """Element type, one of ``DTYPES``."""
+
+    def __post_init__(self) -> None:
+        if not self.sizes_bytes:
+            raise ValueError("sizes_bytes must not be empty")
+        bad = [s for s in self.sizes_bytes if int(s) <= 0]
+        if bad:
+            raise ValueError(f"sizes_bytes must be > 0, got {bad}")
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.timed_iters < 1:
+            raise ValueError(f"timed_iters must be >= 1, got {self.timed_iters}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+
+
+def geometric_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> tuple[int, ...]:
+    """Sizes min, min*factor, ... up to max inclusive (nccl-tests ``-b -e -f``).
+
+    Args:
+        min_bytes: Smallest size (> 0).
+        max_bytes: Largest size (>= min_bytes).
+        factor: Multiplication factor (>= 2).
+
+    Returns:
+        The sizes in increasing order.
+    """
+    if min_bytes <= 0 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(
+            f"need 0 < min_bytes <= max_bytes and factor >= 2, got {min_bytes}, "
+            f"{max_bytes}, {factor}"
+        )
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return tuple(sizes)
+
+
+def with_bucket_sizes(
+    sizes_bytes: Iterable[int],
+    param_sizes: Sequence[ParamSize],
+    bucket_cap_mb: float | None,
+) -> tuple[int, ...]:
+    """Add the exact DDP bucket sizes of a model to a list of sizes.
+
+    Args:
+        sizes_bytes: Sizes from a list or ``geometric_sizes``.
+        param_sizes: The model's ``(name, numel)`` in registration order.
+        bucket_cap_mb: The cell's DDP bucket cap (MiB; None = DDP default).
+
+    Returns:
+        Sorted unique sizes.
+    """
+    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
+    return tuple(sorted(set(sizes_bytes) | {b.num_bytes for b in buckets}))
+
+
+def _fill(buf: torch.Tensor, rank: int) -> None:
+    pattern = torch.arange(buf.numel(), device=buf.device) % FILL_PERIOD + 1
+    buf.copy_(pattern.to(buf.dtype) * (rank + 1))
+
+
+def _count_wrong(buf: torch.Tensor, world_size: int) -> int:
+    pattern = torch.arange(buf.numel(), device=buf.device) % FILL_PERIOD + 1
+    expected = pattern.to(torch.float64) * (world_size * (world_size + 1) // 2)
+    return int((buf.to(torch.float64) != expected).sum().item())
+
+
+def _time_size(
+    numel: int, config: MicrobenchConfig, *, rank: int, device: torch.device
+) -> tuple[list[int], int]:
+    dtype = DTYPES[config.dtype]
+    source = torch.empty(numel, dtype=dtype, device=device)
+    _fill(source, rank)
+    buf = torch.empty_like(source)
+    durations: list[int] = []
+    for it in range(config.warmup_iters + config.timed_iters):
+        buf.copy_(source)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # sync point: refill done before timing
+        dist.barrier()  # sync point: all ranks start the iteration together
+        start_ns = time.perf_counter_ns()
+        work = dist.all_reduce(buf, async_op=True)
+        assert work is not None
+        work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # sync point: reduction finished on device
+        end_ns = time.perf_counter_ns()
+        if it >= config.warmup_iters:
+            durations.append(end_ns - start_ns)
+    return durations, _count_wrong(buf, dist.get_world_size())
+
+
+def run_allreduce_bench(
+    config: MicrobenchConfig, *, rank: int, world_size: int, device: torch.device | str
+) -> list[dict[str, object]]:
+    """Run the all-reduce microbenchmark inside an initialised process group.
+
+    Args:
+        config: Sizes, iterations and dtype.
+        rank: This process's rank.
+        world_size: Number of ranks in the default group.
+        device: Where the buffers live (``cpu`` or ``cuda:N``).
+
+    Returns:
+        One record per size, identical on every rank, with fields num_bytes,
+        dtype, num_iters, time_p50_ns, time_min_ns, time_max_ns, algbw_gbps,
+        busbw_gbps, num_wrong.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("run_allreduce_bench needs an initialised process group")
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise ValueError(
+            f"rank/world_size ({rank}/{world_size}) disagree with the process group "
+            f"({dist.get_rank()}/{dist.get_world_size()})"
+        )
+    dev = torch.device(device)
+    elem = torch.empty((), dtype=DTYPES[config.dtype]).element_size()
+    gather_dev = dev if dist.get_backend() == "nccl" else torch.device("cpu")
+    records: list[dict[str, object]] = []
+    for size in config.sizes_bytes:
+        numel = max(1, int(size) // elem)
+        durations, num_wrong = _time_size(numel, config, rank=rank, device=dev)
+        local = torch.tensor([*durations, num_wrong], dtype=torch.int64, device=gather_dev)
+        gathered = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(gathered, local)
+        table = torch.stack(gathered).cpu()  # [rank, iteration..., wrong]
+        per_iter_ns = table[:, :-1].max(dim=0).values.tolist()
+        p50_ns = int(statistics.median(per_iter_ns))
+        num_bytes = numel * elem
+        algbw_gbps = num_bytes / (p50_ns * 1e-9) / 1e9 if p50_ns > 0 else float("inf")
+        records.append(
+            {
+                "num_bytes": num_bytes,
+                "dtype": config.dtype,
+                "num_iters": config.timed_iters,
+                "time_p50_ns": p50_ns,
+                "time_min_ns": int(min(per_iter_ns)),
+                "time_max_ns": int(max(per_iter_ns)),
+                "algbw_gbps": algbw_gbps,
+                "busbw_gbps": algbw_gbps * 2.0 * (world_size - 1) / world_size,
+                "num_wrong": int(table[:, -1].sum()),
+            }
+        )
+    return records

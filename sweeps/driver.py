@@ -1,0 +1,343 @@
+"""The sweep driver: cells -> gangs of rank actors -> the dataset, resumably.
+
+The loop keeps as many cells running as the cluster's resources allow (one at a time where the
+matrix asks for exclusive use of the links), reuses idle gangs of the right shape, writes every
+finished attempt atomically (``commprof.results.write_attempt``), resubmits transient failures
+up to the matrix's attempt limit and never reruns a cell that is complete in the dataset.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import ray
+
+from actors.execution import CellExecution, Outcome
+from actors.gang import Gang, bundle_for, create_gang
+from commprof import results
+from commprof.matrix import Cell, Matrix
+from commprof.training.launcher import merge_rank_records
+from sweeps.guard import GuardPlan
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.05
+"""How long the loop waits for any rank to report before it looks at timeouts again."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DriverOptions:
+    """What the user asked of this run of the driver."""
+
+    out: Path
+    """The dataset folder."""
+    retry_failed: bool = False
+    """Rerun only cells whose latest attempt failed, with a fresh attempt budget."""
+    only: tuple[str, ...] = ()
+    """Keep cells matching any of these terms (``key=value`` or a cell-id prefix)."""
+    exclude: tuple[str, ...] = ()
+    """Drop cells matching any of these terms."""
+    max_concurrent: int | None = None
+    """At most this many cells at once (None: as many as resources allow)."""
+    gang_ready_timeout_s: float = 60.0
+    """How long a new gang may take to be placed and started."""
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Test-only: fault injection by cell id for the first attempt (``RankActor.run``)."""
+
+
+@dataclass
+class Summary:
+    """Counts of a driver run and the cells' final statuses."""
+
+    planned: int = 0
+    skipped: int = 0
+    ok: int = 0
+    failed: int = 0
+    rejected: int = 0
+    attempts: int = 0
+    wall_s: float = 0.0
+    statuses: dict[str, str] = field(default_factory=dict)
+
+
+def matches(cell: Cell, term: str) -> bool:
+    """Does ``cell`` match a filter term: ``key=value`` on its config, else a cell-id prefix."""
+    if "=" in term:
+        key, _, value = term.partition("=")
+        config = cell.config()
+        if key not in config:
+            raise ValueError(f"filter {term!r}: no cell key {key!r}; keys: {', '.join(config)}")
+        return str(config[key]) == value
+    return cell.cell_id.startswith(term)
+
+
+def select(cells: tuple[Cell, ...], only: tuple[str, ...], exclude: tuple[str, ...]) -> list[Cell]:
+    """Apply the --only / --exclude filters."""
+    chosen = [c for c in cells if not only or any(matches(c, t) for t in only)]
+    return [c for c in chosen if not any(matches(c, t) for t in exclude)]
+
+
+class Driver:
+    """Runs the cells of a matrix into a dataset folder.
+
+    Args:
+        matrix: the validated matrix.
+        options: the run's options.
+        stream: where progress goes (stderr by default).
+    """
+
+    def __init__(self, matrix: Matrix, options: DriverOptions, stream: TextIO | None = None):
+        self.matrix = matrix
+        self.options = options
+        self.stream = stream or sys.stderr
+        self.gangs: list[Gang] = []
+        self.busy: set[int] = set()
+        self.summary = Summary()
+        self._walls: list[float] = []
+        self._guard: GuardPlan | None = None
+
+    @property
+    def guard(self) -> GuardPlan:
+        """Guard decisions with this machine's budgets and the cluster's node count."""
+        if self._guard is None:
+            nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
+            self._guard = GuardPlan(self.matrix, num_nodes=max(1, len(nodes)))
+        return self._guard
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(self) -> tuple[list[tuple[Cell, int]], list[Cell]]:
+        """Which cells run now, with their next attempt number, and which the guard rejects."""
+        cells = select(self.matrix.cells, self.options.only, self.options.exclude)
+        latest = results.latest_status(self.options.out)
+        guard = self.guard
+        todo: list[tuple[Cell, int]] = []
+        rejected: list[Cell] = []
+        policy = self.matrix.run
+        for cell in dict.fromkeys(cells):  # a repeated cell id runs once
+            status, attempt, kind = latest.get(cell.cell_id, ("", 0, None))
+            if status in ("ok", "rejected"):
+                self.summary.skipped += 1
+                self.summary.statuses[cell.cell_id] = status
+                continue
+            if status == "failed":
+                retry = self.options.retry_failed or (
+                    kind != "deterministic" and attempt < policy.max_attempts
+                )
+                if not retry:
+                    self.summary.skipped += 1
+                    self.summary.statuses[cell.cell_id] = status
+                    continue
+            elif self.options.retry_failed:
+                continue  # --retry-failed touches failed cells only
+            if not guard.decide(cell).feasible:
+                rejected.append(cell)
+                continue
+            todo.append((cell, attempt + 1))
+        return todo, rejected
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run(self) -> Summary:
+        """Run every planned cell to completion (or its attempt limit)."""
+        started = time.monotonic()
+        todo, rejected = self.plan()
+        guard = self.guard
+        for cell in rejected:
+            decision = guard.decide(cell)
+            row = results.cell_row(
+                cell,
+                sweep=self.matrix.name,
+                attempt=1,
+                status="rejected",
+                num_params=guard.num_params(cell),
+                error=decision.explain(),
+                guard=decision.to_record(),
+            )
+            results.write_attempt(self.options.out, row, {})
+            self.summary.rejected += 1
+            self.summary.statuses[cell.cell_id] = "rejected"
+        self.summary.planned = len(todo) + len(rejected)
+        queue = collections.deque(todo)
+        first_attempt = {cell.cell_id: attempt for cell, attempt in todo}
+        running: list[CellExecution] = []
+        attempts: dict[str, int] = {}
+        try:
+            while queue or running:
+                self._start_ready(queue, running, attempts, first_attempt)
+                pending = [ref for ex in running for ref in ex.pending]
+                if pending:
+                    ray.wait(pending, num_returns=1, timeout=POLL_INTERVAL_S)
+                for ex in list(running):
+                    outcome = ex.poll()
+                    if outcome is None:
+                        continue
+                    running.remove(ex)
+                    self._finish(ex, outcome, attempts[ex.cell.cell_id], guard, queue)
+                self._progress(len(queue), len(running))
+        finally:
+            for ex in running:
+                ex.gang.kill()
+            for gang in self.gangs:
+                gang.kill()
+            self.gangs.clear()
+        self.summary.wall_s = time.monotonic() - started
+        self._progress(0, 0, final=True)
+        return self.summary
+
+    def _limit(self) -> int:
+        if self.matrix.run.exclusive:
+            return 1
+        return self.options.max_concurrent or 1_000_000
+
+    def _start_ready(
+        self,
+        queue: collections.deque[tuple[Cell, int]],
+        running: list[CellExecution],
+        attempts: dict[str, int],
+        first_attempt: dict[str, int],
+    ) -> None:
+        deferred = []
+        while queue and len(running) < self._limit():
+            cell, attempt = queue.popleft()
+            gang = self._acquire(cell)
+            if gang is None:
+                deferred.append((cell, attempt))
+                if not running:  # nothing will free resources: this cell cannot ever run
+                    break
+                continue
+            fault = None
+            if attempt == first_attempt.get(cell.cell_id):
+                fault = self.options.faults.get(cell.cell_id)
+            attempts[cell.cell_id] = attempt
+            self.summary.attempts += 1
+            try:
+                running.append(
+                    CellExecution(
+                        cell,
+                        gang,
+                        timeout_s=self.matrix.run.cell_timeout_s,
+                        pg_timeout_s=self.matrix.run.pg_timeout_s,
+                        fault=fault,
+                    )
+                )
+                self.busy.add(id(gang))
+            except Exception as err:  # the gang broke before the cell started
+                self._drop(gang)
+                log.warning("gang %d failed to start cell %s: %s", gang.gang_id, cell.cell_id, err)
+                deferred.append((cell, attempt))
+        queue.extendleft(reversed(deferred))
+        if queue and not running and deferred:
+            cell, attempt = queue.popleft()
+            need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
+            raise RuntimeError(
+                f"cell {cell.cell_id} ({cell.model}, world_size={cell.world_size}, "
+                f"{cell.device}, {cell.placement}) needs {need} but the cluster cannot place it: "
+                f"{ray.cluster_resources()}. Add nodes or resources, or --exclude it."
+            )
+
+    def _acquire(self, cell: Cell) -> Gang | None:
+        """An idle gang of the cell's shape: reused, or newly created if resources allow."""
+        for gang in self.gangs:
+            if gang.shape == cell.shape and id(gang) not in self.busy:
+                return gang
+        need = bundle_for(cell.device)
+        total = ray.cluster_resources()
+        for key, amount in need.items():
+            held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
+            while held + amount * cell.world_size > total.get(key, 0):
+                idle = [g for g in self.gangs if id(g) not in self.busy]
+                if not idle:
+                    return None
+                self._drop(idle[0])  # make room: an idle gang of another shape goes
+                held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
+        try:
+            gang = create_gang(cell.shape, ready_timeout_s=self.options.gang_ready_timeout_s)
+        except TimeoutError as err:
+            log.warning("%s", err)
+            return None
+        self.gangs.append(gang)
+        return gang
+
+    def _drop(self, gang: Gang) -> None:
+        gang.kill()
+        self.busy.discard(id(gang))
+        if gang in self.gangs:
+            self.gangs.remove(gang)
+
+    def _finish(
+        self,
+        ex: CellExecution,
+        outcome: Outcome,
+        attempt: int,
+        guard: GuardPlan,
+        queue: collections.deque[tuple[Cell, int]],
+    ) -> None:
+        cell = ex.cell
+        self.busy.discard(id(ex.gang))
+        nodes = sorted({node for node, _ in ex.gang.nodes})
+        common: dict[str, Any] = {
+            "sweep": self.matrix.name,
+            "attempt": attempt,
+            "num_params": guard.num_params(cell),
+            "guard": guard.decide(cell).to_record(),
+            "nodes": nodes,
+            "started_unix_s": ex.started_unix_s,
+            "wall_s": outcome.wall_s,
+        }
+        if outcome.status == "ok":
+            row = results.cell_row(cell, status="ok", env=outcome.results[0]["env"], **common)
+            results.write_attempt(self.options.out, row, merge_rank_records(outcome.results))
+            self.summary.ok += 1
+            self.summary.statuses[cell.cell_id] = "ok"
+            self._walls.append(outcome.wall_s)
+            return
+        self._drop(ex.gang)
+        row = results.cell_row(
+            cell, status="failed", error=outcome.error, error_kind=outcome.error_kind, **common
+        )
+        results.write_attempt(self.options.out, row, {})
+        retry = outcome.error_kind != "deterministic" and attempt < self.matrix.run.max_attempts
+        log.warning(
+            "cell %s attempt %d failed (%s)%s: %s",
+            cell.cell_id,
+            attempt,
+            outcome.error_kind,
+            "; resubmitting" if retry else "",
+            outcome.error,
+        )
+        if retry:
+            queue.append((cell, attempt + 1))
+            return
+        self.summary.failed += 1
+        self.summary.statuses[cell.cell_id] = "failed"
+
+    # -- progress ----------------------------------------------------------------------------
+
+    def _progress(self, queued: int, running: int, final: bool = False) -> None:
+        s = self.summary
+        done = s.ok + s.failed + s.rejected
+        total = s.planned
+        eta = ""
+        if self._walls and (queued or running):
+            per_cell = sum(self._walls) / len(self._walls)
+            eta = f" ETA {per_cell * (queued + running) / max(1, running):.0f}s"
+        width = 24
+        filled = width * done // total if total else width
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+            f"ok {s.ok} failed {s.failed} rejected {s.rejected} running {running}{eta}"
+        )
+        key = (done, running, s.failed)
+        if self.stream.isatty():
+            self.stream.write("\r" + line + ("\n" if final else ""))
+            self.stream.flush()
+        elif final or key != getattr(self, "_last_key", None):
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        self._last_key = key

@@ -1,0 +1,88 @@
+"""The memory guard and a duration estimate, applied to the cells of a matrix.
+
+Adapts :class:`commprof.matrix.Cell` to :mod:`commprof.training.memory_guard` with the budgets
+of this machine, overridden by the matrix file's ``budget`` section.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+from commprof.matrix import Cell, Matrix
+from commprof.training import memory_guard
+
+# Duration estimate of a cell, for `commprof check` and the progress bar before the first cell
+# finishes. Rough by design (a planning aid, not a measurement): constants measured on a 2-core
+# machine with torch 2.13 CPU, gloo over loopback.
+GANG_START_S = 2.5
+"""New rank processes and `import torch` (FACTS.md: about 2.4 s for 2 ranks)."""
+CELL_SETUP_S = 0.5
+"""Process group, model build and DDP wrap on a reused gang."""
+CPU_FLOPS_PER_S = 2e10
+"""Effective fp32 training throughput of one CPU rank (one thread)."""
+GPU_FLOPS_PER_S = 2e14
+"""Effective fp32/TF32 training throughput of one GPU."""
+LOOPBACK_BYTES_PER_S = 1e9
+"""Effective gloo ring bandwidth over loopback."""
+TRAIN_FLOPS_PER_PARAM_SAMPLE = 6
+"""Forward + backward FLOPs per parameter per sample (Kaplan et al. 2020, C = 6 N D)."""
+
+
+class GuardPlan:
+    """Guard decisions for the cells of one matrix, cached by cell id.
+
+    Args:
+        matrix: the matrix (its ``budget`` section overrides detected budgets).
+        num_nodes: nodes the cluster has (SPREAD cells put ceil(world size / nodes) on each).
+    """
+
+    def __init__(self, matrix: Matrix, *, num_nodes: int = 1) -> None:
+        self.budgets = memory_guard.detect_budgets().with_overrides(matrix.budget_bytes)
+        self.num_nodes = num_nodes
+        self._decisions: dict[str, memory_guard.GuardDecision] = {}
+
+    def ranks_per_node(self, cell: Cell) -> int:
+        """Ranks of the cell on its busiest node: PACK puts them together where they fit."""
+        if cell.placement in ("SPREAD", "STRICT_SPREAD"):
+            return math.ceil(cell.world_size / self.num_nodes)
+        return cell.world_size
+
+    def decide(self, cell: Cell) -> memory_guard.GuardDecision:
+        """The guard's decision for ``cell``, with its arithmetic."""
+        decision = self._decisions.get(cell.cell_id)
+        if decision is None:
+            shape = memory_guard.CellShape(
+                model=cell.model,
+                world_size=cell.world_size,
+                ranks_per_node=self.ranks_per_node(cell),
+                backend=cell.backend,
+                device=cell.device,
+                batch_size=cell.batch_size,
+                bucket_cap_mb=cell.bucket_cap_mb,
+                optimizer=cell.optimizer,
+                num_steps=cell.steps,
+            )
+            decision = memory_guard.evaluate(shape, self.budgets, _footprint(cell.model))
+            self._decisions[cell.cell_id] = decision
+        return decision
+
+    @staticmethod
+    def num_params(cell: Cell) -> int:
+        """The cell's model's parameter count (closed form)."""
+        return _footprint(cell.model).num_parameters
+
+
+@cache
+def _footprint(model: str) -> memory_guard.ModelFootprint:
+    return memory_guard.model_footprint(model)
+
+
+def estimate_cell_s(cell: Cell, num_params: int) -> float:
+    """A rough duration of one cell attempt in seconds (see the constants above)."""
+    flops = TRAIN_FLOPS_PER_PARAM_SAMPLE * num_params * cell.batch_size
+    rate = GPU_FLOPS_PER_S if cell.device == "cuda" else CPU_FLOPS_PER_S
+    p = cell.world_size
+    comm_s = 2 * (p - 1) / p * num_params * 4 / LOOPBACK_BYTES_PER_S if p > 1 else 0.0
+    micro_s = len(cell.microbench_sizes_bytes) * cell.microbench_iters * 0.01
+    return CELL_SETUP_S + cell.steps * (flops / rate + comm_s) + micro_s

@@ -1,0 +1,180 @@
+"""Run a matrix of cells on Ray: ``python sweeps/run_matrix.py [--matrix FILE] [--out DIR]``.
+
+Connects to the cluster named by ``--address`` or ``RAY_ADDRESS``, else to a running local
+cluster (``ray start --head``), else starts an embedded Ray on this machine. Results land in the
+dataset folder (default ``results/<matrix name>/``); rerunning the same command resumes there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MATRIX = REPO_ROOT / "sweeps" / "matrix.yaml"
+RUNTIME_ENV_EXCLUDES = [".git", ".venv", "results", "reports", "*.parquet", "*.json.gz", "*.pdf"]
+"""Left out of the working_dir shipped to cluster nodes."""
+
+log = logging.getLogger("commprof.sweep")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The driver's flags (shared by this script and ``commprof sweep``)."""
+    parser.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix YAML file")
+    parser.add_argument("--out", type=Path, help="dataset folder (default results/<name>/)")
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="rerun only the cells whose last attempt failed"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="run only cells matching TERM (key=value or a cell-id prefix); repeatable",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="skip cells matching TERM; repeatable",
+    )
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else auto)")
+    parser.add_argument("--max-concurrent", type=int, help="at most this many cells at once")
+    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: enough)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
+    """Connect to a Ray cluster or start an embedded one.
+
+    Args:
+        address: an explicit address; None tries ``RAY_ADDRESS``, then a local cluster.
+        num_cpus: CPUs an embedded Ray advertises.
+
+    Returns:
+        (whether Ray was started here, the dashboard URL if there is one).
+    """
+    import ray
+
+    from actors.gang import ACTOR_NAMESPACE
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    runtime_env: dict[str, Any] = {
+        "working_dir": str(REPO_ROOT),
+        "excludes": RUNTIME_ENV_EXCLUDES,
+        "env_vars": {"PYTHONPATH": "."},
+    }
+    if address is None:
+        try:
+            ctx = ray.init(
+                address="auto",
+                namespace=ACTOR_NAMESPACE,
+                runtime_env=runtime_env,
+                log_to_driver=False,
+            )
+            return False, ctx.dashboard_url or None
+        except ConnectionError:
+            log.info("no running Ray cluster found; starting an embedded one (%d CPUs)", num_cpus)
+        ray.init(
+            num_cpus=num_cpus,
+            namespace=ACTOR_NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+        return True, None
+    ctx = ray.init(
+        address=address, namespace=ACTOR_NAMESPACE, runtime_env=runtime_env, log_to_driver=False
+    )
+    return False, ctx.dashboard_url or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the driver; returns the process exit status."""
+    parser = argparse.ArgumentParser(prog="run_matrix.py", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the driver for parsed arguments (see :func:`add_arguments`)."""
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from commprof import matrix as matrix_mod
+    from commprof.results import load
+
+    try:
+        matrix = matrix_mod.load(args.matrix)
+    except matrix_mod.MatrixError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = args.out or REPO_ROOT / "results" / matrix.name
+    import ray
+
+    from sweeps.driver import Driver, DriverOptions, select
+
+    try:
+        selected = select(matrix.cells, tuple(args.only), tuple(args.exclude))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    max_ws = max((c.world_size for c in selected), default=1)
+    num_cpus = args.num_cpus or max(os.cpu_count() or 1, max_ws)
+    started_here, dashboard = connect(args.address, num_cpus=num_cpus)
+    if dashboard:
+        print(f"Ray dashboard: {dashboard}", file=sys.stderr)
+    print(
+        f"sweep {matrix.name!r}: {len(selected)} cells from {matrix.source} -> {out}",
+        file=sys.stderr,
+    )
+    try:
+        options = DriverOptions(
+            out=out,
+            retry_failed=args.retry_failed,
+            only=tuple(args.only),
+            exclude=tuple(args.exclude),
+            max_concurrent=args.max_concurrent,
+        )
+        summary = Driver(matrix, options).run()
+    finally:
+        if started_here:
+            ray.shutdown()
+    print(summary_table(load(out), [c.cell_id for c in selected]))
+    print(
+        f"{summary.ok} ok, {summary.failed} failed, {summary.rejected} rejected, "
+        f"{summary.skipped} already complete; {summary.attempts} attempts in "
+        f"{summary.wall_s:.1f} s; dataset: {out}"
+    )
+    return 1 if summary.failed else 0
+
+
+def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
+    """A table of the selected cells: status, attempts, median step and bucket latency."""
+    cells = tables["cells"]
+    cells = cells[cells["cell_id"].isin(cell_ids)]
+    if cells.empty:
+        return "(no cells)"
+    latest = cells.sort_values("attempt").groupby("cell_id").tail(1).set_index("cell_id")
+    steps = tables["steps"]  # only ok attempts have step rows
+    measured = steps[steps["measured"]]
+    step_ms = measured.groupby("cell_id")["step_ns"].median() / 1e6
+    buckets = tables["buckets"]
+    lat_ms = buckets[buckets["step"] >= 1].groupby("cell_id")["latency_ns"].median() / 1e6
+    view = latest[["model", "world_size", "bucket_cap_mb", "backend", "status", "attempt"]].copy()
+    view["wall_s"] = latest["wall_s"].round(2)
+    view["step_ms"] = step_ms.reindex(view.index).round(2)
+    view["bucket_ms"] = lat_ms.reindex(view.index).round(3)
+    return view.to_string()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Shared fixtures: one real local Ray for the whole session, small matrices."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# gloo on one machine talks over loopback (FACTS.md); set before any process group starts.
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+RAY_TEST_CPUS = 4
+"""CPUs the test cluster advertises: enough for one 4-rank gang (oversubscribed on 2 cores)."""
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[str]:
+    """A real local Ray, started once per session; yields its GCS address."""
+    import ray
+
+    from actors.gang import ACTOR_NAMESPACE
+
+    ctx = ray.init(
+        num_cpus=RAY_TEST_CPUS,
+        include_dashboard=False,
+        namespace=ACTOR_NAMESPACE,
+        log_to_driver=False,
+        logging_level="WARNING",
+    )
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+def write_matrix(path: Path, text: str) -> Path:
+    """Write a matrix YAML file and return its path."""
+    path.write_text(text)
+    return path

@@ -1,0 +1,107 @@
+"""Matrix files: expansion, stable ids, and errors that name file, key and allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commprof import matrix
+from commprof.catalog import MODEL_NAMES
+from commprof.matrix import Cell, MatrixError
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = """
+name: t
+axes:
+  model: [srn-100k, srn-1m]
+  world_size: [2, 4]
+  bucket_cap_mb: [1, 25.5]
+defaults:
+  steps: 5
+repeats: 2
+run:
+  max_attempts: 3
+"""
+
+
+def _load(tmp_path: Path, text: str) -> matrix.Matrix:
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    return matrix.load(path)
+
+
+def test_expands_the_product_times_repeats(tmp_path: Path) -> None:
+    m = _load(tmp_path, GOOD)
+    assert len(m.cells) == 2 * 2 * 2 * 2
+    assert {c.repeat for c in m.cells} == {0, 1}
+    assert all(c.steps == 5 for c in m.cells)
+    assert m.run.max_attempts == 3
+    assert len({c.cell_id for c in m.cells}) == len(m.cells)
+
+
+def test_cell_id_is_stable_and_depends_on_config_only(tmp_path: Path) -> None:
+    a = Cell(model="srn-1m", world_size=2, bucket_cap_mb=25)
+    b = Cell(model="srn-1m", world_size=2, bucket_cap_mb=25.0)
+    assert a.cell_id == b.cell_id
+    assert len(a.cell_id) == 12
+    assert Cell(model="srn-1m", world_size=2, bucket_cap_mb=25, repeat=1).cell_id != a.cell_id
+    # the same file read twice gives the same ids, in the same order
+    ids = [c.cell_id for c in _load(tmp_path, GOOD).cells]
+    assert ids == [c.cell_id for c in _load(tmp_path, GOOD).cells]
+    assert matrix.cell_from_config(a.config()) == a
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (
+            GOOD.replace("bucket_cap_mb: [1, 25.5]", "bucket_cap_mb: [1]\n  colour: [red]"),
+            ["axes.colour", "allowed here", "bucket_cap_mb"],
+        ),
+        (
+            GOOD.replace("world_size: [2, 4]", "world_size: [two]"),
+            ["axes.world_size", "'two'", "expected int"],
+        ),
+        (
+            GOOD.replace("world_size: [2, 4]", "world_size: [0]"),
+            ["world_size", ">= 1", "got 0", "m.yaml"],
+        ),
+        (GOOD.replace("steps: 5", "steps: 5\n  stepz: 3"), ["defaults.stepz"]),
+        (GOOD.replace("max_attempts: 3", "max_attempts: true"), ["run.max_attempts", "bool"]),
+        (GOOD.replace("[srn-100k, srn-1m]", "[srn-7q]"), ["srn-7q", "srn-100k", "gpt2-small"]),
+        (GOOD.replace("name: t", "name: ../evil"), ["key 'name'"]),
+        (GOOD + "budget:\n  host_ram: 5\n", ["budget.host_ram", "host_ram_bytes"]),
+        (GOOD.replace("steps: 5", "steps: 5\n  backend: nccl"), ["nccl", "cuda"]),
+        ("axes: [1, 2]\n", ["axes", "mapping"]),
+        ("- just\n- a list\n", ["mapping"]),
+        ("name: t\naxes:\n  model: [srn-1m]\n", ["axes.world_size", "required"]),
+    ],
+)
+def test_bad_matrix_names_file_and_key(tmp_path: Path, text: str, needles: list[str]) -> None:
+    with pytest.raises(MatrixError) as info:
+        _load(tmp_path, text)
+    message = str(info.value)
+    assert str(tmp_path / "m.yaml") in message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(MatrixError, match="cannot read"):
+        matrix.load(tmp_path / "missing.yaml")
+    with pytest.raises(MatrixError, match="not valid YAML"):
+        _load(tmp_path, "axes: [unclosed\n")
+
+
+def test_geometric_microbench_sizes(tmp_path: Path) -> None:
+    m = _load(tmp_path, GOOD + "microbench:\n  min_bytes: 1024\n  max_bytes: 8192\n")
+    assert m.cells[0].microbench_sizes_bytes == (1024, 2048, 4096, 8192)
+
+
+@pytest.mark.parametrize("name", ["smoke.yaml", "matrix.yaml"])
+def test_shipped_matrices_are_valid(name: str) -> None:
+    m = matrix.load(REPO / "sweeps" / name)
+    assert m.cells
+    assert {c.model for c in m.cells} <= set(MODEL_NAMES)

@@ -1,0 +1,146 @@
+"""Metrics on hand-built traces whose values are known in closed form."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from commprof.profiling.metrics import (
+    bucket_exposure,
+    hook_trace_disagreement,
+    step_metrics,
+    trace_overlap,
+    transfer_wait,
+)
+from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+
+
+def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": cat,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def gloo_trace(
+    *events: dict[str, Any], steps: tuple[tuple[int, float, float], ...] = ((0, 0, 100),)
+) -> ParsedTrace:
+    evs = [x(f"ProfilerStep#{n}", "user_annotation", ts, dur) for n, ts, dur in steps]
+    return parse_trace({"traceEvents": evs + list(events)}, regime="cpu-gloo")
+
+
+def comm(ts: float, dur: float, nbytes: int | None = None) -> dict[str, Any]:
+    args = {"Input Dims": [[nbytes // 4]], "Input type": ["float"]} if nbytes else {}
+    return x("gloo:all_reduce", "user_annotation", ts, dur, tid=9, **args)
+
+
+def cpu(ts: float, dur: float, name: str = "aten::mm") -> dict[str, Any]:
+    return x(name, "cpu_op", ts, dur)
+
+
+def one_row(p: ParsedTrace) -> dict[str, Any]:
+    frame = step_metrics(p)
+    assert len(frame) == 1
+    return {str(k): v for k, v in frame.iloc[0].to_dict().items()}
+
+
+def test_partial_overlap_closed_form() -> None:
+    # Window [0,100) us: compute [0,60), comm [40,80), enqueue (other) [85,90).
+    r = one_row(gloo_trace(cpu(0, 60), comm(40, 40), cpu(85, 5, "c10d::allreduce_")))
+    us = 1000
+    assert r["window_ns"] == 100 * us
+    assert r["compute_ns"] == 60 * us and r["comm_ns"] == 40 * us
+    assert r["overlap_ns"] == (60 - 40) * us and r["exposed_ns"] == (80 - 60) * us
+    assert r["other_ns"] == 5 * us
+    assert r["idle_ns"] == (100 - 80 - 5) * us
+    assert r["overlap_efficiency"] == pytest.approx(20 / 40)
+    assert r["comm_overhead_fraction"] == pytest.approx(20 / 100)
+    assert r["compute_ns"] + r["exposed_ns"] + r["idle_ns"] + r["other_ns"] == r["window_ns"]
+
+
+def test_comm_fully_hidden_and_fully_exposed() -> None:
+    hidden = one_row(gloo_trace(cpu(10, 50), cpu(20, 10), comm(15, 30)))  # nested compute
+    assert (hidden["overlap_ns"], hidden["exposed_ns"], hidden["overlap_efficiency"]) == (
+        30_000,
+        0,
+        1.0,
+    )
+    exposed = one_row(gloo_trace(cpu(0, 40), comm(40, 30)))  # touching, no overlap
+    assert (exposed["overlap_ns"], exposed["exposed_ns"], exposed["overlap_efficiency"]) == (
+        0,
+        30_000,
+        0.0,
+    )
+    assert exposed["idle_ns"] == 30_000
+
+
+def test_no_communication_gives_nan_efficiency_not_zero() -> None:
+    r = one_row(gloo_trace(cpu(0, 10), cpu(5, 0)))  # a zero-length op too
+    assert r["comm_ns"] == 0 and math.isnan(r["overlap_efficiency"])
+    assert r["comm_overhead_fraction"] == 0.0
+    assert r["compute_ns"] + r["idle_ns"] == r["window_ns"] == 100_000
+
+
+def test_events_are_clipped_to_their_step_windows() -> None:
+    # comm [90,130) spans steps 0 [0,100) and 1 [100,200); compute [95,150).
+    p = gloo_trace(comm(90, 40), cpu(95, 55), steps=((0, 0, 100), (1, 100, 100)))
+    frame = step_metrics(p).set_index("step")
+    assert frame.loc[0, "comm_ns"] == 10_000 and frame.loc[0, "overlap_ns"] == 5_000
+    assert frame.loc[1, "comm_ns"] == 30_000 and frame.loc[1, "overlap_ns"] == 30_000
+    assert frame.loc[1, "compute_ns"] == 50_000
+    assert trace_overlap(p) == (40_000, 35_000)
+
+
+def test_bucket_exposure_matches_by_size_then_order() -> None:
+    compute = cpu(0, 50)
+    # Collectives start in the order 400 B, 800 B; the hook launched 800 B first.
+    p = gloo_trace(compute, comm(40, 20, nbytes=400), comm(45, 10, nbytes=800))
+    records = pd.DataFrame({
+        "rank": [0, 0], "step": [0, 0], "bucket_index": [0, 1], "num_bytes": [800, 400],
+        "launch_ns": [1, 2], "latency_ns": [12_000, 18_000],
+    })  # fmt: skip
+    out = bucket_exposure(p, records).set_index("bucket_index")
+    assert out.loc[0, "comm_ns"] == 10_000 and out.loc[0, "comm_exposed_ns"] == 5_000  # [45,55)
+    assert out.loc[1, "comm_ns"] == 20_000 and out.loc[1, "comm_exposed_ns"] == 10_000  # [40,60)
+    assert out["matched_by"].tolist() == ["size", "size"]
+    d = hook_trace_disagreement(out)
+    assert d["num_matched"] == 2
+    assert d["relative_diff"] == pytest.approx((30_000 - 30_000) / 30_000)
+    assert d["median_abs_relative_diff"] == pytest.approx((0.2 + 0.1) / 2)  # 2/10 and 2/20
+    # Without sizes in the trace, order decides.
+    q = gloo_trace(compute, comm(40, 20), comm(45, 10))
+    by_order = bucket_exposure(q, records).set_index("bucket_index")
+    assert by_order.loc[0, "comm_ns"] == 20_000 and by_order["matched_by"].eq("order").all()
+
+
+def test_bucket_exposure_warns_on_count_mismatch() -> None:
+    p = gloo_trace(comm(10, 5))
+    records = pd.DataFrame({"step": [0, 0], "bucket_index": [0, 1], "num_bytes": [4, 8]})
+    with pytest.warns(UserWarning, match="2 bucket records but 1 collectives"):
+        out = bucket_exposure(p, records)
+    assert out["matched_by"].tolist() == ["order", "none"]
+    assert out["comm_ns"].isna().tolist() == [False, True]
+
+
+def test_transfer_wait_shortest_duration_is_transfer() -> None:
+    def colls(durations: list[int]) -> pd.DataFrame:
+        return pd.DataFrame({
+            "name": ["allreduce"] * len(durations), "step": [0] * len(durations),
+            "duration_ns": durations, "seq": pd.array([None] * len(durations), dtype="Int64"),
+            "process_group": [""] * len(durations),
+        })  # fmt: skip
+
+    out = transfer_wait([colls([10, 7]), colls([4, 9])])
+    first = out[out["position"] == 0].set_index("rank")
+    second = out[out["position"] == 1].set_index("rank")
+    assert first["transfer_ns"].tolist() == [4, 4] and first["wait_ns"].tolist() == [10 - 4, 0]
+    assert second["transfer_ns"].tolist() == [7, 7] and second["wait_ns"].tolist() == [0, 9 - 7]

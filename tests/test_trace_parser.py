@@ -1,0 +1,224 @@
+"""Trace parsing: loading errors, rule tables per regime, step windows, collectives."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from commprof.profiling.intervals import total_length
+from commprof.profiling.trace_parser import RULES, Rule, load_trace, parse_trace
+
+GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
+
+
+def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    """A complete event; ts and dur in microseconds as Kineto writes them."""
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": cat,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def step(n: int, ts: float, dur: float) -> dict[str, Any]:
+    return x(f"ProfilerStep#{n}", "user_annotation", ts, dur)
+
+
+def trace(events: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
+    return {"traceEvents": events, **top}
+
+
+def pairs(s: Any) -> list[tuple[int, int]]:
+    return list(zip(s.starts.tolist(), s.ends.tolist(), strict=True))
+
+
+def test_load_trace_errors(tmp_path: Path) -> None:
+    good = json.dumps(trace([step(0, 0, 1)])).encode()
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(good)[:-20])
+    with pytest.raises(ValueError, match="truncated or corrupt gzip"):
+        load_trace(tmp_path / "t.json.gz")
+    (tmp_path / "t.json").write_bytes(good[:-5])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_trace(tmp_path / "t.json")
+    (tmp_path / "e.json").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty file"):
+        load_trace(tmp_path / "e.json")
+    (tmp_path / "d.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="not a Chrome trace"):
+        load_trace(tmp_path / "d.json")
+    (tmp_path / "n.json").write_text('{"traceEvents": []}')
+    with pytest.raises(ValueError, match="no events"):
+        load_trace(tmp_path / "n.json")
+    (tmp_path / "arr.json").write_text(json.dumps([step(0, 0, 1)]))  # JSON Array Format
+    assert len(load_trace(tmp_path / "arr.json")["traceEvents"]) == 1
+
+
+@pytest.mark.parametrize("dur", [-1.0, 1e12, None, "abc"])
+def test_bad_durations_are_errors(dur: Any) -> None:
+    ev = step(0, 0, 10)
+    bad = x("aten::mm", "cpu_op", 1, 1)
+    if dur is None:
+        del bad["dur"]
+    else:
+        bad["dur"] = dur
+    with pytest.raises(ValueError, match="dur"):
+        parse_trace(trace([ev, bad]))
+
+
+def test_timestamps_round_to_nanoseconds() -> None:
+    # 0.0019 us is 1.9 ns: rounding gives 2, truncation would give 1.
+    t = trace([step(0, 0, 10), x("aten::mm", "cpu_op", 0.0019, 1.0016)])
+    p = parse_trace(t, regime="cpu-gloo")
+    assert pairs(p.classes["compute"]) == [(2, 2 + 1002)]
+
+
+def test_cpu_gloo_rules() -> None:
+    events = [
+        step(7, 0, 100),
+        x("aten::addmm", "cpu_op", 10, 50),  # compute [10, 60)
+        x("aten::mm", "cpu_op", 20, 5),  # nested: merged into the parent
+        x("c10d::allreduce_", "cpu_op", 40, 4),  # enqueue inside compute: carved out
+        x(
+            "gloo:all_reduce",
+            "user_annotation",
+            41,
+            30,
+            tid=9,
+            **{"Input Dims": [[250]], "Input type": ["float"]},
+        ),
+        x("aten::copy_", "cpu_op", 50, 5, tid=9),  # on the gloo thread: ignored
+        x("Optimizer.step#SGD.step", "user_annotation", 80, 10),  # annotation: ignored
+    ]
+    p = parse_trace(trace(events, distributedInfo={"backend": "gloo", "rank": 3, "world_size": 4}))
+    assert (p.regime, p.rank, p.world_size) == ("cpu-gloo", 3, 4)
+    assert p.step_ids.tolist() == [7] and p.step_source == "ProfilerStep"
+    assert pairs(p.classes["compute"]) == [(10_000, 40_000), (44_000, 60_000)]
+    assert pairs(p.classes["other"]) == [(40_000, 44_000)]
+    assert pairs(p.classes["communication"]) == [(41_000, 71_000)]
+    assert total_length(p.classes["memcpy"]) == 0
+    row = p.collectives.iloc[0]
+    assert (row["name"], row["num_bytes"], row["step"], row["duration_ns"]) == (
+        "gloo:all_reduce",
+        250 * 4,
+        7,
+        30_000,
+    )
+
+
+def nccl_events() -> list[dict[str, Any]]:
+    meta = {"Collective name": "allreduce", "In msg nelems": 1000, "dtype": "BFloat16",
+            "Process Group Name": "0", "Seq": 5}  # fmt: skip
+    return [
+        step(1, 0, 200),
+        x("sm90_xmma_gemm", "kernel", 10, 40, tid=7),
+        x("my_custom_allreduce", "kernel", 30, 20, tid=20, **meta),  # metadata wins over name
+        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 100, 10, tid=20),  # name fallback
+        x("ncclKernel_AllGather_RING_LL_Sum_int8_t", "kernel", 120, 10, tid=20),  # old name
+        x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 150, 5, tid=7),
+        x("Memset (Device)", "gpu_memset", 160, 5, tid=7),
+        x("cudaLaunchKernel", "cuda_runtime", 9, 1),  # host side: ignored
+    ]
+
+
+def test_cuda_nccl_metadata_first_then_name_patterns() -> None:
+    p = parse_trace(trace(nccl_events(), distributedInfo={"backend": "nccl", "rank": 0}))
+    assert p.regime == "cuda-nccl"
+    assert pairs(p.classes["communication"]) == [
+        (30_000, 50_000),
+        (100_000, 110_000),
+        (120_000, 130_000),
+    ]
+    assert pairs(p.classes["compute"]) == [(10_000, 50_000)]
+    assert pairs(p.classes["memcpy"]) == [(150_000, 155_000)]
+    assert pairs(p.classes["memset"]) == [(160_000, 165_000)]
+    first = p.collectives.iloc[0]
+    assert (first["name"], first["num_bytes"], first["seq"], first["process_group"]) == (
+        "allreduce",
+        2000,
+        5,
+        "0",
+    )
+    assert p.collectives["num_bytes"].isna().tolist() == [False, True, True]
+
+
+def test_regime_detection_without_distributed_info_and_forcing() -> None:
+    assert parse_trace(trace(nccl_events())).regime == "cuda-nccl"
+    assert parse_trace(trace([step(0, 0, 5), x("aten::mm", "cpu_op", 1, 1)])).regime == "cpu-gloo"
+    forced = parse_trace(trace(nccl_events()), regime="cuda-gloo")
+    assert forced.regime == "cuda-gloo"
+    assert total_length(forced.classes["communication"]) == 0  # no gloo annotations
+    with pytest.raises(ValueError, match="regime must be one of"):
+        parse_trace(trace(nccl_events()), regime="tpu")
+
+
+def test_cuda_gloo_staging_copies_count_as_communication() -> None:
+    events = [
+        step(0, 0, 100),
+        x("gloo:all_reduce", "user_annotation", 10, 50, tid=9),
+        x("cudaMemcpyAsync", "cuda_runtime", 11, 1, tid=9, correlation=41),
+        x("cudaMemcpyAsync", "cuda_runtime", 70, 1, tid=1, correlation=42),
+        x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 12, 3, tid=7, correlation=41),
+        x("Memcpy DtoD (Device -> Device)", "gpu_memcpy", 72, 3, tid=7, correlation=42),
+        x("elementwise_kernel", "kernel", 80, 5, tid=7, correlation=43),
+    ]
+    p = parse_trace(trace(events, distributedInfo={"backend": "gloo"}, deviceProperties=[{}]))
+    assert p.regime == "cuda-gloo"
+    assert pairs(p.classes["communication"]) == [(10_000, 60_000)]  # copy [12,15) inside
+    assert pairs(p.classes["memcpy"]) == [(72_000, 75_000)]
+    assert pairs(p.classes["compute"]) == [(80_000, 85_000)]
+    assert len(p.collectives) == 1  # staging copies are not collectives
+
+
+def test_no_step_annotations_falls_back_to_whole_trace_with_warning() -> None:
+    t = trace([x("aten::mm", "cpu_op", 5, 10), x("aten::add", "cpu_op", 30, 5)])
+    with pytest.warns(UserWarning, match="no ProfilerStep"):
+        p = parse_trace(t)
+    assert (p.step_ids.tolist(), p.step_start_ns.tolist(), p.step_end_ns.tolist()) == (
+        [0],
+        [5000],
+        [35000],
+    )
+    assert p.step_source == "whole trace"
+
+
+def test_rank_from_file_name(tmp_path: Path) -> None:
+    path = tmp_path / "worker_rank5.pt.trace.json"
+    path.write_text(json.dumps(trace([step(0, 0, 5), x("aten::mm", "cpu_op", 1, 1)])))
+    assert parse_trace(path).rank == 5
+    assert parse_trace(load_trace(path)).rank == 0  # no name, no distributedInfo
+
+
+def test_user_can_extend_a_rule_table() -> None:
+    mine = Rule(target="communication", cats=frozenset({"cpu_op"}), name=r"my_allreduce",
+                collective=True, why="a custom collective")  # fmt: skip
+    table = dataclasses.replace(RULES["cpu-gloo"], rules=(mine, *RULES["cpu-gloo"].rules))
+    t = trace([step(0, 0, 50), x("my_allreduce", "cpu_op", 10, 10), x("aten::mm", "cpu_op", 30, 5)])
+    p = parse_trace(t, rules=table)
+    assert pairs(p.classes["communication"]) == [(10_000, 20_000)]
+    assert pairs(p.classes["compute"]) == [(30_000, 35_000)]
+    with pytest.raises(ValueError, match=r"Rule\.target"):
+        Rule(target="gpu", why="bad")
+
+
+def test_golden_traces_parse() -> None:
+    for rank in (0, 1):
+        p = parse_trace(GOLDEN / f"rank{rank}_steps2-4.json.gz")
+        assert (p.rank, p.world_size, p.regime) == (rank, 2, "cpu-gloo")
+        assert p.step_ids.tolist() == [2, 3, 4]
+        assert np.all(p.step_start_ns[1:] >= p.step_end_ns[:-1])
+        # Three DDP buckets (make_golden.py: 0.25 MiB cap, 4 linear layers) a step.
+        assert p.collectives.groupby("step").size().tolist() == [3, 3, 3]
+        assert sorted(p.collectives["num_bytes"].unique().tolist()) == sorted(
+            [4 * (512 * 192 + 192 + 192 * 10 + 10), 4 * (512 * 512 + 512), 4 * (256 * 512 + 512)]
+        )
