@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
     run.add_argument("--hook", choices=("allreduce", "fp16"), default="allreduce")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--profile", action="store_true", help="also record and analyse traces")
     run.add_argument("--repeat", type=int, default=0, help="repetition index (a new cell id)")
     run.add_argument("--pg-timeout-s", type=float, default=60.0, help="process-group timeout")
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
@@ -171,7 +172,12 @@ def _run(args: argparse.Namespace) -> int:
     from commprof import results
     from commprof.catalog import count_parameters
     from commprof.matrix import Cell
-    from commprof.training.launcher import RankFailure, merge_rank_records, run_local
+    from commprof.training.launcher import (
+        RankFailure,
+        merge_rank_records,
+        merge_rank_traces,
+        run_local,
+    )
 
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     cell = Cell(
@@ -186,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         repeat=args.repeat,
+        profile=args.profile,
     )
     status = results.latest_status(args.out).get(cell.cell_id)
     if status is not None and status[0] == "ok":
@@ -219,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     wall_s = time.monotonic() - t0
     row = results.cell_row(cell, status="ok", env=per_rank[0]["env"], wall_s=wall_s, **common)
-    results.write_attempt(args.out, row, merge_rank_records(per_rank))
+    results.write_attempt(args.out, row, merge_rank_records(per_rank), merge_rank_traces(per_rank))
     from sweeps.run_matrix import summary_table
 
     print(summary_table(results.load(args.out), [cell.cell_id]))

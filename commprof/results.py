@@ -88,6 +88,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("launch_ns", pa.int64()),
             ("done_ns", pa.int64()),
             ("latency_ns", pa.int64()),
+            ("transfer_ns", pa.int64()),
             ("exposed_ns", pa.int64()),
             ("device_latency_ns", pa.int64()),
         ]
@@ -132,6 +133,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("other_ns", pa.int64()),
             ("overlap_efficiency", pa.float64()),
             ("comm_overhead_fraction", pa.float64()),
+            # cross-check against the timing hook: buckets matched to collectives this step
+            ("num_collectives", pa.int32()),
+            ("hook_latency_ns", pa.int64()),
+            ("trace_collective_ns", pa.int64()),
+            ("bucket_exposed_ns", pa.int64()),
         ]
     ),
 }
@@ -153,11 +159,18 @@ def _to_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
 
 def _atomic_write(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    _atomic_write_bytes(sink.getvalue().to_pybytes(), path)
+
+
+def _atomic_write_bytes(data: bytes, path: Path) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -167,21 +180,30 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
 
 
 def write_attempt(
-    root: str | Path, cell_row: Mapping[str, Any], tables: Mapping[str, list[dict[str, Any]]]
+    root: str | Path,
+    cell_row: Mapping[str, Any],
+    tables: Mapping[str, list[dict[str, Any]]],
+    traces: Mapping[str, bytes] | None = None,
 ) -> None:
-    """Write one finished cell attempt: every table's rows, then the cells row (the commit).
+    """Write one finished cell attempt: traces, every table's rows, then the cells row (commit).
 
     Args:
         root: the dataset folder.
         cell_row: the row of the ``cells`` table; must hold ``cell_id`` and ``attempt``.
         tables: rows by table name (any of ``TABLES`` but ``cells``); the key columns are
             filled in from ``cell_row``.
+        traces: compressed profiler traces by file name, kept under
+            ``traces/<cell_id>-a<attempt>/`` (a folder ``commprof analyze`` reads).
     """
     root = Path(root)
     cell_id, attempt = str(cell_row["cell_id"]), int(cell_row["attempt"])
     if not re.fullmatch(r"[0-9a-f]{12}", cell_id):
         raise ValueError(f"cell_id {cell_id!r} is not a 12-digit hex id")
     file_name = f"{cell_id}-a{attempt}.parquet"
+    for trace_name, data in (traces or {}).items():
+        if "/" in trace_name or trace_name.startswith("."):
+            raise ValueError(f"trace file name {trace_name!r} must be a plain file name")
+        _atomic_write_bytes(data, root / "traces" / f"{cell_id}-a{attempt}" / trace_name)
     for name, rows in tables.items():
         if name == "cells" or name not in SCHEMAS:
             raise ValueError(f"unknown table {name!r}; expected one of {TABLES[1:]}")

@@ -22,7 +22,7 @@ from actors.execution import CellExecution, Outcome
 from actors.gang import Gang, bundle_for, create_gang
 from commprof import results
 from commprof.matrix import Cell, Matrix
-from commprof.training.launcher import merge_rank_records
+from commprof.training.launcher import merge_rank_records, merge_rank_traces
 from sweeps.guard import GuardPlan
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,12 @@ class Driver:
         }
         if outcome.status == "ok":
             row = results.cell_row(cell, status="ok", env=outcome.results[0]["env"], **common)
-            results.write_attempt(self.options.out, row, merge_rank_records(outcome.results))
+            results.write_attempt(
+                self.options.out,
+                row,
+                merge_rank_records(outcome.results),
+                merge_rank_traces(outcome.results),
+            )
             self.summary.ok += 1
             self.summary.statuses[cell.cell_id] = "ok"
             self._walls.append(outcome.wall_s)

@@ -17,9 +17,14 @@ on the stream the future completes on; the pair is resolved with ``elapsed_time`
 (:meth:`TimingState.resolve`), never in the hook. The hot path holds no device sync, no lock and
 no blocking call: a ``perf_counter_ns``, a list append, and on CUDA two ``Event.record``.
 
-Definitions (DESIGN.md): ``latency_ns = done_ns - launch_ns``. The step's backward compute ends
-when the last bucket becomes ready (its gradients are the last ones autograd produces), so a
-bucket's ``exposed_ns = max(0, done_ns - max(launch_ns, compute_end_ns))``, with
+Definitions (DESIGN.md): ``latency_ns = done_ns - launch_ns``, from enqueue to completion,
+which includes waiting behind the step's earlier buckets (a backend runs a process group's
+collectives in order; gloo has two worker threads, so two may overlap). ``transfer_ns =
+done_ns - max(launch_ns, d)``, with ``d`` the latest completion of an earlier-launched bucket
+that finished before this one, approximates the bucket's own service time, the quantity a cost
+model predicts; the trace's collective durations are the exact figure. The step's backward
+compute ends when the last bucket becomes ready (its gradients are the last ones autograd
+produces), so a bucket's ``exposed_ns = max(0, done_ns - max(launch_ns, compute_end_ns))``, with
 ``compute_end_ns`` the latest ``ready_ns`` of the step: the part of its transfer that nothing
 overlapped.
 """
@@ -99,7 +104,8 @@ class TimingState:
 
         Returns:
             Rows with ``step, bucket_index, num_bytes, num_params, ready_ns, launch_ns, done_ns,
-            latency_ns, exposed_ns, device_latency_ns`` (the last is None off CUDA).
+            latency_ns, transfer_ns, exposed_ns, device_latency_ns`` (the last is None off
+            CUDA), in launch order.
         """
         raw, self.raw = self.raw, []
         params_per_bucket: dict[int, int] = {}
@@ -109,7 +115,8 @@ class TimingState:
         for rec in raw:
             compute_end[rec[_STEP]] = max(compute_end.get(rec[_STEP], 0), rec[_READY])
         rows = []
-        for rec in raw:
+        earlier_done: dict[int, list[int]] = {}
+        for rec in sorted(raw, key=lambda r: (r[_STEP], r[_LAUNCH])):
             if rec[_DONE] == 0:
                 self.raw = raw + self.raw  # keep every record for a later resolve()
                 raise RuntimeError(
@@ -120,6 +127,9 @@ class TimingState:
             if rec[_EV_READY] is not None:
                 device_ns = round(rec[_EV_READY].elapsed_time(rec[_EV_DONE]) * 1e6)
             start = max(rec[_LAUNCH], compute_end[rec[_STEP]])
+            done_before = [d for d in earlier_done.setdefault(rec[_STEP], []) if d <= rec[_DONE]]
+            service_start = max([rec[_LAUNCH], *done_before])
+            earlier_done[rec[_STEP]].append(rec[_DONE])
             rows.append(
                 {
                     "step": rec[_STEP],
@@ -132,6 +142,7 @@ class TimingState:
                     "launch_ns": rec[_LAUNCH],
                     "done_ns": rec[_DONE],
                     "latency_ns": rec[_DONE] - rec[_LAUNCH],
+                    "transfer_ns": rec[_DONE] - service_start,
                     "exposed_ns": max(0, rec[_DONE] - start),
                     "device_latency_ns": device_ns,
                 }

@@ -106,7 +106,7 @@ def run_rank(
     """One rank of a cell, start to finish: join the group, train, benchmark, leave.
 
     Returns:
-        ``{"records": {table: rows}, "env": fingerprint}``.
+        ``{"records": {table: rows}, "traces": {name: gzip bytes}, "env": fingerprint}``.
     """
     from commprof.training.trainer import train_rank
 
@@ -120,8 +120,8 @@ def run_rank(
         store=store,
         timeout_s=timeout_s,
     ):
-        records = train_rank(cell, rank=rank, device=device)
-    return {"records": records, "env": fingerprint(device)}
+        result = train_rank(cell, rank=rank, device=device)
+    return {**result, "env": fingerprint(device)}
 
 
 def _spawned_rank(
@@ -210,3 +210,8 @@ def merge_rank_records(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[st
         for table, rows in result["records"].items():
             merged.setdefault(table, []).extend(rows)
     return merged
+
+
+def merge_rank_traces(per_rank: list[dict[str, Any]]) -> dict[str, bytes]:
+    """The ranks' compressed traces by file name (names carry the rank)."""
+    return {name: data for result in per_rank for name, data in result.get("traces", {}).items()}

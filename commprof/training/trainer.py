@@ -13,7 +13,12 @@ between phases, never inside a hook, and backward's collectives have completed b
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from commprof.matrix import Cell
 from commprof.profiling.comm_hooks import register_timing_hook
+from commprof.profiling.harness import profiled
 from commprof.training.data import loss_fn, make_batch
 from commprof.training.models import build_model
 
@@ -31,6 +37,8 @@ ALWAYS_EXCLUDED_STEPS = 1
 SGD_LR = 0.01
 SGD_MOMENTUM = 0.9
 ADAM_LR = 1e-4
+MAX_TRACE_BYTES = 16 * 2**20
+"""Compressed traces up to this size travel back to the driver; larger ones stay on the node."""
 
 
 def _optimizer(cell: Cell, params: Any) -> torch.optim.Optimizer:
@@ -44,7 +52,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # sync point: phase boundary, outside every hook
 
 
-def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, list[dict[str, Any]]]:
+def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]:
     """Train one rank of ``cell`` in the current process group and return its records.
 
     Args:
@@ -53,8 +61,9 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, list
         device: where the model and batches live.
 
     Returns:
-        Rows by table: ``steps`` and ``buckets`` from every rank; ``bucket_params`` and
-        ``microbench`` from rank 0 only (they are the same on every rank).
+        ``{"records": {table: rows}, "traces": {file name: gzip bytes}}``. Tables: ``steps``
+        and ``buckets`` from every rank, ``trace_metrics`` from every rank of a profiled cell,
+        ``bucket_params`` and ``microbench`` from rank 0 only (the same on every rank).
     """
     if not dist.is_initialized():
         raise RuntimeError("train_rank needs an initialised process group")
@@ -72,37 +81,43 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, list
 
     steps: list[dict[str, Any]] = []
     buckets: list[dict[str, Any]] = []
-    for step in range(cell.steps):
-        inputs, targets = make_batch(
-            cell.model, cell.batch_size, rank=rank, seed=cell.seed, step=step, device=device
-        )
-        state.step = step
-        t0 = time.perf_counter_ns()
-        loss = criterion(ddp(inputs), targets)
-        _sync(device)
-        t1 = time.perf_counter_ns()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        _sync(device)
-        t2 = time.perf_counter_ns()
-        optimizer.step()
-        _sync(device)
-        t3 = time.perf_counter_ns()
-        measured = step >= first_measured
-        steps.append(
-            {
-                "rank": rank,
-                "step": step,
-                "measured": measured,
-                "step_ns": t3 - t0,
-                "forward_ns": t1 - t0,
-                "backward_ns": t2 - t1,
-                "optimizer_ns": t3 - t2,
-            }
-        )
-        buckets.extend({"rank": rank, **row} for row in state.resolve())
+    trace_dir = Path(tempfile.mkdtemp(prefix=f"commprof-trace-r{rank}-")) if cell.profile else None
+    with _harness(trace_dir, rank, first=first_measured, last=cell.steps - 1) as harness:
+        for step in range(cell.steps):
+            inputs, targets = make_batch(
+                cell.model, cell.batch_size, rank=rank, seed=cell.seed, step=step, device=device
+            )
+            state.step = step
+            t0 = time.perf_counter_ns()
+            loss = criterion(ddp(inputs), targets)
+            _sync(device)
+            t1 = time.perf_counter_ns()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            _sync(device)
+            t2 = time.perf_counter_ns()
+            optimizer.step()
+            _sync(device)
+            t3 = time.perf_counter_ns()
+            if harness is not None:
+                harness.step()
+            steps.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "measured": step >= first_measured,
+                    "step_ns": t3 - t0,
+                    "forward_ns": t1 - t0,
+                    "backward_ns": t2 - t1,
+                    "optimizer_ns": t3 - t2,
+                }
+            )
+            buckets.extend({"rank": rank, **row} for row in state.resolve())
 
     records: dict[str, list[dict[str, Any]]] = {"steps": steps, "buckets": buckets}
+    traces: dict[str, bytes] = {}
+    if trace_dir is not None:
+        records["trace_metrics"], traces = _trace_records(trace_dir, buckets)
     if rank == 0:
         records["bucket_params"] = [
             {
@@ -116,10 +131,70 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, list
             for p in state.composition
         ]
     bucket_sizes = sorted({int(row["num_bytes"]) for row in buckets if row["step"] >= 1})
-    records["microbench"] = _microbench(cell, rank=rank, device=device, bucket_sizes=bucket_sizes)
-    if rank != 0:
-        records["microbench"] = []
-    return records
+    microbench = _microbench(cell, rank=rank, device=device, bucket_sizes=bucket_sizes)
+    records["microbench"] = microbench if rank == 0 else []
+    return {"records": records, "traces": traces}
+
+
+@contextlib.contextmanager
+def _harness(trace_dir: Path | None, rank: int, *, first: int, last: int) -> Iterator[Any]:
+    """The profiler over steps ``first..last`` (None and no profiler without a trace_dir)."""
+    if trace_dir is None:
+        yield None
+        return
+    # Off until one step before the measured ones, which is the profiler's own warm-up step
+    # (traced and discarded), then active to the end: the trace holds exactly the measured steps.
+    with profiled(
+        trace_dir, rank=rank, wait=first - 1, warmup=1, active=last - first + 1, repeat=1
+    ) as harness:
+        yield harness
+
+
+def _trace_records(
+    trace_dir: Path, buckets: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """Per-step trace metrics with the hook cross-check, and the compressed traces."""
+    import pandas as pd
+
+    from commprof.profiling.metrics import bucket_exposure, step_metrics
+    from commprof.profiling.trace_parser import parse_trace
+
+    rows: list[dict[str, Any]] = []
+    traces: dict[str, bytes] = {}
+    hook = pd.DataFrame(buckets)
+    for path in sorted(trace_dir.glob("*.json.gz")):
+        parsed = parse_trace(path)
+        metrics = step_metrics(parsed)
+        with warnings.catch_warnings():
+            # Step 1 also holds DDP's bucket-rebuild collectives; matching by size skips them.
+            warnings.simplefilter("ignore", UserWarning)
+            matched = bucket_exposure(parsed, hook).dropna(subset=["comm_ns"])
+        check = matched.groupby("step").agg(
+            num_collectives=("comm_ns", "size"),
+            hook_latency_ns=("latency_ns", "sum"),
+            trace_collective_ns=("comm_ns", "sum"),
+            bucket_exposed_ns=("comm_exposed_ns", "sum"),
+        )
+        metrics = metrics.join(check, on="step")
+        rows.extend(_plain_row(row) for row in metrics.to_dict("records"))
+        if path.stat().st_size <= MAX_TRACE_BYTES:
+            traces[path.name] = path.read_bytes()
+        path.unlink()
+    trace_dir.rmdir()
+    return rows, traces
+
+
+def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
+    """pandas/numpy scalars -> Python ones (NaN and NA -> None for integer columns)."""
+    out = {}
+    for key, value in row.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        if value is None or (isinstance(value, float) and value != value):
+            out[key] = None if not key.startswith(("overlap_eff", "comm_overhead")) else value
+        else:
+            out[key] = value
+    return out
 
 
 def _microbench(

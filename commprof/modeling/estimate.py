@@ -1,0 +1,396 @@
+"""``commprof estimate``: predicted DDP gradient communication for a model, link and cap.
+
+Pipeline: parameter sizes -> DDP buckets (``buckets.assign_buckets``) -> an
+all-reduce time per bucket (``cost_model``, from a published link or a
+calibrated fit) -> a simulated backward timeline -> exposed communication.
+
+Backward timeline (simple per-layer estimate, used unless a measured one is
+given): parameter i costs 4 * numel_i * tokens FLOPs of backward (twice the
+forward's 2 * numel * tokens; Kaplan et al. 2020, "Scaling laws for neural
+language models", section 2.1) at ``device_flops_per_s``; gradients become
+ready in reverse registration order, one after another. Bucket k launches
+when its last gradient is ready AND bucket k-1 has finished (DDP launches in
+order, and with one communication stream the all-reduces serialise):
+
+    launch_k = max(ready_k, done_{k-1}),  done_k = launch_k + T_k,
+    exposed  = max(0, done_last - backward_end).
+
+This module imports no torch: the CLI resolves a model name to parameter
+sizes (``commprof.training.models.parameter_sizes``) and passes them in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
+from commprof.modeling.calibration import Fit, fits_from_dataset, load_fits
+from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
+from commprof.modeling.interconnects import get_interconnect, load_interconnects
+
+DEFAULT_ALPHA_NS = 10_000.0
+"""Assumed per-message latency for published links (not a published figure)."""
+DEFAULT_DEVICE_FLOPS_PER_S = 100e12
+"""Assumed sustained backward FLOP rate of one device (100 TFLOP/s)."""
+DEFAULT_BATCH_TOKENS = 8 * 1024
+"""Assumed tokens (samples x positions) per rank per step."""
+CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
+"""Caps tried by ``recommend_bucket_cap``: 0.125 MiB to 512 MiB."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BucketEstimate:
+    """One bucket on the simulated timeline (times from backward start)."""
+
+    index: int
+    """Launch order."""
+    num_params: int
+    """Parameters in the bucket."""
+    num_bytes: int
+    """Gradient bytes."""
+    ready_ns: int
+    """When its last gradient is ready."""
+    launch_ns: int
+    """When its all-reduce starts."""
+    done_ns: int
+    """When its all-reduce ends."""
+    allreduce_ns: int
+    """Predicted all-reduce time."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """Prediction for one configuration."""
+
+    world_size: int
+    """Ranks."""
+    bucket_cap_mb: float | None
+    """DDP cap in MiB (None: DDP default)."""
+    link: str
+    """Where alpha and beta came from."""
+    buckets: tuple[BucketEstimate, ...]
+    """Per-bucket timeline."""
+    total_comm_ns: int
+    """Sum of the all-reduce times."""
+    backward_ns: int
+    """End of backward compute."""
+    exposed_ns: int
+    """Communication after backward ends."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def backward_ready_ns(
+    param_sizes: Sequence[ParamSize],
+    *,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+) -> np.ndarray:
+    """Per-parameter gradient-ready time in ns from backward start (simple estimate).
+
+    Args:
+        param_sizes: ``(name, numel[, element_size])`` in registration order.
+        batch_tokens: Tokens (or samples) per rank per step.
+        device_flops_per_s: Sustained FLOP rate.
+
+    Returns:
+        Ready times indexed by registration order (the last parameter is first).
+    """
+    if batch_tokens <= 0 or not device_flops_per_s > 0:
+        raise ValueError(
+            f"batch_tokens ({batch_tokens}) and device_flops_per_s ({device_flops_per_s}) "
+            "must be > 0"
+        )
+    numel = np.array([int(p[1]) for p in param_sizes], dtype=np.float64)
+    cost_ns = 4.0 * numel * batch_tokens / device_flops_per_s * 1e9
+    return np.cumsum(cost_ns[::-1])[::-1]
+
+
+def simulate(
+    buckets: Sequence[Bucket],
+    bucket_time_ns: Sequence[float],
+    ready_ns: Sequence[float],
+    backward_ns: float,
+) -> tuple[list[BucketEstimate], int]:
+    """Serialise bucket all-reduces after their gradients are ready.
+
+    Args:
+        buckets: Buckets in launch order.
+        bucket_time_ns: Predicted all-reduce time of each bucket.
+        ready_ns: Per-parameter ready times by registration index.
+        backward_ns: End of backward compute.
+
+    Returns:
+        The timeline and the exposed time in ns.
+    """
+    out: list[BucketEstimate] = []
+    done = 0.0
+    for bucket, duration in zip(buckets, bucket_time_ns, strict=True):
+        ready = max(float(ready_ns[i]) for i in bucket.param_indices)
+        launch = max(ready, done)
+        done = launch + float(duration)
+        out.append(
+            BucketEstimate(
+                index=bucket.index,
+                num_params=bucket.num_params,
+                num_bytes=bucket.num_bytes,
+                ready_ns=round(ready),
+                launch_ns=round(launch),
+                done_ns=round(done),
+                allreduce_ns=round(float(duration)),
+            )
+        )
+    return out, max(0, round(done - backward_ns))
+
+
+def estimate(
+    param_sizes: Sequence[ParamSize],
+    *,
+    world_size: int,
+    bucket_cap_mb: float | None,
+    link: LinkParams | Fit,
+    link_label: str,
+    algorithm: str = "ring",
+    ready_ns: Sequence[float] | None = None,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+) -> Estimate:
+    """Predict per-bucket all-reduce times, total and exposed communication.
+
+    Args:
+        param_sizes: ``(name, numel[, element_size])`` in registration order.
+        world_size: Ranks (>= 2).
+        bucket_cap_mb: DDP cap (MiB); None is DDP's default.
+        link: Link parameters, or a calibrated fit.
+        link_label: Where the link came from (shown in output).
+        algorithm: Cost model for LinkParams (fits are ring models).
+        ready_ns: Measured per-parameter ready times; default the simple estimate.
+        batch_tokens: For the simple estimate.
+        device_flops_per_s: For the simple estimate.
+
+    Returns:
+        The estimate.
+    """
+    if world_size < 2:
+        raise ValueError(
+            f"world_size {world_size} is impossible for gradient all-reduce; choose an integer >= 2"
+        )
+    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
+    sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
+    if isinstance(link, LinkParams):
+        times = allreduce_ns(sizes, world_size, link, algorithm=algorithm)
+    else:
+        times = link.predict_ns(sizes, world_size)
+    if ready_ns is None:
+        ready = backward_ready_ns(
+            param_sizes, batch_tokens=batch_tokens, device_flops_per_s=device_flops_per_s
+        )
+    else:
+        ready = np.asarray(ready_ns, dtype=np.float64)
+        if ready.size != len(param_sizes):
+            raise ValueError(f"ready_ns has {ready.size} entries for {len(param_sizes)} params")
+    backward = float(ready.max())
+    timeline, exposed = simulate(buckets, times.tolist(), ready.tolist(), backward)
+    return Estimate(
+        world_size=world_size,
+        bucket_cap_mb=bucket_cap_mb,
+        link=link_label,
+        buckets=tuple(timeline),
+        total_comm_ns=round(float(times.sum())),
+        backward_ns=round(backward),
+        exposed_ns=exposed,
+    )
+
+
+def recommend_bucket_cap(
+    caps_mb: Sequence[float], run_one: Callable[[float], Estimate]
+) -> tuple[float, list[Estimate]]:
+    """Cap with the least predicted exposed communication (ties: fewer buckets).
+
+    Args:
+        caps_mb: Caps to try (MiB).
+        run_one: Makes the estimate for one cap.
+
+    Returns:
+        The best cap and the estimate for every cap (the curve).
+    """
+    curve = [run_one(cap) for cap in caps_mb]
+    best = min(curve, key=lambda e: (e.exposed_ns, len(e.buckets)))
+    assert best.bucket_cap_mb is not None
+    return best.bucket_cap_mb, curve
+
+
+def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
+    """Parameter sizes from YAML or JSON: a list of {name, numel, dtype_bytes?}.
+
+    Args:
+        path: The file (registration order).
+
+    Returns:
+        ``(name, numel, element_size_bytes)`` tuples (dtype_bytes defaults to 4).
+    """
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # YAML is a JSON superset
+    if isinstance(data, dict) and "params" in data:
+        data = data["params"]
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: expected a non-empty list of {{name, numel, dtype_bytes}}")
+    out = []
+    for i, row in enumerate(data):
+        if not isinstance(row, dict) or "numel" not in row:
+            raise ValueError(f"{path}: entry {i} needs at least 'numel' (and 'name')")
+        out.append(
+            (str(row.get("name", f"param{i}")), int(row["numel"]), int(row.get("dtype_bytes", 4)))
+        )
+    return out
+
+
+def resolve_model(
+    name: str, model_names: Sequence[str], sizes_fn: Callable[[str], list[tuple[str, int]]]
+) -> list[tuple[str, int]]:
+    """Parameter sizes of a named model, or an error listing valid names.
+
+    Args:
+        name: Requested model name.
+        model_names: Valid names (``commprof.training.models.MODEL_NAMES``).
+        sizes_fn: ``commprof.training.models.parameter_sizes``.
+
+    Returns:
+        ``(name, numel)`` in registration order.
+    """
+    if name not in model_names:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(model_names)}")
+    return sizes_fn(name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``commprof estimate`` options to a parser."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="reference model name")
+    src.add_argument("--params-file", help="YAML/JSON list of {name, numel, dtype_bytes}")
+    parser.add_argument("--world-size", type=int, required=True, help="ranks (>= 2)")
+    parser.add_argument("--interconnect", help="published link name (see --interconnect-file)")
+    parser.add_argument("--interconnect-file", help="YAML file with extra links")
+    parser.add_argument(
+        "--fit", help="a dataset folder (fitted now) or a fits JSON (save_fits), instead of a link"
+    )
+    parser.add_argument("--fit-backend", default="gloo", help="backend of the fit to use")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP cap (MiB)")
+    parser.add_argument("--algorithm", default="ring", choices=sorted(ALGORITHMS))
+    parser.add_argument(
+        "--alpha-us",
+        type=float,
+        default=DEFAULT_ALPHA_NS / 1e3,
+        help="assumed latency for a published link (us)",
+    )
+    parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS)
+    parser.add_argument("--device-tflops", type=float, default=DEFAULT_DEVICE_FLOPS_PER_S / 1e12)
+    parser.add_argument(
+        "--recommend-bucket-cap",
+        action="store_true",
+        help="search the cap that minimises exposed communication",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
+    if args.fit:
+        fits = fits_from_dataset(args.fit) if Path(args.fit).is_dir() else load_fits(args.fit)
+        matches = {k: f for k, f in fits.items() if k[0] == args.fit_backend}
+        for (backend, regime, ws), fit in matches.items():
+            if ws == args.world_size:
+                return fit, f"fit {backend}/{regime}/p={ws} ({fit.method})"
+        valid = sorted({k[2] for k in matches})
+        raise ValueError(
+            f"no {args.fit_backend} fit for world size {args.world_size} in {args.fit}; "
+            f"fitted world sizes: {valid}"
+        )
+    if not args.interconnect:
+        raise ValueError("give --interconnect NAME or --fit FITS_JSON")
+    link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
+    params = LinkParams.from_bandwidth(
+        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
+    )
+    return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
+
+
+def _table(est: Estimate) -> str:
+    lines = [
+        f"link: {est.link}   world size: {est.world_size}   cap: {est.bucket_cap_mb} MiB",
+        f"{'bucket':>6} {'params':>6} {'MiB':>9} {'ready ms':>9} {'launch ms':>9} "
+        f"{'done ms':>9} {'allreduce ms':>12}",
+    ]
+    for b in est.buckets:
+        lines.append(
+            f"{b.index:>6} {b.num_params:>6} {b.num_bytes / MIB:>9.3f} "
+            f"{b.ready_ns / 1e6:>9.3f} {b.launch_ns / 1e6:>9.3f} "
+            f"{b.done_ns / 1e6:>9.3f} {b.allreduce_ns / 1e6:>12.3f}"
+        )
+    lines.append(
+        f"total communication {est.total_comm_ns / 1e6:.3f} ms, backward "
+        f"{est.backward_ns / 1e6:.3f} ms, exposed {est.exposed_ns / 1e6:.3f} ms"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
+    """Entry of ``commprof estimate``; prints a table or one JSON document.
+
+    Args:
+        args: Parsed options of ``add_arguments``.
+        param_sizes: Resolved by the CLI from --model or --params-file.
+
+    Returns:
+        Process exit status.
+    """
+    link, label = _link_from_args(args)
+
+    def run_one(cap: float | None) -> Estimate:
+        return estimate(
+            param_sizes,
+            world_size=args.world_size,
+            bucket_cap_mb=cap,
+            link=link,
+            link_label=label,
+            algorithm=args.algorithm,
+            batch_tokens=args.batch_tokens,
+            device_flops_per_s=args.device_tflops * 1e12,
+        )
+
+    main = run_one(args.bucket_cap_mb)
+    doc: dict[str, Any] = {"estimate": main.to_dict()}
+    text = [_table(main)]
+    if args.recommend_bucket_cap:
+        best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one)
+        doc["recommendation"] = {
+            "best_bucket_cap_mb": best,
+            "curve": [
+                {
+                    "bucket_cap_mb": e.bucket_cap_mb,
+                    "num_buckets": len(e.buckets),
+                    "total_comm_ns": e.total_comm_ns,
+                    "exposed_ns": e.exposed_ns,
+                }
+                for e in curve
+            ],
+        }
+        worst = max(e.exposed_ns for e in curve) or 1
+        text.append(f"\n{'cap MiB':>8} {'buckets':>7} {'exposed ms':>10}")
+        for e in curve:
+            bar = "#" * math.ceil(40 * e.exposed_ns / worst)
+            mark = "  <- best" if e.bucket_cap_mb == best else ""
+            text.append(
+                f"{e.bucket_cap_mb:>8g} {len(e.buckets):>7} {e.exposed_ns / 1e6:>10.3f} {bar}{mark}"
+            )
+    print(json.dumps(doc) if args.json else "\n".join(text))
+    return 0

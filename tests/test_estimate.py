@@ -1,0 +1,122 @@
+"""Timeline simulation in closed form, recommendation, and the CLI entry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from commprof.modeling.buckets import assign_buckets
+from commprof.modeling.calibration import fit_alpha_beta, save_fits
+from commprof.modeling.cost_model import LinkParams
+from commprof.modeling.estimate import (
+    add_arguments,
+    backward_ready_ns,
+    estimate,
+    load_param_sizes_file,
+    resolve_model,
+    run,
+    simulate,
+)
+
+# Four 1 MiB layers (262144 float32 each): with a 1 MiB cap, one layer per bucket.
+PARAMS = [(f"l{i}.weight", 262144) for i in range(4)]
+LINK = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)  # 1 GB/s, no latency
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p
+
+
+def test_ready_times_reverse_registration_order() -> None:
+    # 4 * numel * tokens / flops: 4 * 262144 * 1000 / 1e12 s = 1048576 ns per layer
+    ready = backward_ready_ns(PARAMS, batch_tokens=1000, device_flops_per_s=1e12)
+    assert np.allclose(ready, [4 * 1048576, 3 * 1048576, 2 * 1048576, 1048576])
+
+
+def test_simulate_serialises_buckets() -> None:
+    buckets = assign_buckets(PARAMS, bucket_cap_mb=1)
+    ready = [40.0, 30.0, 20.0, 10.0]  # last layer ready first
+    timeline, exposed = simulate(buckets, [15.0] * 4, ready, backward_ns=40.0)
+    # launches: 10, max(20, 25)=25, max(30, 40)=40, max(40, 55)=55 -> done 70
+    assert [b.launch_ns for b in timeline] == [10, 25, 40, 55]
+    assert timeline[-1].done_ns == 70 and exposed == 30
+
+
+def test_estimate_totals_in_closed_form() -> None:
+    est = estimate(
+        PARAMS,
+        world_size=2,
+        bucket_cap_mb=1,
+        link=LINK,
+        link_label="test",
+        batch_tokens=1,
+        device_flops_per_s=1e30,
+    )
+    # p=2: T = 2 (1/2) n beta = n ns per bucket; compute is ~0 so all of it is exposed.
+    assert [b.allreduce_ns for b in est.buckets] == [1048576] * 4
+    assert est.total_comm_ns == 4 * 1048576
+    assert est.exposed_ns == pytest.approx(4 * 1048576, abs=1)
+    fit = fit_alpha_beta([1e3, 1e5, 1e7], [1e3, 1e5, 1e7], 2)
+    by_fit = estimate(PARAMS, world_size=2, bucket_cap_mb=1, link=fit, link_label="fit")
+    assert by_fit.total_comm_ns == pytest.approx(4 * 1048576, rel=1e-6)
+    with pytest.raises(ValueError, match=">= 2"):
+        estimate(PARAMS, world_size=1, bucket_cap_mb=1, link=LINK, link_label="x")
+
+
+def test_run_json_and_recommend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    params = tmp_path / "p.yaml"
+    params.write_text("".join(f"- {{name: l{i}, numel: 262144}}\n" for i in range(4)))
+    sizes = load_param_sizes_file(params)
+    assert sizes[0] == ("l0", 262144, 4)
+    args = parser().parse_args(
+        [
+            "--params-file",
+            str(params),
+            "--world-size",
+            "4",
+            "--interconnect",
+            "100gbe",
+            "--json",
+            "--recommend-bucket-cap",
+        ]
+    )
+    assert run(args, sizes) == 0
+    doc = json.loads(capsys.readouterr().out)
+    curve = doc["recommendation"]["curve"]
+    best = min(curve, key=lambda c: (c["exposed_ns"], c["num_buckets"]))
+    assert doc["recommendation"]["best_bucket_cap_mb"] == best["bucket_cap_mb"]
+    assert doc["estimate"]["world_size"] == 4
+    args = parser().parse_args(
+        [
+            "--params-file",
+            str(params),
+            "--world-size",
+            "2",
+            "--interconnect",
+            "nvlink4",
+            "--recommend-bucket-cap",
+        ]
+    )
+    assert run(args, sizes) == 0
+    assert "<- best" in capsys.readouterr().out
+
+
+def test_errors_list_valid_choices(tmp_path: Path) -> None:
+    args = parser().parse_args(["--model", "m", "--world-size", "2", "--interconnect", "x"])
+    with pytest.raises(ValueError, match="nvlink4"):
+        run(args, PARAMS)
+    with pytest.raises(ValueError, match="resnet18"):
+        resolve_model("vgg", ("resnet18", "srn-1m"), lambda name: [])
+    fits = {("gloo", "cpu-gloo", 2): fit_alpha_beta([1e3, 1e5, 1e7], [1e3, 1e5, 1e7], 2)}
+    save_fits(fits, tmp_path / "fits.json")
+    args = parser().parse_args(
+        ["--model", "m", "--world-size", "8", "--fit", str(tmp_path / "fits.json")]
+    )
+    with pytest.raises(ValueError, match=r"fitted world sizes: \[2\]"):
+        run(args, PARAMS)
