@@ -57,7 +57,8 @@ class RankActor:
             timeout_s: the process-group timeout.
             loopback: all ranks on one node: gloo talks over ``lo`` (FACTS.md).
             fault: test-only fault injection, ``{"rank": R, "kind": "raise" | "hang"}``: rank R
-                raises a RuntimeError, or stops taking part, before it joins the group.
+                raises (a RuntimeError, or the builtin named by ``fault["error"]``), or stops
+                taking part, before it joins the group.
         """
         import torch.distributed as dist
 
@@ -97,5 +98,8 @@ def _inject(fault: dict[str, Any]) -> None:
         while True:
             time.sleep(3600)
     if fault["kind"] == "raise":
-        raise RuntimeError(f"injected fault: {fault}")
+        error = {"RuntimeError": RuntimeError, "ValueError": ValueError}[
+            fault.get("error", "RuntimeError")
+        ]
+        raise error(f"injected fault: {fault}")
     raise ValueError(f"unknown fault kind {fault['kind']!r}; use raise or hang")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.execution import CellExecution, Outcome
 from actors.gang import Gang, bundle_for, create_gang
@@ -27,6 +28,8 @@ from sweeps.guard import GuardPlan
 
 log = logging.getLogger(__name__)
 
+GANG_START_TRIES = 3
+"""Starts of a gang whose actors die while starting before the driver gives up."""
 POLL_INTERVAL_S = 0.05
 """How long the loop waits for any rank to report before it looks at timeouts again."""
 
@@ -48,7 +51,8 @@ class DriverOptions:
     gang_ready_timeout_s: float = 60.0
     """How long a new gang may take to be placed and started."""
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Test-only: fault injection by cell id for the first attempt (``RankActor.run``)."""
+    """Test-only fault injection by cell id (``RankActor.run``); a fault applies to the
+    attempts listed under its ``attempts`` key, the first only by default."""
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Summary:
     failed: int = 0
     rejected: int = 0
     attempts: int = 0
+    gangs_created: int = 0
     wall_s: float = 0.0
     statuses: dict[str, str] = field(default_factory=dict)
 
@@ -164,12 +169,11 @@ class Driver:
             self.summary.statuses[cell.cell_id] = "rejected"
         self.summary.planned = len(todo) + len(rejected)
         queue = collections.deque(todo)
-        first_attempt = {cell.cell_id: attempt for cell, attempt in todo}
         running: list[CellExecution] = []
         attempts: dict[str, int] = {}
         try:
             while queue or running:
-                self._start_ready(queue, running, attempts, first_attempt)
+                self._start_ready(queue, running, attempts)
                 pending = [ref for ex in running for ref in ex.pending]
                 if pending:
                     ray.wait(pending, num_returns=1, timeout=POLL_INTERVAL_S)
@@ -200,7 +204,6 @@ class Driver:
         queue: collections.deque[tuple[Cell, int]],
         running: list[CellExecution],
         attempts: dict[str, int],
-        first_attempt: dict[str, int],
     ) -> None:
         deferred = []
         while queue and len(running) < self._limit():
@@ -211,9 +214,9 @@ class Driver:
                 if not running:  # nothing will free resources: this cell cannot ever run
                     break
                 continue
-            fault = None
-            if attempt == first_attempt.get(cell.cell_id):
-                fault = self.options.faults.get(cell.cell_id)
+            fault = self.options.faults.get(cell.cell_id)
+            if fault is not None and attempt not in fault.get("attempts", (1,)):
+                fault = None
             attempts[cell.cell_id] = attempt
             self.summary.attempts += 1
             try:
@@ -256,12 +259,27 @@ class Driver:
                     return None
                 self._drop(idle[0])  # make room: an idle gang of another shape goes
                 held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
-        try:
-            gang = create_gang(cell.shape, ready_timeout_s=self.options.gang_ready_timeout_s)
-        except TimeoutError as err:
-            log.warning("%s", err)
-            return None
+        for attempt in range(1, GANG_START_TRIES + 1):
+            try:
+                gang = create_gang(cell.shape, ready_timeout_s=self.options.gang_ready_timeout_s)
+                break
+            except TimeoutError as err:  # cannot be placed now: wait for running cells
+                log.warning("%s", err)
+                return None
+            except (RayActorError, GetTimeoutError) as err:  # an actor died while starting
+                log.warning(
+                    "starting a gang of shape %s failed (try %d): %s",
+                    cell.shape,
+                    attempt,
+                    str(err).splitlines()[0],
+                )
+        else:
+            raise RuntimeError(
+                f"could not start a gang of shape {cell.shape} in {GANG_START_TRIES} tries; "
+                "see the warnings above"
+            )
         self.gangs.append(gang)
+        self.summary.gangs_created += 1
         return gang
 
     def _drop(self, gang: Gang) -> None:

@@ -105,3 +105,19 @@ def test_shipped_matrices_are_valid(name: str) -> None:
     m = matrix.load(REPO / "sweeps" / name)
     assert m.cells
     assert {c.model for c in m.cells} <= set(MODEL_NAMES)
+
+
+def test_only_and_exclude_filters(tmp_path: Path) -> None:
+    from sweeps.driver import select
+
+    cells = _load(tmp_path, GOOD).cells
+    only_1m = select(cells, ("model=srn-1m",), ())
+    assert {c.model for c in only_1m} == {"srn-1m"} and len(only_1m) == len(cells) // 2
+    both = select(cells, ("model=srn-1m", "world_size=2"), ())
+    assert len(both) == len(cells) * 3 // 4  # any term matches
+    no_4 = select(cells, (), ("world_size=4",))
+    assert {c.world_size for c in no_4} == {2}
+    one = select(cells, (cells[3].cell_id[:8],), ())
+    assert one == [cells[3]]
+    with pytest.raises(ValueError, match="no cell key 'colour'"):
+        select(cells, ("colour=red",), ())

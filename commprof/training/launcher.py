@@ -66,12 +66,19 @@ def process_group(
         dist.destroy_process_group()
 
 
+class ConfigError(ValueError):
+    """A cell this machine cannot run as configured; running it again gives the same error."""
+
+
 def device_for(cell: Cell, local_rank: int) -> torch.device:
     """The device a rank uses: CPU, or a CUDA device by local rank (shared when there are few)."""
     if cell.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"cell asks for device 'cuda' but torch {torch.__version__} sees none")
+        raise ConfigError(
+            f"cell {cell.cell_id} asks for device 'cuda' but torch {torch.__version__} sees no "
+            "GPU on this node; set device: cpu or run it on a GPU node"
+        )
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
