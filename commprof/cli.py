@@ -1,4 +1,4 @@
-"""The ``commprof`` command line: check, run, sweep, estimate, analyze.
+"""The ``commprof`` command line: check, run, sweep, estimate, analyze, figures, report.
 
 Each subcommand imports what it needs when it runs, so ``commprof estimate`` starts without
 torch or Ray and ``commprof --help`` is instant.
@@ -67,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         "--regime", choices=("cpu-gloo", "cuda-nccl", "cuda-gloo"), help="force the rule table"
     )
     analyze.set_defaults(func=_analyze)
+
+    for name, help_text in (
+        ("figures", "figures and tables from a dataset folder"),
+        ("report", "figures, tables and the two PDF reports from a dataset folder"),
+    ):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("results", type=Path, help="the dataset folder (results/<sweep>/)")
+        cmd.add_argument("--out", type=Path, help="output folder (default RESULTS/report/)")
+        cmd.set_defaults(func=_figures if name == "figures" else _report)
 
     args = parser.parse_args(argv)
     try:
@@ -257,6 +266,18 @@ def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple
     if args.model not in MODEL_NAMES:
         raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
     return parameter_sizes(args.model)
+
+
+def _figures(args: argparse.Namespace) -> int:
+    from reporting.build import figures_main
+
+    return figures_main(args.results, args.out)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from reporting.build import report_main
+
+    return report_main(args.results, args.out)
 
 
 def _analyze(args: argparse.Namespace) -> int:

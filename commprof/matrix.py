@@ -388,14 +388,31 @@ def _microbench_sizes(value: Any, source: str) -> tuple[int, ...]:
     for key, item in (("min_bytes", lo), ("max_bytes", hi), ("factor", factor)):
         _check_type(item, (int,), f"microbench.{key}", source)
     assert isinstance(lo, int) and isinstance(hi, int) and isinstance(factor, int)
-    if not (0 < lo <= hi and factor >= 2):
-        raise MatrixError(
-            f"{source}: key 'microbench': need 0 < min_bytes <= max_bytes and factor >= 2, "
-            f"got {lo}, {hi}, {factor}"
+    try:
+        return geometric_sizes(lo, hi, factor)
+    except ValueError as err:
+        raise MatrixError(f"{source}: key 'microbench': {err}") from None
+
+
+def geometric_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> tuple[int, ...]:
+    """Sizes min, min*factor, ... up to max inclusive (nccl-tests ``-b -e -f``).
+
+    Args:
+        min_bytes: Smallest size (> 0).
+        max_bytes: Largest size (>= min_bytes).
+        factor: Multiplication factor (>= 2).
+
+    Returns:
+        The sizes in increasing order.
+    """
+    if min_bytes <= 0 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(
+            f"need 0 < min_bytes <= max_bytes and factor >= 2, got {min_bytes}, "
+            f"{max_bytes}, {factor}"
         )
     sizes = []
-    size = lo
-    while size <= hi:
+    size = min_bytes
+    while size <= max_bytes:
         sizes.append(size)
         size *= factor
     return tuple(sizes)

@@ -17,16 +17,20 @@ on the stream the future completes on; the pair is resolved with ``elapsed_time`
 (:meth:`TimingState.resolve`), never in the hook. The hot path holds no device sync, no lock and
 no blocking call: a ``perf_counter_ns``, a list append, and on CUDA two ``Event.record``.
 
-Definitions (DESIGN.md): ``latency_ns = done_ns - launch_ns``, from enqueue to completion,
-which includes waiting behind the step's earlier buckets (a backend runs a process group's
-collectives in order; gloo has two worker threads, so two may overlap). ``transfer_ns =
-done_ns - max(launch_ns, d)``, with ``d`` the latest completion of an earlier-launched bucket
-that finished before this one, approximates the bucket's own service time, the quantity a cost
-model predicts; the trace's collective durations are the exact figure. The step's backward
-compute ends when the last bucket becomes ready (its gradients are the last ones autograd
-produces), so a bucket's ``exposed_ns = max(0, done_ns - max(launch_ns, compute_end_ns))``, with
-``compute_end_ns`` the latest ``ready_ns`` of the step: the part of its transfer that nothing
-overlapped.
+Definitions (DESIGN.md): ``latency_ns = done_ns - ready_ns``, from the hand-over to the
+backend until the reduced gradients are there, the enqueue included. It is measured from hook
+entry, not from ``launch_ns``: a collective can complete on a gloo worker thread while the
+launching thread is descheduled between the enqueue and its next clock read, which made
+``done - launch`` read microseconds for transfers of tens of milliseconds on a loaded machine.
+``launch_ns - ready_ns`` is the enqueue cost on the training thread. Latency includes waiting
+behind the step's earlier buckets (a backend runs a process group's collectives in order; gloo
+has two worker threads, so two may overlap). ``transfer_ns = done_ns - max(ready_ns, d)``, with
+``d`` the latest completion of an earlier bucket that finished before this one, approximates
+the bucket's own service time, the quantity a cost model predicts; the trace's collective
+durations are the exact figure. The step's backward compute ends when the last bucket becomes
+ready (its gradients are the last ones autograd produces), so a bucket's ``exposed_ns =
+max(0, done_ns - max(ready_ns, compute_end_ns))``, with ``compute_end_ns`` the latest
+``ready_ns`` of the step: the part of its communication that no compute overlapped.
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ class TimingState:
         Returns:
             Rows with ``step, bucket_index, num_bytes, num_params, ready_ns, launch_ns, done_ns,
             latency_ns, transfer_ns, exposed_ns, device_latency_ns`` (the last is None off
-            CUDA), in launch order.
+            CUDA), in order of readiness.
         """
         raw, self.raw = self.raw, []
         params_per_bucket: dict[int, int] = {}
@@ -116,7 +120,7 @@ class TimingState:
             compute_end[rec[_STEP]] = max(compute_end.get(rec[_STEP], 0), rec[_READY])
         rows = []
         earlier_done: dict[int, list[int]] = {}
-        for rec in sorted(raw, key=lambda r: (r[_STEP], r[_LAUNCH])):
+        for rec in sorted(raw, key=lambda r: (r[_STEP], r[_READY])):
             if rec[_DONE] == 0:
                 self.raw = raw + self.raw  # keep every record for a later resolve()
                 raise RuntimeError(
@@ -126,9 +130,9 @@ class TimingState:
             device_ns = None
             if rec[_EV_READY] is not None:
                 device_ns = round(rec[_EV_READY].elapsed_time(rec[_EV_DONE]) * 1e6)
-            start = max(rec[_LAUNCH], compute_end[rec[_STEP]])
+            start = max(rec[_READY], compute_end[rec[_STEP]])
             done_before = [d for d in earlier_done.setdefault(rec[_STEP], []) if d <= rec[_DONE]]
-            service_start = max([rec[_LAUNCH], *done_before])
+            service_start = max([rec[_READY], *done_before])
             earlier_done[rec[_STEP]].append(rec[_DONE])
             rows.append(
                 {
@@ -141,7 +145,7 @@ class TimingState:
                     "ready_ns": rec[_READY],
                     "launch_ns": rec[_LAUNCH],
                     "done_ns": rec[_DONE],
-                    "latency_ns": rec[_DONE] - rec[_LAUNCH],
+                    "latency_ns": rec[_DONE] - rec[_READY],
                     "transfer_ns": rec[_DONE] - service_start,
                     "exposed_ns": max(0, rec[_DONE] - start),
                     "device_latency_ns": device_ns,

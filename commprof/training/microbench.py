@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commprof.matrix import geometric_sizes as geometric_sizes  # torch-free home; re-exported
 from commprof.modeling.buckets import ParamSize, assign_buckets
 
 DTYPES: dict[str, torch.dtype] = {
@@ -72,30 +73,6 @@ class MicrobenchConfig:
             raise ValueError(f"timed_iters must be >= 1, got {self.timed_iters}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
-
-
-def geometric_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> tuple[int, ...]:
-    """Sizes min, min*factor, ... up to max inclusive (nccl-tests ``-b -e -f``).
-
-    Args:
-        min_bytes: Smallest size (> 0).
-        max_bytes: Largest size (>= min_bytes).
-        factor: Multiplication factor (>= 2).
-
-    Returns:
-        The sizes in increasing order.
-    """
-    if min_bytes <= 0 or max_bytes < min_bytes or factor < 2:
-        raise ValueError(
-            f"need 0 < min_bytes <= max_bytes and factor >= 2, got {min_bytes}, "
-            f"{max_bytes}, {factor}"
-        )
-    sizes = []
-    size = min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= factor
-    return tuple(sizes)
 
 
 def with_bucket_sizes(

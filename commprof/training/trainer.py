@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -154,8 +155,6 @@ def _trace_records(
     trace_dir: Path, buckets: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     """Per-step trace metrics with the hook cross-check, and the compressed traces."""
-    import pandas as pd
-
     from commprof.profiling.metrics import bucket_exposure, step_metrics
     from commprof.profiling.trace_parser import parse_trace
 
@@ -184,16 +183,17 @@ def _trace_records(
     return rows, traces
 
 
-def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
-    """pandas/numpy scalars -> Python ones (NaN and NA -> None for integer columns)."""
-    out = {}
+def _plain_row(row: dict[Any, Any]) -> dict[str, Any]:
+    """pandas/numpy scalars -> Python ones; a missing count (NA, NaN) -> None.
+
+    The ratio columns keep NaN: an overlap efficiency is undefined, not 0, where comm is 0.
+    """
+    out: dict[str, Any] = {}
     for key, value in row.items():
-        if hasattr(value, "item"):
-            value = value.item()
-        if value is None or (isinstance(value, float) and value != value):
-            out[key] = None if not key.startswith(("overlap_eff", "comm_overhead")) else value
-        else:
-            out[key] = value
+        value = value.item() if hasattr(value, "item") else value
+        missing = value is None or value is pd.NA or (isinstance(value, float) and value != value)
+        ratio = str(key) in ("overlap_efficiency", "comm_overhead_fraction")
+        out[str(key)] = None if missing and not ratio else value
     return out
 
 

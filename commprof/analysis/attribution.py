@@ -1,0 +1,105 @@
+"""Per-layer communication attribution, and the measured overheads of the instrumentation.
+
+Attribution: a bucket's all-reduce moves the gradients of the parameters in it
+(``bucket_params``), so each parameter is charged the share of the bucket's time that its bytes
+are of the bucket's bytes, ``t_param = t_bucket * bytes_param / bytes_bucket``; a module (layer)
+is charged the sum over its parameters. Both the measured median latency and the median exposed
+time of each bucket are attributed this way.
+
+Overheads, as measured in the dataset itself:
+
+- hook critical path: ``launch_ns - ready_ns`` per bucket, the time from hook entry until the
+  collective is enqueued (the timing wrapper's clock reads plus the inner hook's enqueue): an
+  upper bound on what the timing hook adds to backward;
+- profiler: where the dataset holds the same configuration with and without ``profile``, the
+  ratio of their median step times (profiled / unprofiled).
+
+This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from commprof.analysis.processed import CONFIG_COLUMNS
+
+
+def layer_attribution(bucket_stats: pd.DataFrame, bucket_params: pd.DataFrame) -> pd.DataFrame:
+    """Communication time charged to each module of each ok cell.
+
+    Args:
+        bucket_stats: ``modelled.bucket_table`` output (per-bucket medians of ok cells).
+        bucket_params: the dataset's ``bucket_params`` table.
+
+    Returns:
+        Columns ``cell_id, attempt, module, num_bytes, latency_ns, exposed_ns`` (attributed,
+        float ns), sorted by cell and descending latency.
+    """
+    keys = ["cell_id", "attempt", "bucket_index"]
+    params = bucket_params.merge(
+        bucket_stats[[*keys, "latency_ns", "exposed_ns"]], on=keys, how="inner"
+    )
+    if params.empty:
+        columns = ["cell_id", "attempt", "module", "num_bytes", "latency_ns", "exposed_ns"]
+        return pd.DataFrame(columns=columns)
+    bucket_bytes = params.groupby(keys)["num_bytes"].transform("sum").astype(np.float64)
+    share = params["num_bytes"] / bucket_bytes
+    params = params.assign(
+        latency_ns=params["latency_ns"] * share, exposed_ns=params["exposed_ns"] * share
+    )
+    out = (
+        params.groupby(["cell_id", "attempt", "module"])[["num_bytes", "latency_ns", "exposed_ns"]]
+        .sum()
+        .reset_index()
+    )
+    return out.sort_values(["cell_id", "latency_ns"], ascending=[True, False]).reset_index(
+        drop=True
+    )
+
+
+def hook_overhead(measured_buckets: pd.DataFrame) -> pd.DataFrame:
+    """Hook critical-path time per bucket (``launch_ns - ready_ns``), summarised per cell.
+
+    Args:
+        measured_buckets: ``processed.bucket_samples`` output.
+
+    Returns:
+        Columns ``cell_id, attempt, num_buckets, hook_median_ns, hook_p95_ns,
+        hook_per_step_ns`` (median over ranks and steps of the per-step sum).
+    """
+    b = measured_buckets.assign(
+        hook_ns=measured_buckets["launch_ns"] - measured_buckets["ready_ns"]
+    )
+    per_bucket = b.groupby(["cell_id", "attempt"])["hook_ns"]
+    per_step = b.groupby(["cell_id", "attempt", "rank", "step"])["hook_ns"].sum()
+    out = pd.DataFrame(
+        {
+            "num_buckets": per_bucket.size(),
+            "hook_median_ns": per_bucket.median(),
+            "hook_p95_ns": per_bucket.quantile(0.95),
+            "hook_per_step_ns": per_step.groupby(["cell_id", "attempt"]).median(),
+        }
+    )
+    return out.reset_index()
+
+
+def profiler_overhead(summary: pd.DataFrame) -> pd.DataFrame:
+    """Step-time cost of the profiler, where a configuration ran with and without it.
+
+    Args:
+        summary: ``processed.cell_summary`` output.
+
+    Returns:
+        Columns ``model, world_size, bucket_cap_mb, step_plain_ns, step_profiled_ns, ratio``;
+        empty when no configuration ran both ways.
+    """
+    columns = ["model", "world_size", "bucket_cap_mb", "step_plain_ns", "step_profiled_ns"]
+    keys = [c for c in CONFIG_COLUMNS if c not in ("profile", "num_params")]
+    if summary.empty or summary["profile"].nunique() < 2:
+        return pd.DataFrame(columns=[*columns, "ratio"])
+    med = summary.groupby([*keys, "profile"])["step_ns_median"].median().unstack("profile")
+    med = med.dropna().reset_index()
+    out = med.rename(columns={False: "step_plain_ns", True: "step_profiled_ns"})
+    out["ratio"] = out["step_profiled_ns"] / out["step_plain_ns"]
+    return out[[*columns, "ratio"]]

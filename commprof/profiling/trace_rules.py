@@ -1,0 +1,169 @@
+"""Rule tables that classify Kineto trace events, one per regime (DESIGN.md, Regimes).
+
+Each complete event (``ph == "X"``) of a trace is classified by the first matching
+rule of its regime's :class:`RuleTable`; collective metadata in the event args
+(``Collective name``) comes before kernel-name patterns, which are only a
+fallback. The parser (:mod:`commprof.profiling.trace_parser`) applies the tables;
+the streaming reader (:mod:`commprof.profiling.trace_reader`) reads them to know
+which events' ``args`` it must keep.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+CLASSES = ("communication", "compute", "memcpy", "memset", "sync", "other")
+"""Event classes a rule can assign; ``"ignore"`` drops an event."""
+IGNORE = "ignore"
+REGIMES = ("cpu-gloo", "cuda-nccl", "cuda-gloo")
+MAX_EVENT_DURATION_US = 86_400e6
+"""Longest plausible event (one day, in microseconds); longer ones are rejected as corrupt."""
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
+STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+    "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4,
+    "long": 8, "long int": 8, "int64": 8, "short": 2, "int16": 2, "char": 1,
+    "signed char": 1, "unsigned char": 1, "byte": 1, "uint8": 1, "int8": 1, "bool": 1,
+}  # fmt: skip
+"""Element sizes of the dtype spellings in Kineto args (``dtype`` and ``Input type``)."""
+COLLECTIVE_ARG_KEYS = (
+    "Collective name", "Seq", "Process Group Name", "In msg nelems", "dtype",
+    "Input Dims", "Input type",
+)  # fmt: skip
+"""The ``args`` keys a collective's row reads (name, sequence, group, message size)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """One row of a rule table: an event predicate and the class it assigns.
+
+    All given predicates must hold; ``None`` means "any".
+    """
+
+    target: str
+    """Class assigned: one of CLASSES, or "ignore"."""
+    why: str
+    """One line saying what the rule catches (shown to users extending tables)."""
+    cats: frozenset[str] | None = None
+    """Event categories (``cat``), exact."""
+    name: str | None = None
+    """Regular expression that must match the start of the event name."""
+    has_arg: str | None = None
+    """Key that must be present in the event's ``args`` (collective metadata)."""
+    comm_thread: bool | None = None
+    """True: event on (or launched from) a communication thread; False: not."""
+    collective: bool = False
+    """Each matching event is one collective (a row of ``ParsedTrace.collectives``)."""
+    not_compute: bool = False
+    """Carve the event's time out of compute even where a compute event encloses it."""
+
+    def __post_init__(self) -> None:
+        if self.target not in CLASSES and self.target != IGNORE:
+            raise ValueError(
+                f"Rule.target must be one of {CLASSES} or 'ignore', got {self.target!r}"
+            )
+        if self.name is not None:
+            re.compile(self.name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuleTable:
+    """Ordered rules of one regime; the first matching rule wins, unmatched events are ignored."""
+
+    regime: str
+    """Regime name, e.g. "cpu-gloo"."""
+    rules: tuple[Rule, ...]
+    """Rules in priority order."""
+    comm_thread_marker: str | None = None
+    """Regex on event names; a thread with such an event is a communication thread."""
+
+
+_GLOO = r"gloo:"
+_NCCL_KERNEL = r"nccl(Dev)?Kernel"
+RULES: dict[str, RuleTable] = {
+    "cpu-gloo": RuleTable(
+        regime="cpu-gloo",
+        comm_thread_marker=_GLOO,
+        rules=(
+            Rule(target="communication", cats=frozenset({"user_annotation"}), name=_GLOO,
+                 collective=True, why="gloo collective on a gloo worker thread (transfer time)"),
+            Rule(target=IGNORE, cats=frozenset({"cpu_op"}), comm_thread=True,
+                 why="ops inside a gloo worker's collective are part of the transfer"),
+            Rule(target="other", cats=frozenset({"cpu_op"}), name=r"(c10d::|record_param_comms)",
+                 not_compute=True, why="collective enqueue on the main thread, not compute"),
+            Rule(target="compute", cats=frozenset({"cpu_op"}), comm_thread=False,
+                 why="forward, backward and optimizer ops on the training threads"),
+        ),
+    ),
+    "cuda-nccl": RuleTable(
+        regime="cuda-nccl",
+        rules=(
+            Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
+                 collective=True, why="kernel with collective metadata in its args"),
+            Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
+                 collective=True, why="fallback: NCCL kernel name (ncclKernel*, ncclDevKernel*)"),
+            Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
+            Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
+            Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
+            Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
+        ),
+    ),
+    "cuda-gloo": RuleTable(
+        regime="cuda-gloo",
+        comm_thread_marker=_GLOO,
+        rules=(
+            Rule(target="communication", cats=frozenset({"user_annotation"}), name=_GLOO,
+                 collective=True, why="gloo collective on a host worker thread"),
+            Rule(target="communication", cats=frozenset({"gpu_memcpy"}), comm_thread=True,
+                 why="device<->host staging copies launched by gloo threads"),
+            Rule(target="compute", cats=frozenset({"kernel"}), why="GPU kernels"),
+            Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="other device copies"),
+            Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
+            Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
+        ),
+    ),
+}  # fmt: skip
+"""The rule table of each regime; extend one with ``dataclasses.replace``."""
+
+
+def candidate_tables(regime: str | None, rules: RuleTable | None) -> tuple[RuleTable, ...]:
+    """The rule tables a parse may apply: the given one, the regime's, or all (detect later).
+
+    Raises:
+        ValueError: If ``regime`` names no table and no ``rules`` are given.
+    """
+    if rules is not None:
+        return (rules,)
+    if regime is None:
+        return tuple(RULES.values())
+    if regime not in RULES:
+        raise ValueError(f"regime must be one of {sorted(RULES)}, got {regime!r}")
+    return (RULES[regime],)
+
+
+def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[Any]) -> str:
+    """Guess the regime from distributedInfo's backend and the presence of device events.
+
+    Args:
+        trace: The trace's top-level keys (``distributedInfo`` is read).
+        cats: The distinct event categories.
+        names: The distinct event names.
+
+    Returns:
+        One of REGIMES.
+    """
+    backend = str((trace.get("distributedInfo") or {}).get("backend", "")).lower()
+    has_device = bool(set(cats) & {"kernel", "gpu_memcpy", "gpu_memset"})
+    if "nccl" in backend:
+        return "cuda-nccl"
+    if "gloo" in backend:
+        return "cuda-gloo" if has_device else "cpu-gloo"
+    nccl_re = re.compile(_NCCL_KERNEL)
+    if has_device:
+        return "cuda-nccl" if any(nccl_re.match(str(n)) for n in names) else "cuda-gloo"
+    return "cpu-gloo"

@@ -1,0 +1,173 @@
+"""``commprof figures RESULTS`` and ``commprof report RESULTS``: figures, LaTeX and the PDFs.
+
+Output folder (default ``RESULTS/report/``)::
+
+    figures/<name>.pdf        every figure of ``reporting.figures.FIGURES``
+    tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_tables``)
+    generated/macros.tex      one macro per quoted number (and macros.json beside it)
+    generated/tab_<name>.tex  booktabs fragments
+    main.tex, postmortem.tex  the two reports (from ``reporting/templates``)
+    main.pdf, postmortem.pdf  built with latexmk + pdflatex when they are installed
+
+Without LaTeX the figures and .tex files are still written and the command says how to get the
+PDFs. Reads only the dataset folder, never a live run; imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from commprof.analysis.dataset import Processed, load_processed, write_tables
+from reporting import figures, report_tables
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+"""Folder of the report templates."""
+REPORTS = ("main", "postmortem")
+"""The two PDFs, by template stem."""
+LATEX_TIMEOUT_S = 300
+"""Longest a latexmk run may take."""
+INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends texlive-latex-base texlive-latex-recommended "
+    "texlive-fonts-recommended latexmk"
+)
+"""How to get what the build needs on Debian or Ubuntu."""
+
+
+def _out_dir(results_dir: Path, out_dir: Path | None) -> Path:
+    return Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
+
+
+def _load(results_dir: Path) -> Processed | None:
+    try:
+        return load_processed(results_dir)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+
+
+def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:
+    """Figures and processed CSV tables into ``out``; prints one line per figure."""
+    results = figures.make_all(data, out / "figures")
+    write_tables(data, out / "tables")
+    for result in results:
+        extra = f"  ({result.note})" if result.note else ""
+        print(f"figure {result.path}{extra}")
+    return results
+
+
+def figures_main(results_dir: Path, out_dir: Path | None = None) -> int:
+    """Entry point of ``commprof figures RESULTS``.
+
+    Args:
+        results_dir: the dataset folder.
+        out_dir: output folder (default ``RESULTS/report/``).
+
+    Returns:
+        Exit status: 0 done, 2 no dataset there.
+    """
+    data = _load(Path(results_dir))
+    if data is None:
+        return 2
+    write_figures(data, _out_dir(results_dir, out_dir))
+    return 0
+
+
+def write_latex(data: Processed, out: Path, notes: dict[str, str], dataset_name: str) -> None:
+    """Macros, table fragments and the two templates into ``out``."""
+    generated = out / "generated"
+    generated.mkdir(parents=True, exist_ok=True)
+    macros = report_tables.build_macros(data, figure_notes=notes, dataset_name=dataset_name)
+    macros.write(generated / "macros.tex", out / "macros.json")
+    report_tables.write_tables(data, generated)
+    for stem in REPORTS:
+        shutil.copyfile(TEMPLATES / f"{stem}.tex", out / f"{stem}.tex")
+
+
+def latex_available() -> bool:
+    """Whether latexmk and pdflatex are on PATH."""
+    return shutil.which("latexmk") is not None and shutil.which("pdflatex") is not None
+
+
+def build_pdf(tex: Path) -> tuple[bool, str]:
+    """Build one PDF with latexmk and pdflatex, in the .tex file's folder.
+
+    Args:
+        tex: the .tex file.
+
+    Returns:
+        (success, the tail of the log on failure).
+    """
+    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=tex.parent,
+            capture_output=True,
+            text=True,
+            timeout=LATEX_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"latexmk took more than {LATEX_TIMEOUT_S} s on {tex}"
+    if proc.returncode != 0 or not tex.with_suffix(".pdf").is_file():
+        log = tex.with_suffix(".log")
+        text = log.read_text(errors="replace") if log.is_file() else proc.stdout + proc.stderr
+        return False, "\n".join(text.splitlines()[-30:])
+    return True, ""
+
+
+def report_main(results_dir: Path, out_dir: Path | None = None) -> int:
+    """Entry point of ``commprof report RESULTS``: figures, LaTeX, and both PDFs if possible.
+
+    Args:
+        results_dir: the dataset folder.
+        out_dir: output folder (default ``RESULTS/report/``).
+
+    Returns:
+        Exit status: 0 done (PDFs built, or LaTeX missing and said so), 1 a PDF failed to
+        build, 2 no dataset there.
+    """
+    results_dir = Path(results_dir)
+    data = _load(results_dir)
+    if data is None:
+        return 2
+    out = _out_dir(results_dir, out_dir)
+    results = write_figures(data, out)
+    notes = {r.name: r.note for r in results}
+    write_latex(data, out, notes, results_dir.resolve().name)
+    if not latex_available():
+        print(
+            f"LaTeX not found: figures and .tex are in {out}. For the PDFs install TeX Live "
+            f"({INSTALL_HINT}) and rerun, or run `latexmk -pdf main.tex postmortem.tex` in {out}.",
+            file=sys.stderr,
+        )
+        return 0
+    status = 0
+    for stem in REPORTS:
+        ok, log = build_pdf(out / f"{stem}.tex")
+        if ok:
+            print(f"report {out / (stem + '.pdf')}")
+        else:
+            print(f"error: building {stem}.pdf failed:\n{log}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reporting.build report|figures RESULTS [--out DIR]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m reporting.build")
+    parser.add_argument("what", choices=("report", "figures"))
+    parser.add_argument("results", type=Path, help="dataset folder")
+    parser.add_argument("--out", type=Path, help="output folder (default RESULTS/report/)")
+    args = parser.parse_args(argv)
+    entry = report_main if args.what == "report" else figures_main
+    return entry(args.results, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""The report figures, each from the processed dataset only (``commprof.analysis.dataset``).
+
+Every figure follows ``reporting.viz``. A figure whose data the dataset lacks is still written,
+with the reason printed in its panel, and its :class:`FigureResult` carries the same note, so
+the report can say why. This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.ticker import NullFormatter
+
+from commprof.analysis.dataset import Processed
+from commprof.analysis.dataset import rows as records
+from reporting import viz
+
+TOP_MODULES = 10
+"""Modules shown per panel of the attribution figure."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FigureResult:
+    """One written figure."""
+
+    name: str
+    """Stem of the file (also the LaTeX label)."""
+    path: Path
+    """The PDF."""
+    note: str = ""
+    """Why (part of) the figure is empty, or an empty string."""
+
+
+def step_breakdown(data: Processed, path: Path) -> str:
+    """Stacked bars per configuration: compute, exposed communication, optimizer, idle/other.
+
+    Bars are means over measured steps, ranks and repeats, so they add up to the mean step time
+    (the breakdown identity holds per step; see ``commprof.analysis.breakdown``).
+    """
+    rows = data.breakdown.merge(data.summary[["cell_id", "attempt", "config_key"]])
+    with viz.style():
+        if rows.empty:
+            fig, axes = viz.new_figure()
+            viz.empty_panel(axes[0], "no ok cells in this dataset")
+            viz.save(fig, path)
+            return "no ok cells in this dataset"
+        means = rows.groupby("config_key")[
+            ["compute_ns", "exposed_ns", "optimizer_ns", "other_ns"]
+        ].mean()
+        config = data.merged.set_index("config_key").loc[means.index]
+        order = config.sort_values(["model", "world_size", "bucket_cap_mb"]).index
+        means, config = means.loc[order], config.loc[order]
+        labels = [viz.cell_label(r.model, r.world_size, r.bucket_cap_mb) for r in records(config)]
+        fig, axes = viz.new_figure(height_in=0.9 + 0.22 * len(labels))
+        ax = axes[0]
+        y = np.arange(len(labels))
+        left = np.zeros(len(labels))
+        columns = ("compute_ns", "exposed_ns", "optimizer_ns", "other_ns")
+        for (name, st), col in zip(viz.CATEGORY_STYLE.items(), columns, strict=True):
+            width = viz.ms(means[col].to_numpy())
+            ax.barh(
+                y,
+                width,
+                left=left,
+                color=st["color"],
+                hatch=st["hatch"],
+                label=name,
+                edgecolor="white",
+                linewidth=0.4,
+            )
+            left += width
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlabel(viz.axis_label("Mean step time", "ms"))
+        ax.grid(axis="y", visible=False)
+        viz.legend_outside(fig, *ax.get_legend_handles_labels(), title="share of the step")
+        viz.save(fig, path)
+    return ""
+
+
+def overlap_vs_cap(data: Processed, path: Path) -> str:
+    """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
+    merged = data.merged.dropna(subset=["overlap_efficiency_median"])
+    models = sorted(merged["model"].unique())
+    with viz.style():
+        fig, axes = viz.new_figure(1, max(1, len(models)), height_in=2.4)
+        if not models:
+            viz.empty_panel(axes[0], "no overlap efficiency: no ok cell with communication")
+            viz.save(fig, path)
+            return "no ok cell with communication"
+        for ax, model in zip(axes, models, strict=True):
+            part = merged[merged["model"] == model]
+            for i, (ws, line) in enumerate(part.groupby("world_size")):
+                line = line.sort_values("bucket_cap_mb")
+                med = line["overlap_efficiency_median"].to_numpy()
+                err = np.vstack(
+                    [med - line["overlap_efficiency_p25"], line["overlap_efficiency_p75"] - med]
+                )
+                ax.errorbar(
+                    line["bucket_cap_mb"],
+                    med,
+                    yerr=err,
+                    capsize=2,
+                    label=f"p = {ws} ranks",
+                    **viz.measured(i).kwargs(),
+                )
+            ax.set_xscale("log", base=2)
+            caps = sorted(part["bucket_cap_mb"].unique())
+            ax.set_xticks(caps, [f"{c:g}" for c in caps])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title(model)
+            ax.set_xlabel(viz.axis_label("Bucket cap", "MiB"))
+            ax.set_ylabel(viz.axis_label("Overlap efficiency", "1"))
+        viz.legend_outside(fig, *viz.unique_legend(axes), title="measured (median, IQR)")
+        viz.save(fig, path)
+    return ""
+
+
+def allreduce_vs_size(data: Processed, path: Path) -> str:
+    """All-reduce time and bus bandwidth against message size, measured and modelled."""
+    points = data.microbench
+    sizes = sorted(points["world_size"].unique()) if not points.empty else []
+    with viz.style():
+        fig, axes = viz.new_figure(2, max(1, len(sizes)), height_in=4.2)
+        if not sizes:
+            viz.empty_panel(axes[0], "no microbenchmark rows in this dataset")
+            viz.save(fig, path)
+            return "no microbenchmark rows in this dataset"
+        ncols = len(sizes)
+        for j, ws in enumerate(sizes):
+            part = points[points["world_size"] == ws].sort_values("num_bytes")
+            t_ax, b_ax = axes[j], axes[ncols + j]
+            err = np.vstack(
+                [part["time_ns"] - part["time_min_ns"], part["time_max_ns"] - part["time_ns"]]
+            )
+            t_ax.errorbar(
+                part["num_bytes"],
+                viz.ms(part["time_ns"]),
+                yerr=viz.ms(err),
+                capsize=2,
+                label="measured (median p50; min to max)",
+                **viz.measured(0).kwargs(),
+            )
+            b_ax.plot(
+                part["num_bytes"],
+                part["busbw_gbps"],
+                label="measured (median p50; min to max)",
+                **viz.measured(0).kwargs(),
+            )
+            key = next((k for k in data.fits if k[2] == ws), None)
+            if key is not None:
+                grid = np.geomspace(part["num_bytes"].min(), part["num_bytes"].max(), 40)
+                model_ns = np.asarray(data.fits[key].predict_ns(grid, ws))
+                busbw = grid / model_ns * 2.0 * (ws - 1) / ws
+                style = viz.MODELLED.kwargs() | {"markevery": 6}
+                t_ax.plot(grid, viz.ms(model_ns), label="modelled (ring, calibrated)", **style)
+                b_ax.plot(grid, busbw, label="modelled (ring, calibrated)", **style)
+            for ax in (t_ax, b_ax):
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel(viz.axis_label("Message size", "bytes"))
+            t_ax.set_yscale("log")
+            t_ax.yaxis.set_minor_formatter(NullFormatter())
+            t_ax.set_title(f"p = {int(ws)} ranks")
+            t_ax.set_ylabel(viz.axis_label("All-reduce time", "ms"))
+            b_ax.set_ylabel(viz.axis_label("Bus bandwidth", "GB/s"))
+        viz.legend_outside(
+            fig, *viz.unique_legend(axes), title=viz.MEASURED_MODELLED_NOTE, where="bottom", ncols=2
+        )
+        viz.save(fig, path)
+    return ""
+
+
+def layer_attribution(data: Processed, path: Path) -> str:
+    """Communication time attributed to each module, for one cell per model (most buckets)."""
+    attr = data.attribution
+    with viz.style():
+        if attr.empty:
+            fig, axes = viz.new_figure()
+            viz.empty_panel(axes[0], "no bucket composition in this dataset")
+            viz.save(fig, path)
+            return "no bucket composition in this dataset"
+        chosen = (
+            data.summary.sort_values(
+                ["num_buckets", "world_size", "repeat"], ascending=[False, True, True]
+            )
+            .groupby("model")
+            .head(1)
+            .sort_values("model")
+        )
+        fig, axes = viz.new_figure(1, len(chosen), height_in=0.9 + 0.2 * TOP_MODULES)
+        for ax, cell in zip(axes, records(chosen), strict=True):
+            part = attr[attr["cell_id"] == cell.cell_id].head(TOP_MODULES)
+            y = np.arange(len(part))
+            ax.barh(
+                y - 0.2,
+                viz.ms(part["latency_ns"]),
+                height=0.4,
+                label="all-reduce time",
+                color=viz.SERIES_COLORS[0],
+            )
+            ax.barh(
+                y + 0.2,
+                viz.ms(part["exposed_ns"]),
+                height=0.4,
+                label="exposed time",
+                color=viz.SERIES_COLORS[2],
+                hatch="///",
+                edgecolor="white",
+                linewidth=0.4,
+            )
+            ax.set_yticks(y, part["module"])
+            ax.invert_yaxis()
+            ax.grid(axis="y", visible=False)
+            ax.set_title(viz.cell_label(cell.model, cell.world_size, cell.bucket_cap_mb))
+            ax.set_xlabel(viz.axis_label("Attributed time per step", "ms"))
+        viz.legend_outside(
+            fig, *viz.unique_legend(axes), title="measured (median)", where="bottom", ncols=2
+        )
+        viz.save(fig, path)
+    return ""
+
+
+def scaling(data: Processed, path: Path) -> str:
+    """Step time, exposed and all-reduce time per step against world size, per model."""
+    merged = data.merged
+    models = sorted(merged["model"].unique())
+    with viz.style():
+        fig, axes = viz.new_figure(1, max(1, len(models)), height_in=2.5)
+        if merged["world_size"].nunique() < 2:
+            viz.empty_panel(axes[0], "one world size only: no scaling to show")
+            viz.save(fig, path)
+            return "the dataset has one world size only"
+        per_cell = data.summary.groupby("config_key")[
+            ["allreduce_sum_measured_ns", "allreduce_sum_modelled_ns"]
+        ].median()
+        merged = merged.join(per_cell, on="config_key")
+        for ax, model in zip(axes, models, strict=True):
+            part = merged[merged["model"] == model]
+            # the smallest cap run at every world size: the most buckets, so the most overlap
+            counts = part.groupby("bucket_cap_mb")["world_size"].nunique()
+            cap = float(counts[counts == counts.max()].index.min())
+            part = part[part["bucket_cap_mb"] == cap].sort_values("world_size")
+            series = [
+                ("step time", "step_ns_median", viz.measured(5)),
+                ("exposed communication", "exposed_ns_median", viz.measured(0)),
+                ("all-reduce time (sum of buckets)", "allreduce_sum_measured_ns", viz.measured(1)),
+                ("all-reduce time, modelled", "allreduce_sum_modelled_ns", viz.MODELLED),
+            ]
+            for label, col, st in series:
+                ax.plot(part["world_size"], viz.ms(part[col]), label=label, **st.kwargs())
+            ax.set_xticks(sorted(part["world_size"].unique()))
+            ax.set_title(f"{model}, cap {viz.cap_label(cap)}")
+            ax.set_xlabel(viz.axis_label("World size", "ranks"))
+            ax.set_ylabel(viz.axis_label("Time per step (median)", "ms"))
+            ax.set_ylim(bottom=0)
+        viz.legend_outside(
+            fig, *viz.unique_legend(axes), title=viz.MEASURED_MODELLED_NOTE, where="bottom", ncols=2
+        )
+        viz.save(fig, path)
+    return ""
+
+
+def memory_guard(data: Processed, path: Path) -> str:
+    """The memory guard: need / budget per pool, per (model, world size), worst cap."""
+    guard = data.guard
+    with viz.style():
+        if guard.empty:
+            fig, axes = viz.new_figure()
+            viz.empty_panel(axes[0], "no memory-guard records in this dataset")
+            viz.save(fig, path)
+            return "no memory-guard records in this dataset"
+        worst = (
+            guard.groupby(["model", "world_size", "pool"])
+            .agg(
+                ratio=("ratio", "max"), rejected=("status", lambda s: bool((s == "rejected").any()))
+            )
+            .reset_index()
+        )
+        configs = (
+            worst[["model", "world_size"]].drop_duplicates().sort_values(["model", "world_size"])
+        )
+        pools = sorted(worst["pool"].unique())
+        fig, axes = viz.new_figure(height_in=1.0 + 0.3 * len(configs) * max(1, len(pools)) / 2)
+        ax = axes[0]
+        height = 0.8 / len(pools)
+        labels = []
+        for i, cfg in enumerate(records(configs)):
+            rows = worst[(worst["model"] == cfg.model) & (worst["world_size"] == cfg.world_size)]
+            rejected = bool(rows["rejected"].any())
+            labels.append(
+                f"{cfg.model}, p={int(cfg.world_size)}" + (" (rejected)" if rejected else "")
+            )
+            for k, pool in enumerate(pools):
+                value = rows.loc[rows["pool"] == pool, "ratio"]
+                if value.empty:
+                    continue
+                ax.barh(
+                    i - 0.4 + height * (k + 0.5),
+                    float(value.iloc[0]),
+                    height=height,
+                    color=viz.SERIES_COLORS[k],
+                    label=pool,
+                    hatch="///" if float(value.iloc[0]) > 1 else "",
+                )
+        ax.axvline(
+            1.0,
+            color=viz.OKABE_ITO["black"],
+            linewidth=1.0,
+            linestyle=":",
+            label="budget (need = budget)",
+        )
+        ax.set_xscale("log")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.invert_yaxis()
+        ax.grid(axis="y", visible=False)
+        ax.set_xlabel(viz.axis_label("Estimated need / budget", "1"))
+        viz.legend_outside(fig, *viz.unique_legend([ax]), title="memory pool (hatched: over)")
+        viz.save(fig, path)
+    return ""
+
+
+def model_accuracy(data: Processed, path: Path) -> str:
+    """Modelled against measured all-reduce time, per bucket in training and per microbench."""
+    with viz.style():
+        fig, axes = viz.new_figure(1, 2, height_in=2.6)
+        sets = [
+            ("buckets during training", data.buckets, "latency_ns"),
+            ("microbenchmark (fitted)", data.microbench, "time_ns"),
+        ]
+        note = ""
+        for ax, (title, frame, col) in zip(axes, sets, strict=True):
+            frame = frame.dropna(subset=["modelled_ns"])
+            frame = frame[frame[col] > 0]
+            if frame.empty:
+                viz.empty_panel(ax, f"no {title}")
+                note = f"no {title}"
+                continue
+            for i, (ws, part) in enumerate(frame.groupby("world_size")):
+                st = viz.measured(i).kwargs() | {"linestyle": "none"}
+                ax.plot(
+                    viz.ms(part[col]),
+                    viz.ms(part["modelled_ns"]),
+                    label=f"p = {ws} ranks",
+                    **st,
+                )
+            lo = viz.ms(min(frame[col].min(), frame["modelled_ns"].min())) / 1.5
+            hi = viz.ms(max(frame[col].max(), frame["modelled_ns"].max())) * 1.5
+            ax.plot([lo, hi], [lo, hi], color="#777777", linewidth=0.8, label="modelled = measured")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(title)
+            ax.set_xlabel(viz.axis_label("Measured all-reduce time", "ms"))
+            ax.set_ylabel(viz.axis_label("Modelled all-reduce time", "ms"))
+        viz.legend_outside(fig, *viz.unique_legend(axes), title="one marker per bucket or size")
+        viz.save(fig, path)
+    return note
+
+
+def trace_overlap(data: Processed, path: Path) -> str:
+    """Trace-derived overlap efficiency per profiled cell (when a cell was profiled)."""
+    trace = data.trace
+    with viz.style():
+        fig, axes = viz.new_figure(height_in=2.2 if not trace.empty else 0.8)
+        if trace.empty:
+            viz.empty_panel(axes[0], "no trace metrics in this dataset (no cell was profiled)")
+            viz.save(fig, path)
+            return "no trace metrics in this dataset (no cell was profiled)"
+        status = {r.cell_id: r for r in records(data.status)}
+        cells = sorted(trace["cell_id"].unique())
+        values = [
+            trace.loc[trace["cell_id"] == c, "trace_overlap_efficiency"].dropna() for c in cells
+        ]
+        ax = axes[0]
+        ax.boxplot(values, orientation="horizontal")
+        ax.set_yticks(
+            np.arange(1, len(cells) + 1),
+            [
+                viz.cell_label(status[c].model, status[c].world_size, status[c].bucket_cap_mb)
+                for c in cells
+            ],
+        )
+        ax.set_xlabel(viz.axis_label("Overlap efficiency from the trace", "1"))
+        viz.save(fig, path)
+    return ""
+
+
+FIGURES: dict[str, Callable[[Processed, Path], str]] = {
+    "step_breakdown": step_breakdown,
+    "overlap_vs_cap": overlap_vs_cap,
+    "allreduce_vs_size": allreduce_vs_size,
+    "layer_attribution": layer_attribution,
+    "scaling": scaling,
+    "memory_guard": memory_guard,
+    "model_accuracy": model_accuracy,
+    "trace_overlap": trace_overlap,
+}
+"""Every report figure by file stem."""
+
+
+def make_all(data: Processed, out_dir: Path) -> list[FigureResult]:
+    """Write every figure into ``out_dir`` as ``<name>.pdf``.
+
+    Args:
+        data: the processed dataset.
+        out_dir: the figures folder (created).
+
+    Returns:
+        One result per figure, in ``FIGURES`` order.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name, make in FIGURES.items():
+        path = out_dir / f"{name}.pdf"
+        results.append(FigureResult(name=name, path=path, note=make(data, path)))
+    return results

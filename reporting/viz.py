@@ -1,0 +1,255 @@
+"""One visual style for every figure of the reports.
+
+Conventions (every figure follows them; ``figures.py`` uses nothing else):
+
+- Colour-blind-safe palette: Okabe and Ito, "Color Universal Design" (2008),
+  https://jfly.uni-koeln.de/color/ ; eight colours distinguishable under the common colour
+  vision deficiencies.
+- Measured versus modelled is carried four ways at once: measured data are solid lines with
+  filled markers in any palette colour but vermillion; modelled data are dashed lines with open
+  square markers in vermillion, a colour reserved for them; and every figure that shows both
+  prints :data:`MEASURED_MODELLED_NOTE` as the title of its legend.
+- Legends sit outside the axes (right of or below them), never over data.
+- Every axis label names its unit, ``Quantity (unit)``; dimensionless axes say so.
+- Figures are PDF (vector) for LaTeX; sizes are in inches for a 6.3 in text width.
+
+matplotlib runs with the Agg backend (no display needed). This module imports no torch and no
+ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+OKABE_ITO = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky_blue": "#56B4E9",
+    "bluish_green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "reddish_purple": "#CC79A7",
+}
+"""The Okabe-Ito palette by name."""
+
+MODELLED_COLOR = OKABE_ITO["vermillion"]
+"""Reserved for modelled data."""
+
+SERIES_COLORS = (
+    OKABE_ITO["blue"],
+    OKABE_ITO["bluish_green"],
+    OKABE_ITO["orange"],
+    OKABE_ITO["reddish_purple"],
+    OKABE_ITO["sky_blue"],
+    OKABE_ITO["black"],
+)
+"""Colours for measured series, in order of use (no vermillion; yellow is too light on white)."""
+
+SERIES_MARKERS = ("o", "^", "D", "v", "P", "X")
+"""Filled markers for measured series, same order as ``SERIES_COLORS``."""
+
+CATEGORY_STYLE = {
+    "compute": {"color": OKABE_ITO["blue"], "hatch": ""},
+    "exposed communication": {"color": OKABE_ITO["vermillion"], "hatch": "///"},
+    "optimizer": {"color": OKABE_ITO["bluish_green"], "hatch": ".."},
+    "idle / other": {"color": "#BBBBBB", "hatch": "xx"},
+}
+"""Stacked-bar categories of the step-time breakdown: colour and hatch (redundant cues)."""
+
+MEASURED_MODELLED_NOTE = "measured: solid line, filled marker; modelled: dashed line, open square"
+"""Printed on every figure that shows measured and modelled data together."""
+
+SINGLE_WIDTH_IN = 6.3
+"""Text width of the report pages in inches."""
+
+RC_PARAMS: dict[str, Any] = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.grid": True,
+    "grid.color": "#DDDDDD",
+    "grid.linewidth": 0.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.4,
+    "lines.markersize": 4.5,
+    "hatch.linewidth": 0.5,
+    "pdf.fonttype": 42,
+    "savefig.dpi": 200,
+}
+"""Shared matplotlib settings (small fonts for a two-column-free A4 page)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LineStyle:
+    """How one series is drawn."""
+
+    color: str
+    """Line and marker colour."""
+    linestyle: str
+    """Matplotlib line style."""
+    marker: str
+    """Matplotlib marker."""
+    filled: bool
+    """Filled (measured) or open (modelled) markers."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``Axes.plot``/``errorbar``."""
+        return {
+            "color": self.color,
+            "linestyle": self.linestyle,
+            "marker": self.marker,
+            "markerfacecolor": self.color if self.filled else "white",
+            "markeredgecolor": self.color,
+        }
+
+
+MODELLED = LineStyle(color=MODELLED_COLOR, linestyle="--", marker="s", filled=False)
+"""The one style of modelled data."""
+
+
+def measured(index: int = 0) -> LineStyle:
+    """Style of the ``index``-th measured series of a panel (solid, filled, never vermillion).
+
+    Args:
+        index: position of the series in its panel.
+
+    Returns:
+        The style.
+    """
+    i = index % len(SERIES_COLORS)
+    return LineStyle(color=SERIES_COLORS[i], linestyle="-", marker=SERIES_MARKERS[i], filled=True)
+
+
+def axis_label(quantity: str, unit: str) -> str:
+    """An axis label with its unit, ``Quantity (unit)``.
+
+    Args:
+        quantity: what is plotted.
+        unit: its unit (``"1"`` for a dimensionless ratio, shown as "ratio").
+
+    Returns:
+        The label.
+    """
+    if not unit:
+        raise ValueError(f"axis {quantity!r} needs a unit; use '1' for a dimensionless ratio")
+    return f"{quantity} ({'ratio' if unit == '1' else unit})"
+
+
+@contextmanager
+def style() -> Iterator[None]:
+    """Apply the shared rcParams for the figures made inside the block."""
+    with plt.rc_context(RC_PARAMS):  # type: ignore[arg-type]
+        yield
+
+
+def new_figure(
+    nrows: int = 1, ncols: int = 1, *, height_in: float = 2.6, width_in: float = SINGLE_WIDTH_IN
+) -> tuple[Figure, list[Axes]]:
+    """A figure with constrained layout and its axes as a flat list.
+
+    Args:
+        nrows: rows of panels.
+        ncols: columns of panels.
+        height_in: height in inches.
+        width_in: width in inches.
+
+    Returns:
+        The figure and its axes (row-major).
+    """
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width_in, height_in), layout="constrained", squeeze=False
+    )
+    return fig, list(axes.ravel())
+
+
+def legend_outside(
+    fig: Figure,
+    handles: Sequence[Artist],
+    labels: Sequence[str],
+    *,
+    title: str | None = None,
+    where: str = "right",
+    ncols: int = 1,
+) -> None:
+    """A figure legend outside every axes (constrained layout makes room for it).
+
+    Args:
+        fig: the figure.
+        handles: legend handles.
+        labels: their labels.
+        title: legend title (e.g. :data:`MEASURED_MODELLED_NOTE`).
+        where: ``right`` or ``bottom``.
+        ncols: legend columns.
+    """
+    if where not in ("right", "bottom"):
+        raise ValueError(f"where={where!r}: use 'right' or 'bottom'")
+    loc = "outside right upper" if where == "right" else "outside lower center"
+    fig.legend(list(handles), list(labels), loc=loc, title=title, ncols=ncols, frameon=False)  # type: ignore[call-overload]
+
+
+def unique_legend(axes: Sequence[Axes]) -> tuple[list[Artist], list[str]]:
+    """Handles and labels of all axes, each label once, in first-seen order."""
+    seen: dict[str, Artist] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if not label.startswith("_") and label not in seen:
+                seen[label] = handle
+    return list(seen.values()), list(seen)
+
+
+def empty_panel(ax: Axes, text: str) -> None:
+    """Mark a panel that has no data, with the reason printed in it."""
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write a figure (format from the suffix), close it, and check the file is non-empty.
+
+    Args:
+        fig: the figure.
+        path: where to write it.
+
+    Returns:
+        ``path``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    if path.stat().st_size == 0:
+        raise RuntimeError(f"matplotlib wrote an empty file: {path}")
+    return path
+
+
+def ms(values_ns: Any) -> Any:
+    """Nanoseconds to milliseconds (for plotting; the data stay in ns)."""
+    return values_ns / 1e6
+
+
+def cap_label(bucket_cap_mb: float) -> str:
+    """A bucket cap as it appears in labels: ``0.25 MiB``."""
+    return f"{bucket_cap_mb:g} MiB"
+
+
+def cell_label(model: str, world_size: int, bucket_cap_mb: float) -> str:
+    """A configuration as it appears in labels: ``srn-1m, p=2, 0.25 MiB``."""
+    return f"{model}, p={int(world_size)}, {cap_label(bucket_cap_mb)}"
