@@ -21,6 +21,9 @@ class RankActor:
     def __init__(self, num_threads: int = 1) -> None:
         import torch
 
+        # Import the trainer now: gang start-up pays it, not the gang's first cell.
+        import commprof.training.trainer  # noqa: F401
+
         torch.set_num_threads(num_threads)
         self._ctx = ray.get_runtime_context()
 

@@ -224,7 +224,14 @@ def _source_hashes() -> dict[str, str]:
     import hashlib
 
     out = {}
-    for name in ("trace_parser.py", "intervals.py", "metrics.py"):
+    for name in (
+        "trace_parser.py",
+        "trace_reader.py",
+        "trace_columns.py",
+        "trace_rules.py",
+        "intervals.py",
+        "metrics.py",
+    ):
         path = REPO / "commprof" / "profiling" / name
         if path.exists():
             out[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]

@@ -61,7 +61,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("env_json", pa.string()),
             ("nodes", pa.string()),
             ("started_unix_s", pa.float64()),
-            ("wall_s", pa.float64()),
+            ("wall_s", pa.float64()),  # the attempt, driver side
+            ("rank_wall_s", pa.float64()),  # the slowest rank's own time in the cell
         ]
     ),
     "steps": pa.schema(
@@ -70,6 +71,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("rank", pa.int32()),
             ("step", pa.int32()),
             ("measured", pa.bool_()),
+            ("start_ns", pa.int64()),  # host clock at step start: the hook's clock
             ("step_ns", pa.int64()),
             ("forward_ns", pa.int64()),
             ("backward_ns", pa.int64()),
@@ -311,6 +313,7 @@ def cell_row(
     nodes: Iterable[str] = (),
     started_unix_s: float | None = None,
     wall_s: float | None = None,
+    rank_wall_s: float | None = None,
 ) -> dict[str, Any]:
     """The ``cells`` row of one attempt of a :class:`commprof.matrix.Cell`.
 
@@ -326,7 +329,9 @@ def cell_row(
         env: the environment fingerprint of rank 0.
         nodes: the Ray node ids (or host names) the ranks ran on.
         started_unix_s: when the attempt started.
-        wall_s: how long it took, end to end.
+        wall_s: how long it took, end to end, as the driver saw it.
+        rank_wall_s: the slowest rank's own time from store to records (the difference to
+            ``wall_s`` is the orchestration overhead).
     """
     if status not in ("ok", "failed", "rejected"):
         raise ValueError(f"status {status!r} is not one of ok, failed, rejected")
@@ -347,4 +352,5 @@ def cell_row(
         "nodes": ",".join(nodes),
         "started_unix_s": started_unix_s,
         "wall_s": wall_s,
+        "rank_wall_s": rank_wall_s,
     }

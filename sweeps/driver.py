@@ -111,7 +111,9 @@ class Driver:
         """Guard decisions with this machine's budgets and the cluster's node count."""
         if self._guard is None:
             nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
-            self._guard = GuardPlan(self.matrix, num_nodes=max(1, len(nodes)))
+            # nodes that can hold a rank: a head that advertises no CPUs holds none
+            workers = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) > 0]
+            self._guard = GuardPlan(self.matrix, num_nodes=max(1, len(workers)))
         return self._guard
 
     # -- planning ----------------------------------------------------------------------------
@@ -171,9 +173,13 @@ class Driver:
         queue = collections.deque(todo)
         running: list[CellExecution] = []
         attempts: dict[str, int] = {}
+        changed = True  # replan only when a cell finished: placing is a control-plane call
         try:
             while queue or running:
-                self._start_ready(queue, running, attempts)
+                if changed:
+                    self._start_ready(queue, running, attempts)
+                    changed = not running  # nothing started (a gang broke): try again
+
                 pending = [ref for ex in running for ref in ex.pending]
                 if pending:
                     ray.wait(pending, num_returns=1, timeout=POLL_INTERVAL_S)
@@ -182,7 +188,9 @@ class Driver:
                     if outcome is None:
                         continue
                     running.remove(ex)
-                    self._finish(ex, outcome, attempts[ex.cell.cell_id], guard, queue)
+                    attempt = attempts[ex.cell.cell_id]
+                    self._finish(ex.cell, ex.gang, ex.started_unix_s, outcome, attempt, queue)
+                    changed = True
                 self._progress(len(queue), len(running))
         finally:
             for ex in running:
@@ -206,10 +214,13 @@ class Driver:
         attempts: dict[str, int],
     ) -> None:
         deferred = []
+        blocked: set[tuple[int, str, str]] = set()  # shapes that got no gang in this pass
+        total = ray.cluster_resources()  # one control-plane round trip per pass, not per cell
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
-            gang = self._acquire(cell)
+            gang = None if cell.shape in blocked else self._acquire(cell, total)
             if gang is None:
+                blocked.add(cell.shape)
                 deferred.append((cell, attempt))
                 if not running:  # nothing will free resources: this cell cannot ever run
                     break
@@ -230,10 +241,13 @@ class Driver:
                     )
                 )
                 self.busy.add(id(gang))
-            except Exception as err:  # the gang broke before the cell started
-                self._drop(gang)
-                log.warning("gang %d failed to start cell %s: %s", gang.gang_id, cell.cell_id, err)
-                deferred.append((cell, attempt))
+            except Exception as err:  # the gang broke before the cell started: a failed attempt
+                failed = Outcome(
+                    status="failed",
+                    error=f"gang {gang.gang_id} could not start the cell: {err}",
+                    error_kind="transient",
+                )
+                self._finish(cell, gang, time.time(), failed, attempt, queue)
         queue.extendleft(reversed(deferred))
         if queue and not running and deferred:
             cell, attempt = queue.popleft()
@@ -244,13 +258,17 @@ class Driver:
                 f"{ray.cluster_resources()}. Add nodes or resources, or --exclude it."
             )
 
-    def _acquire(self, cell: Cell) -> Gang | None:
-        """An idle gang of the cell's shape: reused, or newly created if resources allow."""
+    def _acquire(self, cell: Cell, total: dict[str, float]) -> Gang | None:
+        """An idle gang of the cell's shape: reused, or newly created if resources allow.
+
+        Args:
+            cell: the cell to run.
+            total: the cluster's resources (``ray.cluster_resources()``).
+        """
         for gang in self.gangs:
             if gang.shape == cell.shape and id(gang) not in self.busy:
                 return gang
         need = bundle_for(cell.device)
-        total = ray.cluster_resources()
         for key, amount in need.items():
             held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
             while held + amount * cell.world_size > total.get(key, 0):
@@ -290,26 +308,29 @@ class Driver:
 
     def _finish(
         self,
-        ex: CellExecution,
+        cell: Cell,
+        gang: Gang,
+        started_unix_s: float,
         outcome: Outcome,
         attempt: int,
-        guard: GuardPlan,
         queue: collections.deque[tuple[Cell, int]],
     ) -> None:
-        cell = ex.cell
-        self.busy.discard(id(ex.gang))
-        nodes = sorted({node for node, _ in ex.gang.nodes})
+        """Write an attempt's outcome; keep the gang if it succeeded, resubmit if allowed."""
+        self.busy.discard(id(gang))
         common: dict[str, Any] = {
             "sweep": self.matrix.name,
             "attempt": attempt,
-            "num_params": guard.num_params(cell),
-            "guard": guard.decide(cell).to_record(),
-            "nodes": nodes,
-            "started_unix_s": ex.started_unix_s,
+            "num_params": self.guard.num_params(cell),
+            "guard": self.guard.decide(cell).to_record(),
+            "nodes": sorted({node for node, _ in gang.nodes}),
+            "started_unix_s": started_unix_s,
             "wall_s": outcome.wall_s,
         }
         if outcome.status == "ok":
-            row = results.cell_row(cell, status="ok", env=outcome.results[0]["env"], **common)
+            rank_wall_s = max(float(r.get("wall_s", 0.0)) for r in outcome.results)
+            row = results.cell_row(
+                cell, status="ok", env=outcome.results[0]["env"], rank_wall_s=rank_wall_s, **common
+            )
             results.write_attempt(
                 self.options.out,
                 row,
@@ -320,7 +341,7 @@ class Driver:
             self.summary.statuses[cell.cell_id] = "ok"
             self._walls.append(outcome.wall_s)
             return
-        self._drop(ex.gang)
+        self._drop(gang)
         row = results.cell_row(
             cell, status="failed", error=outcome.error, error_kind=outcome.error_kind, **common
         )

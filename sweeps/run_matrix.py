@@ -18,6 +18,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+IN_SOURCE_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file()
+"""Run from a checkout (not from site-packages after a plain ``pip install .``)."""
 DEFAULT_MATRIX = REPO_ROOT / "sweeps" / "matrix.yaml"
 RUNTIME_ENV_EXCLUDES = [".git", ".venv", "results", "reports", "*.parquet", "*.json.gz", "*.pdf"]
 """Left out of the working_dir shipped to cluster nodes."""
@@ -67,11 +69,13 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
     from actors.gang import ACTOR_NAMESPACE
 
     address = address or os.environ.get("RAY_ADDRESS")
-    runtime_env: dict[str, Any] = {
-        "working_dir": str(REPO_ROOT),
-        "excludes": RUNTIME_ENV_EXCLUDES,
-        "env_vars": {"PYTHONPATH": "."},
-    }
+    runtime_env: dict[str, Any] = {}
+    if IN_SOURCE_CHECKOUT:  # ship this checkout; an installed package is on the nodes already
+        runtime_env = {
+            "working_dir": str(REPO_ROOT),
+            "excludes": RUNTIME_ENV_EXCLUDES,
+            "env_vars": {"PYTHONPATH": "."},
+        }
     if address is None:
         try:
             ctx = ray.init(
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except matrix_mod.MatrixError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = args.out or REPO_ROOT / "results" / matrix.name
+    out = args.out or Path("results") / matrix.name  # relative to where the user runs it
     import ray
 
     from sweeps.driver import Driver, DriverOptions, select

@@ -330,7 +330,7 @@ def test_composition_covers_every_parameter_once(ranks: list[dict[str, Any]]) ->
                 assert sum(p.num_bytes for p in in_bucket) == rows[b]["num_bytes"]
 
 
-def test_timestamps_latency_and_exposed(ranks: list[dict[str, Any]]) -> None:
+def test_timestamps_latency_transfer_and_exposed(ranks: list[dict[str, Any]]) -> None:
     for result in _scenario(ranks, "buckets"):
         for cap_mb in CAPS_MB:
             for step, rows in _by_step(result[cap_mb]["rows"]).items():
@@ -349,6 +349,13 @@ def test_timestamps_latency_and_exposed(ranks: list[dict[str, Any]]) -> None:
                 last = rows[-1]
                 assert last["ready_ns"] == compute_end_ns
                 assert last["exposed_ns"] == last["latency_ns"]
+                # transfer: from ready, or from the latest completion of an earlier-ready bucket
+                # that finished before this one, until done (comm_hooks docstring).
+                for i, r in enumerate(rows):
+                    before = [q["done_ns"] for q in rows[:i] if q["done_ns"] <= r["done_ns"]]
+                    assert r["transfer_ns"] == r["done_ns"] - max([r["ready_ns"], *before])
+                    assert 0 <= r["transfer_ns"] <= r["latency_ns"]
+                assert rows[0]["transfer_ns"] == rows[0]["latency_ns"]
 
 
 def test_resolve_forgets_raw_records(ranks: list[dict[str, Any]]) -> None:

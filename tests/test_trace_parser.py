@@ -1,18 +1,22 @@
-"""Trace parsing: loading errors, rule tables per regime, step windows, collectives."""
+"""Trace parsing: loading errors, rule tables per regime, step windows, collectives, streaming."""
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from commprof.profiling.intervals import total_length
-from commprof.profiling.trace_parser import RULES, Rule, load_trace, parse_trace
+from commprof.profiling.trace_columns import read_columns
+from commprof.profiling.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
+from commprof.profiling.trace_rules import COLLECTIVE_ARG_KEYS
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
 
@@ -222,3 +226,212 @@ def test_golden_traces_parse() -> None:
         assert sorted(p.collectives["num_bytes"].unique().tolist()) == sorted(
             [4 * (512 * 192 + 192 + 192 * 10 + 10), 4 * (512 * 512 + 512), 4 * (256 * 512 + 512)]
         )
+
+
+# ---------------------------------------------------------------- streaming reader
+
+TRICKY_TOP = {
+    "schemaVersion": 1,
+    "deviceProperties": [{"name": 'GPU "0" \\ caf\u00e9', "totalGlobalMem": 85029158912}],
+    "distributedInfo": {"backend": "nccl", "rank": 1, "world_size": 2},
+}
+
+
+def tricky_events() -> list[dict[str, Any]]:
+    """Events whose text has escapes, non-ASCII, long numbers and literals to cut."""
+    meta: dict[str, Any] = {"Collective name": "allreduce", "In msg nelems": 3, "dtype": "Float",
+            "Process Group Name": "default_pg \"x\"", "Seq": 12345678901234}  # fmt: skip
+    odd: dict[str, Any] = {"Input Dims": [[2, 3], []], "flag": True, "none": None, "neg": -1.5e-7}
+    return [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "py\\thon"}},
+        step(3, 1e-3, 250.5),
+        x(
+            'aten::mm "q" \\ \u00e9\u4e2d\U0001f600',
+            "cpu_op",
+            2.125,
+            1.0,
+            **odd,
+        ),
+        x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "kernel",
+            10.001,
+            20.999,
+            tid=20,
+            correlation=7,
+            **meta,
+        ),
+        x("cudaLaunchKernelExC", "cuda_runtime", 9.5, 0.25, correlation=7),
+        x("sm90_gemm", "kernel", 12, 30, tid=7, correlation=8),
+        {"ph": "f", "id": 7, "pid": 1, "tid": 1, "ts": 9.5, "bp": "e"},
+    ]
+
+
+def write_trace(path: Path, text: str) -> Path:
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_stream_equals_json_loads_at_every_chunk_size(
+    tmp_path: Path, suffix: str, ascii_only: bool
+) -> None:
+    # Keys after traceEvents and a long number last: Kineto writes both.
+    doc = {**TRICKY_TOP, "traceEvents": tricky_events(), "traceName": "r1", "baseNs": 10**18}
+    text = json.dumps(doc, indent=1, ensure_ascii=ascii_only)
+    path = write_trace(tmp_path / f"t{suffix}", text)
+    want = json.loads(text)
+    # Every chunk size up to a whole event puts a boundary inside every string,
+    # escape, number and literal of the text at least once.
+    for chunk_chars in [*range(1, 300), len(text) - 1, len(text), len(text) + 1]:
+        assert load_trace(path, chunk_chars=chunk_chars) == want, chunk_chars
+
+
+def assert_same_parse(a: ParsedTrace, b: ParsedTrace) -> None:
+    for name in ("rank", "world_size", "regime", "step_source"):
+        assert getattr(a, name) == getattr(b, name), name
+    for name in ("step_ids", "step_start_ns", "step_end_ns"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    for c in a.classes:
+        assert pairs(a.classes[c]) == pairs(b.classes[c]), c
+    pd.testing.assert_frame_equal(a.collectives, b.collectives)
+
+
+def test_streaming_and_dict_paths_agree_on_golden_traces() -> None:
+    for rank in (0, 1):
+        path = GOLDEN / f"rank{rank}_steps2-4.json.gz"
+        from_dict = parse_trace(load_trace(path), source=str(path))
+        assert len(from_dict.collectives) == 9  # three buckets in each of three steps
+        assert_same_parse(parse_trace(path), from_dict)
+        assert_same_parse(parse_trace(path, chunk_chars=997), from_dict)  # ~350 chunks
+
+
+@pytest.mark.parametrize("chunk_chars", [1, 7, 64, 1 << 22])
+def test_streaming_and_dict_paths_agree_on_tricky_trace(tmp_path: Path, chunk_chars: int) -> None:
+    doc = {**TRICKY_TOP, "traceEvents": tricky_events()}
+    path = write_trace(tmp_path / "rank9.json.gz", json.dumps(doc, ensure_ascii=False))
+    streamed = parse_trace(path, chunk_chars=chunk_chars)
+    assert_same_parse(streamed, parse_trace(doc, source=str(path)))
+    assert (streamed.regime, streamed.rank, streamed.world_size) == ("cuda-nccl", 1, 2)
+    # 10.001 us -> 10_001 ns; + rint(20.999 us * 1000) = 20_999 ns.
+    assert pairs(streamed.classes["communication"]) == [(10_001, 31_000)]
+    assert pairs(streamed.classes["compute"]) == [(12_000, 42_000)]
+    row = streamed.collectives.iloc[0]
+    assert (row["name"], row["num_bytes"], row["seq"], row["step"]) == (
+        "allreduce",
+        3 * 4,
+        12345678901234,
+        3,
+    )
+
+
+def test_columns_keep_args_only_where_rules_need_them() -> None:
+    events = [
+        *tricky_events(),
+        x("gloo:all_reduce", "user_annotation", 40, 5, tid=9, **{"Input Dims": [[4]]}),
+        x("my_kernel", "kernel", 50, 5, tid=7, **{"Collective name": "broadcast", "x": 1}),
+    ]
+    cols = read_columns(trace(events), RULES.values())
+    # The NCCL kernel (name rule), the gloo annotation (collective rule) and the
+    # kernel with collective metadata (has_arg rule); not the cpu_op with shapes.
+    kept = {cols.names[cols.name_code[i]]: a for i, a in cols.args.items()}
+    assert sorted(kept) == [
+        "gloo:all_reduce",
+        "my_kernel",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    ]
+    assert kept["my_kernel"] == {"Collective name": "broadcast"}  # only the keys rules read
+    assert set(kept["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]) <= set(COLLECTIVE_ARG_KEYS)
+    assert cols.correlation.tolist() == [-1, -1, 7, 7, 8, -1, -1]
+    # Only the cpu-gloo table: kernels are never its collectives, so their args go.
+    gloo_only = read_columns(trace(events), [RULES["cpu-gloo"]])
+    assert [gloo_only.names[gloo_only.name_code[i]] for i in gloo_only.args] == ["gloo:all_reduce"]
+
+
+def test_streaming_memory_is_bounded_by_columns_not_text(tmp_path: Path) -> None:
+    # Kineto-like steps: launches and kernels with their usual args, one NCCL
+    # all-reduce with collective metadata a step.
+    kernel_args = {"device": 0, "stream": 7, "grid": [132, 1, 1], "block": [256, 1, 1],
+                   "registers per thread": 90, "shared memory": 0}  # fmt: skip
+    meta = {"Collective name": "allreduce", "In msg nelems": 1000, "dtype": "Float",
+            "Process Group Name": "0", "Seq": 1}  # fmt: skip
+    num_steps, events = 300, []
+    for s in range(num_steps):
+        t0 = s * 1000.0
+        events.append(step(s, t0, 1000))
+        for k in range(10):
+            corr = s * 100 + k
+            events.append(x("cudaLaunchKernel", "cuda_runtime", t0 + k, 1, correlation=corr))
+            events.append(
+                x(
+                    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+                    "kernel",
+                    t0 + 50 + 40 * k,
+                    30,
+                    tid=7,
+                    correlation=corr,
+                    **kernel_args,
+                )
+            )
+        events.append(
+            x(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                "kernel",
+                t0 + 300,
+                400,
+                tid=20,
+                correlation=s * 100 + 99,
+                **kernel_args,
+                **meta,
+            )
+        )
+    text = json.dumps(trace(events, distributedInfo={"backend": "nccl"}))
+    path = write_trace(tmp_path / "big.json", text)
+    tracemalloc.start()
+    try:
+        parsed = parse_trace(path, chunk_chars=1 << 16)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(parsed.collectives) == num_steps
+    # Loading the text whole takes len(text) bytes and its event dicts 3-4 times
+    # that (json.loads); streaming holds 1.25 chunks of text and about 40 bytes an
+    # event, classification about 100 at its peak: about 0.55 * len(text) here.
+    assert peak_bytes < len(text), (peak_bytes, len(text))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_streaming_parse_errors(tmp_path: Path, suffix: str) -> None:
+    good = json.dumps(trace([step(0, 0, 1)]))
+    cases = {
+        "": "empty file",
+        " \n\t ": "empty file",
+        good[:-5]: "not valid JSON",
+        good + " x": "not valid JSON",
+        good.replace(", ", " ", 1): "not valid JSON",
+        '{"a": 1}': "not a Chrome trace",
+        '{"traceEvents": 5}': "not a Chrome trace",
+        "[1, 2]": "not a Chrome trace",
+        "42": "not a Chrome trace",
+        '{"traceEvents": []}': "no events",
+        json.dumps(trace([{"ph": "M", "name": "thread_name"}])): "no complete",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = write_trace(tmp_path / f"c{i}{suffix}", text)
+        for chunk_chars in (3, 1 << 22):
+            with pytest.raises(ValueError, match=message):
+                parse_trace(path, chunk_chars=chunk_chars)
+
+
+def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> None:
+    good = json.dumps(trace([step(0, 0, 1), x("aten::mm", "cpu_op", 1, 1)])).encode()
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(good)[:-20])
+    with pytest.raises(ValueError, match="truncated or corrupt gzip"):
+        parse_trace(tmp_path / "t.json.gz")
+    for dur in (-1.0, 1e12, None, "abc"):
+        bad = trace([step(0, 0, 10), {**x("aten::mm", "cpu_op", 1, 1), "dur": dur}])
+        path = write_trace(tmp_path / "bad.json", json.dumps(bad))
+        with pytest.raises(ValueError, match="dur"):
+            parse_trace(path)

@@ -345,8 +345,10 @@ def _with_regime(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def bucket_latency_points(buckets: pd.DataFrame, *, skip_steps: int = 1) -> pd.DataFrame:
-    """One latency per (cell, attempt, step, bucket): the max over ranks.
+def bucket_latency_points(
+    buckets: pd.DataFrame, *, skip_steps: int = 1, time_column: str = "latency_ns"
+) -> pd.DataFrame:
+    """One time per (cell, attempt, step, bucket): the max over ranks.
 
     Step 0 is dropped by default: DDP reduces the whole model as one bucket
     there and rebuilds its buckets from step 1 (see ``buckets``).
@@ -354,16 +356,18 @@ def bucket_latency_points(buckets: pd.DataFrame, *, skip_steps: int = 1) -> pd.D
     Args:
         buckets: The ``buckets`` table joined with cell columns.
         skip_steps: Leading steps to drop.
+        time_column: ``latency_ns`` (hook entry to completion) or ``transfer_ns`` (the
+            bucket's own service time, see ``commprof.profiling.comm_hooks``).
 
     Returns:
-        Columns of the group keys plus num_bytes and latency_ns.
+        Columns of the group keys plus num_bytes and ``time_column``.
     """
     df = _with_regime(buckets)
     df = df[df["step"] >= skip_steps]
     keys = [*GROUP_KEYS, "cell_id", "attempt", "step", "bucket_index"]
     keys = [k for k in keys if k in df.columns]
     agg = df.groupby(keys, as_index=False).agg(
-        num_bytes=("num_bytes", "first"), latency_ns=("latency_ns", "max")
+        num_bytes=("num_bytes", "first"), **{time_column: (time_column, "max")}
     )
     return agg
 
@@ -460,22 +464,40 @@ def load_fits(path: str | Path) -> dict[tuple[str, str, int], Fit]:
     }
 
 
+FIT_SOURCES = ("microbench", "buckets")
+"""What a dataset fit reads: the all-reduces measured alone, or the buckets during training."""
+
+
 def fits_from_dataset(
-    root: str | Path, *, method: str = "alpha-beta"
+    root: str | Path, *, method: str = "alpha-beta", source: str = "microbench"
 ) -> dict[tuple[str, str, int], Fit]:
-    """Fit every (backend, regime, world size) group of a collected dataset's microbenchmark.
+    """Fit every (backend, regime, world size) group of a collected dataset.
+
+    ``microbench`` fits the link alone (time p50 per size). ``buckets`` fits the buckets' service
+    times during training (``transfer_ns``, max over ranks, measured steps): it includes what
+    training adds, contention with backward compute for the same cores, the hook and gloo's
+    queueing, so it predicts in-training bucket times better on hosts where they share.
 
     Args:
         root: the dataset folder (``commprof.results.load``).
         method: as :func:`fit_table`.
+        source: one of ``FIT_SOURCES``.
 
     Returns:
         Fits keyed by (backend, regime, world_size).
     """
     from commprof.results import load  # torch-free, like this module
 
+    if source not in FIT_SOURCES:
+        raise ValueError(f"fit source {source!r} is not one of {', '.join(FIT_SOURCES)}")
     tables = load(root)
     cells = tables["cells"][["cell_id", "attempt", "backend", "device", "world_size"]]
+    if source == "buckets":
+        joined = tables["buckets"].merge(cells, on=["cell_id", "attempt"])
+        if joined.empty:
+            raise ValueError(f"{root}: no bucket rows to fit")
+        points = bucket_latency_points(joined, time_column="transfer_ns")
+        return fit_table(points, time_column="transfer_ns", method=method)
     micro = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
     if micro.empty:
         raise ValueError(

@@ -33,9 +33,10 @@ import numpy as np
 import yaml
 
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
-from commprof.modeling.calibration import Fit, fits_from_dataset, load_fits
+from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
+from commprof.modeling.timeline import load_parameter_ready_ns
 
 DEFAULT_ALPHA_NS = 10_000.0
 """Assumed per-message latency for published links (not a published figure)."""
@@ -162,7 +163,7 @@ def estimate(
     link: LinkParams | Fit,
     link_label: str,
     algorithm: str = "ring",
-    ready_ns: Sequence[float] | None = None,
+    ready_ns: Sequence[float] | np.ndarray | None = None,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
 ) -> Estimate:
@@ -285,6 +286,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fit", help="a dataset folder (fitted now) or a fits JSON (save_fits), instead of a link"
     )
     parser.add_argument("--fit-backend", default="gloo", help="backend of the fit to use")
+    parser.add_argument(
+        "--fit-source",
+        choices=FIT_SOURCES,
+        default="microbench",
+        help="with --fit DATASET: fit the microbenchmark or the in-training bucket times",
+    )
     parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP cap (MiB)")
     parser.add_argument("--algorithm", default="ring", choices=sorted(ALGORITHMS))
     parser.add_argument(
@@ -293,6 +300,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ALPHA_NS / 1e3,
         help="assumed latency for a published link (us)",
     )
+    parser.add_argument(
+        "--timeline",
+        metavar="RESULTS",
+        help="take the backward timeline measured in a cell of this dataset (with --cell)",
+    )
+    parser.add_argument("--cell", help="cell id (or a unique prefix) for --timeline")
     parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS)
     parser.add_argument("--device-tflops", type=float, default=DEFAULT_DEVICE_FLOPS_PER_S / 1e12)
     parser.add_argument(
@@ -305,7 +318,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
     if args.fit:
-        fits = fits_from_dataset(args.fit) if Path(args.fit).is_dir() else load_fits(args.fit)
+        if Path(args.fit).is_dir():
+            fits = fits_from_dataset(args.fit, source=args.fit_source)
+        else:
+            fits = load_fits(args.fit)
         matches = {k: f for k, f in fits.items() if k[0] == args.fit_backend}
         for (backend, regime, ws), fit in matches.items():
             if ws == args.world_size:
@@ -354,6 +370,11 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         Process exit status.
     """
     link, label = _link_from_args(args)
+    ready_ns = None
+    if args.timeline or args.cell:
+        if not (args.timeline and args.cell):
+            raise ValueError("--timeline RESULTS and --cell ID go together")
+        ready_ns = load_parameter_ready_ns(args.timeline, args.cell, param_sizes)
 
     def run_one(cap: float | None) -> Estimate:
         return estimate(
@@ -363,6 +384,7 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             link=link,
             link_label=label,
             algorithm=args.algorithm,
+            ready_ns=ready_ns,
             batch_tokens=args.batch_tokens,
             device_flops_per_s=args.device_tflops * 1e12,
         )

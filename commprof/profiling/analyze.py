@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from commprof.profiling.metrics import STEP_COLUMNS, ratio, step_metrics, transfer_wait
-from commprof.profiling.trace_parser import ParsedTrace, load_trace, parse_trace
+from commprof.profiling.trace_parser import ParsedTrace, parse_trace
 
 JSON_FIELDS = (
     "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
@@ -53,14 +53,13 @@ def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace
     """
     parsed = []
     for path in trace_files(trace_dir):
-        try:
-            data = load_trace(path)
+        try:  # streamed: bounded memory however large the trace
+            parsed.append(parse_trace(path, regime=regime, source=str(path)))
         except ValueError as exc:
             if "not a Chrome trace" in str(exc):
                 print(f"commprof analyze: skipping {path.name}: not a trace", file=sys.stderr)
                 continue
             raise
-        parsed.append(parse_trace(data, regime=regime, source=str(path)))
     if not parsed:
         raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
     return parsed

@@ -212,7 +212,8 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
             rec[_DONE] = time.perf_counter_ns()
             if rec[_EV_READY] is not None:
                 event = torch.cuda.Event(enable_timing=True)
-                event.record()
+                # on the bucket's device: a gloo worker thread's current device is cuda:0
+                event.record(torch.cuda.current_stream(buffer.device))
                 rec[_EV_DONE] = event
             return f.value()
 

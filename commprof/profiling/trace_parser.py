@@ -3,23 +3,22 @@
 Reads any Kineto trace (``torch.profiler`` export, ``.json`` or ``.json.gz``), not
 only the ones commprof's harness writes. Each complete event (``ph == "X"``) is
 classified by the first matching rule of its regime's :class:`RuleTable`
-(``RULES``: cpu-gloo, cuda-nccl, cuda-gloo); collective metadata in the event args
-(``Collective name``, ``Process Group Name``, ``Seq``) comes before name patterns,
-which are only a fallback. Timestamps are float microseconds in the file and are
-converted once, here, to int64 nanoseconds (``np.rint(ts * 1000)``; DESIGN.md).
+(``RULES``: cpu-gloo, cuda-nccl, cuda-gloo; :mod:`commprof.profiling.trace_rules`);
+collective metadata in the event args (``Collective name``, ``Process Group Name``,
+``Seq``) comes before name patterns, which are only a fallback. Timestamps are float
+microseconds in the file and are converted once, at the reader, to int64
+nanoseconds (``np.rint(ts * 1000)``; DESIGN.md).
 
-For speed on traces of a million events nothing is built per event beyond what
-the JSON decoder makes: fields are pulled into numpy arrays, names and categories
-are factorised, and rules are evaluated on the distinct values.
+Files are streamed (:mod:`commprof.profiling.trace_reader`): peak memory stays at
+a few compact columns per event however large the trace; no event dict outlives
+its own decoding. Rules are evaluated on the distinct names and categories, then
+broadcast to the events with numpy.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,121 +28,37 @@ import numpy.typing as npt
 import pandas as pd
 
 from commprof.profiling.intervals import Int64Array, IntervalSet, difference
+from commprof.profiling.trace_columns import TraceColumns, read_columns
+from commprof.profiling.trace_reader import CHUNK_CHARS, load_trace
+from commprof.profiling.trace_rules import (
+    CLASSES,
+    DEVICE_CATS,
+    DTYPE_BYTES,
+    IGNORE,
+    LAUNCH_CATS,
+    MAX_EVENT_DURATION_US,
+    REGIMES,
+    RULES,
+    STEP_PATTERN,
+    Rule,
+    RuleTable,
+    candidate_tables,
+    detect_regime,
+)
 
-try:  # orjson decodes about 2-3x faster than json on big traces; optional.
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None  # type: ignore[assignment]
-
-CLASSES = ("communication", "compute", "memcpy", "memset", "sync", "other")
-"""Event classes a rule can assign; ``"ignore"`` drops an event."""
-IGNORE = "ignore"
-REGIMES = ("cpu-gloo", "cuda-nccl", "cuda-gloo")
-MAX_EVENT_DURATION_US = 86_400e6
-"""Longest plausible event (one day, in microseconds); longer ones are rejected as corrupt."""
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"})
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
-STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-    "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "int": 4, "int32": 4,
-    "long": 8, "long int": 8, "int64": 8, "short": 2, "int16": 2, "char": 1,
-    "signed char": 1, "unsigned char": 1, "byte": 1, "uint8": 1, "int8": 1, "bool": 1,
-}  # fmt: skip
-"""Element sizes of the dtype spellings in Kineto args (``dtype`` and ``Input type``)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Rule:
-    """One row of a rule table: an event predicate and the class it assigns.
-
-    All given predicates must hold; ``None`` means "any".
-    """
-
-    target: str
-    """Class assigned: one of CLASSES, or "ignore"."""
-    why: str
-    """One line saying what the rule catches (shown to users extending tables)."""
-    cats: frozenset[str] | None = None
-    """Event categories (``cat``), exact."""
-    name: str | None = None
-    """Regular expression that must match the start of the event name."""
-    has_arg: str | None = None
-    """Key that must be present in the event's ``args`` (collective metadata)."""
-    comm_thread: bool | None = None
-    """True: event on (or launched from) a communication thread; False: not."""
-    collective: bool = False
-    """Each matching event is one collective (a row of ``ParsedTrace.collectives``)."""
-    not_compute: bool = False
-    """Carve the event's time out of compute even where a compute event encloses it."""
-
-    def __post_init__(self) -> None:
-        if self.target not in CLASSES and self.target != IGNORE:
-            raise ValueError(
-                f"Rule.target must be one of {CLASSES} or 'ignore', got {self.target!r}"
-            )
-        if self.name is not None:
-            re.compile(self.name)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RuleTable:
-    """Ordered rules of one regime; the first matching rule wins, unmatched events are ignored."""
-
-    regime: str
-    """Regime name, e.g. "cpu-gloo"."""
-    rules: tuple[Rule, ...]
-    """Rules in priority order."""
-    comm_thread_marker: str | None = None
-    """Regex on event names; a thread with such an event is a communication thread."""
-
-
-_GLOO = r"gloo:"
-_NCCL_KERNEL = r"nccl(Dev)?Kernel"
-RULES: dict[str, RuleTable] = {
-    "cpu-gloo": RuleTable(
-        regime="cpu-gloo",
-        comm_thread_marker=_GLOO,
-        rules=(
-            Rule(target="communication", cats=frozenset({"user_annotation"}), name=_GLOO,
-                 collective=True, why="gloo collective on a gloo worker thread (transfer time)"),
-            Rule(target=IGNORE, cats=frozenset({"cpu_op"}), comm_thread=True,
-                 why="ops inside a gloo worker's collective are part of the transfer"),
-            Rule(target="other", cats=frozenset({"cpu_op"}), name=r"(c10d::|record_param_comms)",
-                 not_compute=True, why="collective enqueue on the main thread, not compute"),
-            Rule(target="compute", cats=frozenset({"cpu_op"}), comm_thread=False,
-                 why="forward, backward and optimizer ops on the training threads"),
-        ),
-    ),
-    "cuda-nccl": RuleTable(
-        regime="cuda-nccl",
-        rules=(
-            Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
-                 collective=True, why="kernel with collective metadata in its args"),
-            Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
-                 collective=True, why="fallback: NCCL kernel name (ncclKernel*, ncclDevKernel*)"),
-            Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
-            Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
-            Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
-            Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
-        ),
-    ),
-    "cuda-gloo": RuleTable(
-        regime="cuda-gloo",
-        comm_thread_marker=_GLOO,
-        rules=(
-            Rule(target="communication", cats=frozenset({"user_annotation"}), name=_GLOO,
-                 collective=True, why="gloo collective on a host worker thread"),
-            Rule(target="communication", cats=frozenset({"gpu_memcpy"}), comm_thread=True,
-                 why="device<->host staging copies launched by gloo threads"),
-            Rule(target="compute", cats=frozenset({"kernel"}), why="GPU kernels"),
-            Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="other device copies"),
-            Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
-            Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
-        ),
-    ),
-}  # fmt: skip
-"""The rule table of each regime; extend one with ``dataclasses.replace``."""
+__all__ = [
+    "CLASSES",
+    "IGNORE",
+    "MAX_EVENT_DURATION_US",
+    "REGIMES",
+    "RULES",
+    "ParsedTrace",
+    "Rule",
+    "RuleTable",
+    "detect_regime",
+    "load_trace",
+    "parse_trace",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,76 +88,12 @@ class ParsedTrace:
     process_group, thread."""
 
 
-def load_trace(path: Path | str) -> dict[str, Any]:
-    """Read a Chrome trace (``.json`` or gzip-compressed) into a dict with ``traceEvents``.
-
-    Args:
-        path: Trace file; gzip is recognised by content, not by the suffix.
-
-    Returns:
-        The decoded trace; a bare JSON array of events is wrapped as ``traceEvents``.
-
-    Raises:
-        ValueError: If the file is empty, truncated, not JSON or holds no events.
-    """
-    p = Path(path)
-    raw = p.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise ValueError(
-                f"{p}: truncated or corrupt gzip ({exc}); re-export the trace"
-            ) from exc
-    if not raw.strip():
-        raise ValueError(f"{p}: empty file, not a trace")
-    try:
-        data = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and orjson's error are ValueErrors
-        raise ValueError(f"{p}: not valid JSON, perhaps truncated ({exc})") from exc
-    if isinstance(data, list):  # Chrome's JSON Array Format: a bare list of events
-        if data and not any(isinstance(e, dict) and "ph" in e for e in data[:100]):
-            raise ValueError(f"{p}: JSON list without 'ph' fields, not a Chrome trace")
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ValueError(f"{p}: JSON without a 'traceEvents' list, not a Chrome trace")
-    if not data["traceEvents"]:
-        raise ValueError(f"{p}: trace has no events")
-    return data
-
-
-def detect_regime(trace: dict[str, Any], cats: set[str], names: list[str]) -> str:
-    """Guess the regime from distributedInfo's backend and the presence of device events."""
-    backend = str((trace.get("distributedInfo") or {}).get("backend", "")).lower()
-    has_device = bool(cats & {"kernel", "gpu_memcpy", "gpu_memset"})
-    if "nccl" in backend:
-        return "cuda-nccl"
-    if "gloo" in backend:
-        return "cuda-gloo" if has_device else "cpu-gloo"
-    nccl_re = re.compile(_NCCL_KERNEL)
-    if has_device:
-        return "cuda-nccl" if any(nccl_re.match(n) for n in names) else "cuda-gloo"
-    return "cpu-gloo"
-
-
 def _rank_of(trace: dict[str, Any], source: str) -> int:
     info = trace.get("distributedInfo") or {}
     if isinstance(info.get("rank"), int):
         return int(info["rank"])
     match = re.search(r"rank[_-]?(\d+)", Path(source).name)
     return int(match.group(1)) if match else 0
-
-
-def _floats(values: list[Any], key: str, source: str) -> npt.NDArray[np.float64]:
-    try:
-        return np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        pass
-    # Slow path only for bad input: missing values become NaN (rejected by the caller).
-    try:
-        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{source}: non-numeric '{key}' in an event ({exc})") from exc
 
 
 def _dtype_bytes(name: Any) -> int | None:
@@ -265,50 +116,17 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
     return None
 
 
-def _factorize(values: list[Any]) -> tuple[npt.NDArray[np.intp], list[Any]]:
-    """Integer codes and distinct values (pid/tid may mix ints and strings)."""
-    arr = np.empty(len(values), dtype=object)
-    arr[:] = values
-    codes, uniques = pd.factorize(arr)
-    return codes, list(uniques)
-
-
 class _Events:
-    """Columns of the complete ("X") events of a trace."""
+    """Rule predicates over the columns of a trace's complete ("X") events."""
 
-    def __init__(self, trace: dict[str, Any], source: str) -> None:
-        self.ev = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
-        if not self.ev:
-            raise ValueError(f"{source}: trace has no complete ('X') events")
-        # One list comprehension per field: cheaper than transposing tuples with zip(*).
-        ev = self.ev
-        ts_us = [e.get("ts") for e in ev]
-        dur_us = [e.get("dur") for e in ev]
-        cat = [e.get("cat", "") for e in ev]
-        name = [e.get("name", "") for e in ev]
-        pid = [e.get("pid") for e in ev]
-        tid = [e.get("tid") for e in ev]
-        ts, dur = _floats(ts_us, "ts", source), _floats(dur_us, "dur", source)
-        bad = np.flatnonzero(
-            ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0) | (dur > MAX_EVENT_DURATION_US)
-        )
-        if bad.size:
-            e = self.ev[int(bad[0])]
-            raise ValueError(
-                f"{source}: {bad.size} event(s) with missing, negative or absurd ts/dur "
-                f"(first: {e.get('name')!r} ts={e.get('ts')!r} dur={e.get('dur')!r}); "
-                "the trace is corrupt, re-export it"
-            )
-        self.start_ns = np.rint(ts * 1000.0).astype(np.int64)  # us -> ns, rounded
-        self.end_ns = self.start_ns + np.rint(dur * 1000.0).astype(np.int64)
-        self.cat_code, self.cats = _factorize(cat)
-        self.name_code, self.names = _factorize(name)
-        pid_code, _ = _factorize(pid)
-        tid_code, tids = _factorize(tid)
-        self.thread = pid_code.astype(np.int64) * (len(tids) + 1) + tid_code
+    def __init__(self, cols: TraceColumns) -> None:
+        self.cols = cols
+        self.start_ns, self.end_ns, self.thread = cols.start_ns, cols.end_ns, cols.thread
+        self.cat_code, self.cats = cols.cat_code, cols.cats
+        self.name_code, self.names = cols.name_code, cols.names
 
     def __len__(self) -> int:
-        return len(self.ev)
+        return int(self.start_ns.size)
 
     def cat_mask(self, cats: frozenset[str] | None) -> npt.NDArray[np.bool_]:
         if cats is None:
@@ -321,27 +139,30 @@ class _Events:
         rx = re.compile(pattern)
         return np.isin(self.name_code, [i for i, n in enumerate(self.names) if rx.match(str(n))])
 
+    def args(self, i: int) -> dict[str, Any]:
+        """The kept args of event ``i`` (the reader keeps those rules can need)."""
+        return self.cols.args.get(i, {})
+
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
-        return np.fromiter((key in (self.ev[i].get("args") or {}) for i in idx), bool, idx.size)
+        return np.fromiter((key in self.args(int(i)) for i in idx), bool, idx.size)
 
     def launch_thread(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         # Device events carry no thread of their own: map them through the CUPTI
         # correlation id to the runtime call that launched them (-1 if none).
-        launch = np.flatnonzero(self.cat_mask(LAUNCH_CATS))
-        corr_of = lambda ii: np.fromiter(  # noqa: E731
-            ((self.ev[i].get("args") or {}).get("correlation", -1) for i in ii), np.int64, ii.size
-        )
         out = self.thread[idx].copy()
         device = self.cat_mask(DEVICE_CATS)[idx]
         if not device.any():
             return out
-        lc = corr_of(launch)
-        order = np.argsort(lc)
-        lc, lthread = lc[order], self.thread[launch][order]
-        dc = corr_of(idx[device])
-        pos = np.clip(np.searchsorted(lc, dc), 0, max(lc.size - 1, 0))
-        found = (lc.size > 0) & (lc[pos] == dc) if lc.size else np.zeros(dc.size, bool)
-        out[device] = np.where(found, lthread[pos] if lc.size else -1, -1)
+        launch = np.flatnonzero(self.cat_mask(LAUNCH_CATS))
+        corr = self.cols.correlation
+        order = np.argsort(corr[launch], kind="stable")
+        lc, lthread = corr[launch][order], self.thread[launch][order]
+        dc = corr[idx[device]]
+        if not lc.size:
+            out[device] = -1
+            return out
+        pos = np.clip(np.searchsorted(lc, dc), 0, lc.size - 1)
+        out[device] = np.where((lc[pos] == dc) & (dc != -1), lthread[pos], -1)
         return out
 
 
@@ -411,14 +232,14 @@ def _step_windows(
 def _collectives(
     evs: _Events, idx: npt.NDArray[np.intp], starts: Int64Array, ends: Int64Array, ids: Int64Array
 ) -> pd.DataFrame:
-    args = [evs.ev[i].get("args") or {} for i in idx]
+    args = [evs.args(int(i)) for i in idx]
     start, end = evs.start_ns[idx], evs.end_ns[idx]
     win = np.searchsorted(starts, start, side="right") - 1
     inside = (win >= 0) & (start < ends[np.clip(win, 0, None)])
     frame = pd.DataFrame({
         "name": [
-            a.get("Collective name") or evs.ev[i].get("name", "")
-            for a, i in zip(args, idx, strict=True)
+            a.get("Collective name") or evs.names[c]
+            for a, c in zip(args, evs.name_code[idx].tolist(), strict=True)
         ],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(np.where(inside, ids[np.clip(win, 0, None)], 0), dtype="Int64"),
@@ -439,8 +260,12 @@ def parse_trace(
     regime: str | None = None,
     rules: RuleTable | None = None,
     source: str | None = None,
+    chunk_chars: int = CHUNK_CHARS,
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
+
+    A file is streamed (bounded memory, :func:`commprof.profiling.trace_reader.read_columns`);
+    a dict is read in place. Both give the same result.
 
     Args:
         trace: A trace file path or an already loaded trace dict.
@@ -448,6 +273,7 @@ def parse_trace(
         rules: A custom rule table; overrides ``RULES[regime]``.
         source: Name of the trace for messages and the rank fallback (default:
             the path, or "<dict>").
+        chunk_chars: Characters read at a time from a file.
 
     Returns:
         The :class:`ParsedTrace`.
@@ -457,19 +283,13 @@ def parse_trace(
     """
     if source is None:
         source = "<dict>" if isinstance(trace, dict) else str(trace)
-    data = trace if isinstance(trace, dict) else load_trace(trace)
-    if not isinstance(data.get("traceEvents"), list):
-        raise ValueError(f"{source}: trace dict needs a 'traceEvents' list")
-    evs = _Events(data, source)
+    tables = candidate_tables(regime, rules)  # validates regime before reading
+    cols = read_columns(trace, tables, source=source, chunk_chars=chunk_chars)
+    evs = _Events(cols)
+    meta = cols.meta
     if regime is None:
-        regime = (
-            rules.regime
-            if rules is not None
-            else detect_regime(data, set(evs.cats), list(evs.names))
-        )
+        regime = rules.regime if rules is not None else detect_regime(meta, evs.cats, evs.names)
     if rules is None:
-        if regime not in RULES:
-            raise ValueError(f"regime must be one of {sorted(RULES)}, got {regime!r}")
         rules = RULES[regime]
     targets, collective, not_compute = _classify(evs, rules)
     classes = {
@@ -480,10 +300,10 @@ def parse_trace(
     if len(carve):
         classes["compute"] = difference(classes["compute"], carve)
     ids, starts, ends, label = _step_windows(evs, targets, regime, source)
-    info = data.get("distributedInfo") or {}
+    info = meta.get("distributedInfo") or {}
     return ParsedTrace(
         source=source,
-        rank=_rank_of(data, source),
+        rank=_rank_of(meta, source),
         world_size=int(info["world_size"]) if isinstance(info.get("world_size"), int) else None,
         regime=regime,
         step_ids=ids.astype(np.int64),

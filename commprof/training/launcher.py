@@ -192,6 +192,9 @@ def run_local(cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> list[di
                     deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
                 continue
             dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            while not queue.empty():  # a rank may report and then die before this check
+                rank, status, payload = queue.get()
+                (results if status == "ok" else errors)[rank] = payload
             missing = [r for r in dead if r not in results and r not in errors]
             for r in missing:
                 errors[r] = f"process exited with code {procs[r].exitcode}"

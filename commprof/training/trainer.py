@@ -107,6 +107,7 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
                     "rank": rank,
                     "step": step,
                     "measured": step >= first_measured,
+                    "start_ns": t0,
                     "step_ns": t3 - t0,
                     "forward_ns": t1 - t0,
                     "backward_ns": t2 - t1,

@@ -1,0 +1,150 @@
+"""Does ``commprof estimate --recommend-bucket-cap`` pick a cap that beats DDP's default here?
+
+One run, on this machine (gloo over loopback, ranks spawned locally, no Ray):
+
+1. Measure calibration cells at three caps (1, 4 and DDP's default 25 MiB): training steps
+   with the timing hook, and (at 25 MiB) the all-reduce microbenchmark over a size range.
+2. Fit the ring model twice (``calibration.fits_from_dataset``): to the microbenchmark (the
+   link alone) and to the buckets' in-training service times (``--fit-source buckets``); take
+   the backward timeline measured at the default cap (``timeline.parameter_ready_ns``).
+3. Recommend, with each fit, the cap with the least predicted exposed communication.
+4. Run each recommended cap and the default cap interleaved (A, B, A, B, ...) and compare the
+   median measured step time: ratio < 1 means the advice helps.
+
+Usage: ``python benchmarks/bench_bucket_advice.py [--model srn-10m] [--pairs 3]``; writes
+``benchmarks/results/bucket_advice.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from commprof import results  # noqa: E402
+from commprof.catalog import parameter_sizes  # noqa: E402
+from commprof.matrix import Cell, geometric_sizes  # noqa: E402
+from commprof.modeling.calibration import FIT_SOURCES, Fit, RingFit, fits_from_dataset  # noqa: E402
+from commprof.modeling.estimate import (  # noqa: E402
+    CAP_GRID_MB,
+    Estimate,
+    estimate,
+    recommend_bucket_cap,
+)
+from commprof.modeling.timeline import load_parameter_ready_ns  # noqa: E402
+from commprof.training.launcher import merge_rank_records, run_local  # noqa: E402
+
+DEFAULT_CAP_MB = 25.0
+"""DDP's default ``bucket_cap_mb``."""
+CALIBRATION_CAPS_MB = (1.0, 4.0, DEFAULT_CAP_MB)
+"""Caps of the calibration cells: several bucket sizes for the in-training fit."""
+
+
+def _run(cell: Cell, out: Path) -> float:
+    """Run a cell locally into ``out``; return its median measured step time in ms."""
+    per_rank = run_local(cell, timeout_s=120)
+    row = results.cell_row(cell, sweep="bucket-advice", attempt=1, status="ok")
+    results.write_attempt(out, row, merge_rank_records(per_rank))
+    steps = results.load(out)["steps"]
+    steps = steps[(steps["cell_id"] == cell.cell_id) & steps["measured"]]
+    return float(steps["step_ns"].median() / 1e6)
+
+
+def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, Any]]:
+    """Per fit source: the fit, the recommended cap and the predicted curve."""
+    sizes = parameter_sizes(default.model)
+    ready = load_parameter_ready_ns(data, default.cell_id, sizes)
+    advice = {}
+    for source in FIT_SOURCES:
+        fit = fits_from_dataset(data, source=source)[("gloo", "cpu-gloo", world_size)]
+
+        def predict(cap: float | None, fit: Fit = fit, source: str = source) -> Estimate:
+            return estimate(
+                sizes,
+                world_size=world_size,
+                bucket_cap_mb=cap,
+                link=fit,
+                link_label=source,
+                ready_ns=ready,
+            )
+
+        best, curve = recommend_bucket_cap(CAP_GRID_MB, predict)
+        assert isinstance(fit, RingFit)
+        advice[source] = {
+            "alpha_ns": fit.alpha_ns,
+            "beta_ns_per_byte": fit.beta_ns_per_byte,
+            "recommended_cap_mb": best,
+            "predicted_exposed_ms": {str(e.bucket_cap_mb): e.exposed_ns / 1e6 for e in curve},
+            "predicted_exposed_default_ms": predict(DEFAULT_CAP_MB).exposed_ns / 1e6,
+        }
+    return advice
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="srn-10m")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved A/B rounds")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/bucket_advice.json")
+    args = parser.parse_args()
+    started = time.monotonic()
+    common: dict[str, Any] = {"model": args.model, "world_size": args.world_size}
+    common["steps"] = args.steps
+    with tempfile.TemporaryDirectory(prefix="commprof-advice-") as tmp:
+        data = Path(tmp)
+        for cap in CALIBRATION_CAPS_MB:
+            micro = geometric_sizes(4096, 64 * 2**20, 4) if cap == DEFAULT_CAP_MB else ()
+            cell = Cell(
+                **common,
+                bucket_cap_mb=cap,
+                warmup_steps=2,
+                microbench_sizes_bytes=micro,
+                microbench_iters=5,
+                seed=1,
+            )
+            _run(cell, data)
+        default = cell  # the last calibration cell has the default cap
+        advice = _advice(data, default, args.world_size)
+        caps = sorted({a["recommended_cap_mb"] for a in advice.values()} | {DEFAULT_CAP_MB})
+        measured: dict[float, list[float]] = {cap: [] for cap in caps}
+        for pair in range(args.pairs):
+            for cap in caps:
+                cell = Cell(**common, bucket_cap_mb=cap, warmup_steps=2, repeat=pair)
+                measured[cap].append(_run(cell, data))
+    median = {cap: sorted(v)[len(v) // 2] for cap, v in measured.items()}
+    for item in advice.values():
+        ratio = median[item["recommended_cap_mb"]] / median[DEFAULT_CAP_MB]
+        item["step_time_ratio_recommended_over_default"] = ratio
+    report = {
+        "model": args.model,
+        "world_size": args.world_size,
+        "pairs": args.pairs,
+        "advice": advice,
+        "measured_step_ms": {str(k): v for k, v in measured.items()},
+        "median_step_ms": {str(k): v for k, v in median.items()},
+        "wall_s": time.monotonic() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for source, item in advice.items():
+        print(
+            f"fit on {source}: alpha {item['alpha_ns'] / 1e3:.0f} us, recommends "
+            f"{item['recommended_cap_mb']} MiB; median step time recommended / default = "
+            f"{item['step_time_ratio_recommended_over_default']:.3f}"
+        )
+    for cap, values in measured.items():
+        print(f"  cap {cap:>7} MiB: step ms {', '.join(f'{v:.1f}' for v in values)}")
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
