@@ -19,25 +19,20 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.gang import Gang
 from commprof.matrix import Cell
-from commprof.training.launcher import group_errors
+from commprof.training.launcher import classify_error_texts, group_errors
 
 PEER_ERROR_GRACE_S = 2.0
 """After the first rank failed, how long the others may take to report before the kill."""
 
-# Exception type names raised inside a rank that mean the configuration itself is at fault:
-# running it again gives the same error.
-DETERMINISTIC_ERRORS = ("ValueError", "TypeError", "KeyError", "ConfigError", "OutOfMemoryError")
-_OOM_MARKERS = ("out of memory", "CUDA out of memory", "DefaultCPUAllocator: can't allocate")
 
-
-@dataclass
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Outcome:
     """What one attempt produced."""
 
     status: str
     """ok or failed."""
     results: list[dict[str, Any]] = field(default_factory=list)
-    """Per rank, in rank order (ok only): records, env, wall_s."""
+    """Per rank, in rank order (ok only): records, traces, env, wall_s."""
     error: str | None = None
     """The ranks' errors grouped by text (failed only)."""
     error_kind: str | None = None
@@ -48,13 +43,7 @@ class Outcome:
 
 def classify(errors: dict[int, BaseException | str]) -> str:
     """Classify a failed attempt from its ranks' errors (see module docstring)."""
-    texts = [e if isinstance(e, str) else _error_text(e) for e in errors.values()]
-    if any(any(marker in text for marker in _OOM_MARKERS) for text in texts):
-        return "deterministic"
-    for err in errors.values():
-        if isinstance(err, RayTaskError) and type(err.cause).__name__ in DETERMINISTIC_ERRORS:
-            return "deterministic"
-    return "transient"
+    return classify_error_texts(_texts(errors).values())
 
 
 def _error_text(err: BaseException) -> str:

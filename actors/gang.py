@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +23,11 @@ log = logging.getLogger(__name__)
 PLACEMENT_READY_TIMEOUT_S = 60.0
 """How long a new gang's placement group may take to be scheduled before the gang is given up."""
 ACTOR_NAMESPACE = "commprof"
-"""Ray namespace of the driver; rank actors are named ``gang<N>-rank<R>`` in it."""
+"""Ray namespace of the driver; rank actors are named ``<driver>-gang<N>-rank<R>`` in it."""
 
 _gang_ids = itertools.count()
+_DRIVER_TAG = uuid.uuid4().hex[:8]
+"""Distinguishes this driver's actor names from another driver's on the same cluster."""
 
 
 @dataclass(eq=False)
@@ -107,21 +110,22 @@ def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
         )
     gang_id = next(_gang_ids)
     remote = ray.remote(RankActor)
-    actors = [
-        remote.options(
-            name=f"gang{gang_id}-rank{rank}",
-            namespace=ACTOR_NAMESPACE,
-            num_cpus=bundles[rank]["CPU"],
-            num_gpus=bundles[rank].get("GPU", 0),
-            max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
+    gang = Gang(shape=shape, group=group, actors=[], gang_id=gang_id)
+    try:  # whatever fails from here, the placement group and the actors go with it
+        for rank in range(world_size):
+            bundle_slot = PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=rank
-            ),
-        ).remote()
-        for rank in range(world_size)
-    ]
-    gang = Gang(shape=shape, group=group, actors=actors, gang_id=gang_id)
-    try:
+            )
+            gang.actors.append(
+                remote.options(
+                    name=f"{_DRIVER_TAG}-gang{gang_id}-rank{rank}",
+                    namespace=ACTOR_NAMESPACE,
+                    num_cpus=bundles[rank]["CPU"],
+                    num_gpus=bundles[rank].get("GPU", 0),
+                    max_restarts=0,
+                    scheduling_strategy=bundle_slot,
+                ).remote()
+            )
         gang.locate(ready_timeout_s)
     except Exception:
         gang.kill()

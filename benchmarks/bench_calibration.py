@@ -47,6 +47,10 @@ from commprof.modeling.interconnects import get_interconnect
 from commprof.training.microbench import MicrobenchConfig, geometric_sizes, run_allreduce_bench
 
 SIZES_BYTES = geometric_sizes(1024, 64 << 20)
+SMALL_TIMED_ITERS = 200
+"""Timed iterations per size up to SMALL_LIMIT_BYTES."""
+LARGE_TIMED_ITERS = 16
+"""Timed iterations per larger size (bandwidth regime, less noisy relative to its time)."""
 SMALL_LIMIT_BYTES = 1 << 20
 """Sizes up to this get more timed iterations (they are cheap and noisy)."""
 WORLD_SIZES = (2, 4)
@@ -79,13 +83,15 @@ def _bench_worker(rank: int, world_size: int, store_path: str, out_path: str) ->
         )
         small = MicrobenchConfig(
             sizes_bytes=tuple(s for s in SIZES_BYTES if s <= SMALL_LIMIT_BYTES),
-            warmup_iters=5,
-            timed_iters=40,
+            # Small messages measure latency, which scheduling noise on a shared 2-core host
+            # blurs most: many iterations make their median stable (0.5 ms each, cheap).
+            warmup_iters=20,
+            timed_iters=SMALL_TIMED_ITERS,
         )
         large = MicrobenchConfig(
             sizes_bytes=tuple(s for s in SIZES_BYTES if s > SMALL_LIMIT_BYTES),
-            warmup_iters=2,
-            timed_iters=8,
+            warmup_iters=3,
+            timed_iters=LARGE_TIMED_ITERS,
         )
         records = [
             *run_allreduce_bench(small, rank=rank, world_size=world_size, device="cpu"),

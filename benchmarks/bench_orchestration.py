@@ -132,12 +132,14 @@ class InstrumentedDriver(Driver):
         self.attempts: list[dict[str, Any]] = []
         self.rss_samples: list[tuple[int, int]] = []
 
-    def _finish(self, ex: Any, outcome: Any, attempt: int, guard: Any, queue: Any) -> None:
+    def _finish(
+        self, cell: Any, gang: Any, started: float, outcome: Any, attempt: int, queue: Any
+    ) -> None:
         t0 = time.perf_counter()
-        super()._finish(ex, outcome, attempt, guard, queue)
+        super()._finish(cell, gang, started, outcome, attempt, queue)
         self.attempts.append(
             {
-                "cell_id": ex.cell.cell_id,
+                "cell_id": cell.cell_id,
                 "status": outcome.status,
                 "driver_wall_s": outcome.wall_s,
                 "rank_wall_s": [r["wall_s"] for r in outcome.results],

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--profile", action="store_true", help="also record and analyse traces")
     run.add_argument("--repeat", type=int, default=0, help="repetition index (a new cell id)")
     run.add_argument("--pg-timeout-s", type=float, default=60.0, help="process-group timeout")
+    run.add_argument(
+        "--run-timeout-s", type=float, help="limit of the whole run (default 4 x pg timeout + 60)"
+    )
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
     run.set_defaults(func=_run)
 
@@ -189,6 +192,14 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"--device cuda (or --backend nccl) needs a GPU, and torch {torch.__version__} "
+                "sees none here; use --backend gloo --device cpu"
+            )
     cell = Cell(
         model=args.model,
         world_size=args.world_size,
@@ -220,13 +231,13 @@ def _run(args: argparse.Namespace) -> int:
         "started_unix_s": started,
     }
     try:
-        per_rank = run_local(cell, timeout_s=args.pg_timeout_s)
+        per_rank = run_local(cell, timeout_s=args.pg_timeout_s, limit_s=args.run_timeout_s)
     except RankFailure as err:
         row = results.cell_row(
             cell,
             status="failed",
             error=str(err),
-            error_kind="transient",
+            error_kind=err.kind,
             wall_s=time.monotonic() - t0,
             **common,
         )

@@ -125,10 +125,13 @@ class Cell:
                 raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.bucket_cap_mb <= 0:
             raise MatrixError(f"bucket_cap_mb must be > 0 (MiB), got {self.bucket_cap_mb!r}")
-        if not 0 <= self.warmup_steps < self.steps - 1:
+        # Step 0 is never measured (one bucket, before DDP's rebuild): at least one step after
+        # max(1, warmup_steps) must remain.
+        if self.warmup_steps < 0 or max(1, self.warmup_steps) > self.steps - 1:
             raise MatrixError(
-                f"warmup_steps must be in [0, steps - 1) so that at least one step after "
-                f"step 0 is measured; got warmup_steps={self.warmup_steps}, steps={self.steps}"
+                f"steps={self.steps} with warmup_steps={self.warmup_steps} leaves no measured "
+                "step (step 0 and the warm-up steps are not measured); raise steps "
+                "(--steps) or lower warmup_steps (--warmup-steps)"
             )
         if any(n <= 0 for n in self.microbench_sizes_bytes):
             raise MatrixError(f"microbench sizes must be > 0 bytes: {self.microbench_sizes_bytes}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -202,6 +203,11 @@ def write_attempt(
     if not re.fullmatch(r"[0-9a-f]{12}", cell_id):
         raise ValueError(f"cell_id {cell_id!r} is not a 12-digit hex id")
     file_name = f"{cell_id}-a{attempt}.parquet"
+    # Leftovers of this attempt from a driver killed before its commit must not be adopted.
+    for name in TABLES[1:]:
+        if name not in tables or not tables[name]:
+            (root / name / file_name).unlink(missing_ok=True)
+    shutil.rmtree(root / "traces" / f"{cell_id}-a{attempt}", ignore_errors=True)
     for trace_name, data in (traces or {}).items():
         if "/" in trace_name or trace_name.startswith("."):
             raise ValueError(f"trace file name {trace_name!r} must be a plain file name")

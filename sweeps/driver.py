@@ -24,7 +24,7 @@ from actors.gang import Gang, bundle_for, create_gang
 from commprof import results
 from commprof.matrix import Cell, Matrix
 from commprof.training.launcher import merge_rank_records, merge_rank_traces
-from sweeps.guard import GuardPlan
+from sweeps.guard import GuardPlan, probe_budgets
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +54,35 @@ class DriverOptions:
     """Test-only fault injection by cell id (``RankActor.run``); a fault applies to the
     attempts listed under its ``attempts`` key, the first only by default."""
 
+    def __post_init__(self) -> None:
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ValueError(f"--max-concurrent must be >= 1, got {self.max_concurrent}")
 
-@dataclass
+
+@dataclass(kw_only=True, slots=True)
 class Summary:
-    """Counts of a driver run and the cells' final statuses."""
+    """Counts of a driver run and the cells' final statuses (mutable: the driver fills it)."""
 
     planned: int = 0
+    """Cells this run set out to run or reject."""
     skipped: int = 0
+    """Cells already complete (ok, or still rejected) in the dataset."""
     ok: int = 0
+    """Cells that completed in this run."""
     failed: int = 0
+    """Cells that failed in this run and will not be retried."""
     rejected: int = 0
+    """Cells recorded as rejected in this run (memory guard, or cannot be placed)."""
+    failed_earlier: int = 0
+    """Cells whose earlier failure stands (deterministic, or out of attempts)."""
     attempts: int = 0
+    """Cell attempts started in this run."""
     gangs_created: int = 0
+    """Gangs of rank actors started (reuse keeps this low)."""
     wall_s: float = 0.0
+    """Wall time of the run."""
     statuses: dict[str, str] = field(default_factory=dict)
+    """Final status by cell id."""
 
 
 def matches(cell: Cell, term: str) -> bool:
@@ -105,30 +120,38 @@ class Driver:
         self.summary = Summary()
         self._walls: list[float] = []
         self._guard: GuardPlan | None = None
+        self._budget_base: dict[str, int] = {}
 
     @property
     def guard(self) -> GuardPlan:
-        """Guard decisions with this machine's budgets and the cluster's node count."""
+        """Guard decisions with the budgets of the nodes that hold ranks."""
         if self._guard is None:
             nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
             # nodes that can hold a rank: a head that advertises no CPUs holds none
             workers = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) > 0]
-            self._guard = GuardPlan(self.matrix, num_nodes=max(1, len(workers)))
+            self._guard = GuardPlan(
+                self.matrix, num_nodes=max(1, len(workers)), node_budgets=probe_budgets(workers)
+            )
         return self._guard
 
     # -- planning ----------------------------------------------------------------------------
 
-    def plan(self) -> tuple[list[tuple[Cell, int]], list[Cell]]:
-        """Which cells run now, with their next attempt number, and which the guard rejects."""
+    def plan(self) -> tuple[list[tuple[Cell, int]], list[tuple[Cell, int]]]:
+        """Which cells run now and which the guard rejects, each with its next attempt number.
+
+        Complete cells are skipped. Rejected cells are decided again (budgets may have changed:
+        a bigger cluster, a ``budget`` section); one still rejected is not written again.
+        """
         cells = select(self.matrix.cells, self.options.only, self.options.exclude)
         latest = results.latest_status(self.options.out)
         guard = self.guard
         todo: list[tuple[Cell, int]] = []
-        rejected: list[Cell] = []
+        rejected: list[tuple[Cell, int]] = []
         policy = self.matrix.run
         for cell in dict.fromkeys(cells):  # a repeated cell id runs once
             status, attempt, kind = latest.get(cell.cell_id, ("", 0, None))
-            if status in ("ok", "rejected"):
+            feasible = guard.decide(cell).feasible
+            if status == "ok" or (status == "rejected" and not feasible):
                 self.summary.skipped += 1
                 self.summary.statuses[cell.cell_id] = status
                 continue
@@ -137,15 +160,14 @@ class Driver:
                     kind != "deterministic" and attempt < policy.max_attempts
                 )
                 if not retry:
-                    self.summary.skipped += 1
+                    self.summary.failed_earlier += 1
                     self.summary.statuses[cell.cell_id] = status
                     continue
             elif self.options.retry_failed:
                 continue  # --retry-failed touches failed cells only
-            if not guard.decide(cell).feasible:
-                rejected.append(cell)
-                continue
-            todo.append((cell, attempt + 1))
+            (todo if feasible else rejected).append((cell, attempt + 1))
+            # --retry-failed gives a fresh attempt budget counted from here
+            self._budget_base[cell.cell_id] = attempt if self.options.retry_failed else 0
         return todo, rejected
 
     # -- running -----------------------------------------------------------------------------
@@ -155,20 +177,9 @@ class Driver:
         started = time.monotonic()
         todo, rejected = self.plan()
         guard = self.guard
-        for cell in rejected:
+        for cell, attempt in rejected:
             decision = guard.decide(cell)
-            row = results.cell_row(
-                cell,
-                sweep=self.matrix.name,
-                attempt=1,
-                status="rejected",
-                num_params=guard.num_params(cell),
-                error=decision.explain(),
-                guard=decision.to_record(),
-            )
-            results.write_attempt(self.options.out, row, {})
-            self.summary.rejected += 1
-            self.summary.statuses[cell.cell_id] = "rejected"
+            self._reject(cell, attempt, decision.explain(), decision.to_record())
         self.summary.planned = len(todo) + len(rejected)
         queue = collections.deque(todo)
         running: list[CellExecution] = []
@@ -202,6 +213,23 @@ class Driver:
         self._progress(0, 0, final=True)
         return self.summary
 
+    def _reject(
+        self, cell: Cell, attempt: int, why: str, guard: dict[str, Any] | None = None
+    ) -> None:
+        """Record a cell that is not run, with the arithmetic of why."""
+        row = results.cell_row(
+            cell,
+            sweep=self.matrix.name,
+            attempt=attempt,
+            status="rejected",
+            num_params=self.guard.num_params(cell),
+            error=why,
+            guard=guard,
+        )
+        results.write_attempt(self.options.out, row, {})
+        self.summary.rejected += 1
+        self.summary.statuses[cell.cell_id] = "rejected"
+
     def _limit(self) -> int:
         if self.matrix.run.exclusive:
             return 1
@@ -219,11 +247,19 @@ class Driver:
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
             gang = None if cell.shape in blocked else self._acquire(cell, total)
+            if gang is None and not running:
+                # Nothing runs and no idle gang is left to drop: the cluster cannot place it.
+                need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
+                self._reject(
+                    cell,
+                    attempt,
+                    f"cannot be placed: needs {need} in one {cell.placement} placement group; "
+                    f"the cluster has {dict(total)}. Add nodes or resources, or --exclude it.",
+                )
+                continue
             if gang is None:
                 blocked.add(cell.shape)
                 deferred.append((cell, attempt))
-                if not running:  # nothing will free resources: this cell cannot ever run
-                    break
                 continue
             fault = self.options.faults.get(cell.cell_id)
             if fault is not None and attempt not in fault.get("attempts", (1,)):
@@ -249,14 +285,6 @@ class Driver:
                 )
                 self._finish(cell, gang, time.time(), failed, attempt, queue)
         queue.extendleft(reversed(deferred))
-        if queue and not running and deferred:
-            cell, attempt = queue.popleft()
-            need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
-            raise RuntimeError(
-                f"cell {cell.cell_id} ({cell.model}, world_size={cell.world_size}, "
-                f"{cell.device}, {cell.placement}) needs {need} but the cluster cannot place it: "
-                f"{ray.cluster_resources()}. Add nodes or resources, or --exclude it."
-            )
 
     def _acquire(self, cell: Cell, total: dict[str, float]) -> Gang | None:
         """An idle gang of the cell's shape: reused, or newly created if resources allow.
@@ -346,7 +374,8 @@ class Driver:
             cell, status="failed", error=outcome.error, error_kind=outcome.error_kind, **common
         )
         results.write_attempt(self.options.out, row, {})
-        retry = outcome.error_kind != "deterministic" and attempt < self.matrix.run.max_attempts
+        used = attempt - self._budget_base.get(cell.cell_id, 0)
+        retry = outcome.error_kind != "deterministic" and used < self.matrix.run.max_attempts
         log.warning(
             "cell %s attempt %d failed (%s)%s: %s",
             cell.cell_id,

@@ -7,7 +7,9 @@ of this machine, overridden by the matrix file's ``budget`` section.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from functools import cache
+from typing import Any
 
 from commprof.matrix import Cell, Matrix
 from commprof.training import memory_guard
@@ -35,10 +37,22 @@ class GuardPlan:
     Args:
         matrix: the matrix (its ``budget`` section overrides detected budgets).
         num_nodes: nodes the cluster has (SPREAD cells put ceil(world size / nodes) on each).
+        node_budgets: budgets of the nodes that hold ranks, by device kind (``cpu``, ``cuda``),
+            as probed on the cluster; default: this machine's.
     """
 
-    def __init__(self, matrix: Matrix, *, num_nodes: int = 1) -> None:
-        self.budgets = memory_guard.detect_budgets().with_overrides(matrix.budget_bytes)
+    def __init__(
+        self,
+        matrix: Matrix,
+        *,
+        num_nodes: int = 1,
+        node_budgets: dict[str, memory_guard.Budgets] | None = None,
+    ) -> None:
+        local = memory_guard.detect_budgets()
+        self.budgets_by_device = {
+            device: (node_budgets or {}).get(device, local).with_overrides(matrix.budget_bytes)
+            for device in ("cpu", "cuda")
+        }
         self.num_nodes = num_nodes
         self._decisions: dict[str, memory_guard.GuardDecision] = {}
 
@@ -63,7 +77,8 @@ class GuardPlan:
                 optimizer=cell.optimizer,
                 num_steps=cell.steps,
             )
-            decision = memory_guard.evaluate(shape, self.budgets, _footprint(cell.model))
+            budgets = self.budgets_by_device[cell.device]
+            decision = memory_guard.evaluate(shape, budgets, _footprint(cell.model))
             self._decisions[cell.cell_id] = decision
         return decision
 
@@ -71,6 +86,40 @@ class GuardPlan:
     def num_params(cell: Cell) -> int:
         """The cell's model's parameter count (closed form)."""
         return _footprint(cell.model).num_parameters
+
+
+PROBE_TIMEOUT_S = 60.0
+"""How long a budget probe task on a cluster node may take."""
+
+
+def _node_budgets(include_cuda: bool) -> dict[str, int]:
+    return asdict(memory_guard.detect_budgets(include_cuda=include_cuda))
+
+
+def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budgets]:
+    """Budgets of the nodes that will hold ranks, measured there by a small Ray task.
+
+    On one node (the embedded Ray, a laptop) that is this machine, detected locally. On a
+    cluster the driver may sit on a CPU-only head whose memory says nothing about the workers':
+    a task with ``num_cpus=1`` (and one with ``num_gpus=1`` where the cluster has GPUs) runs
+    ``detect_budgets`` on a worker and reports back.
+
+    Args:
+        workers: ``ray.nodes()`` entries of the alive nodes that can hold a rank.
+
+    Returns:
+        Budgets by device kind; a kind the cluster cannot host is left out.
+    """
+    import ray
+
+    if len(workers) <= 1 and not any(n.get("Resources", {}).get("GPU") for n in workers):
+        return {}  # this machine is the node: local detection (GuardPlan's default) is right
+    probe = ray.remote(_node_budgets)
+    refs = {"cpu": probe.options(num_cpus=1).remote(False)}
+    if any(n.get("Resources", {}).get("GPU", 0) > 0 for n in workers):
+        refs["cuda"] = probe.options(num_cpus=0, num_gpus=1).remote(True)
+    found = ray.get(list(refs.values()), timeout=PROBE_TIMEOUT_S)
+    return {kind: memory_guard.Budgets(**values) for kind, values in zip(refs, found, strict=True)}
 
 
 @cache

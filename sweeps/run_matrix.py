@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip cells matching TERM; repeatable",
     )
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else auto)")
-    parser.add_argument("--max-concurrent", type=int, help="at most this many cells at once")
+    parser.add_argument("--max-concurrent", type=int, help="at most this many cells at once (>= 1)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: enough)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -149,16 +149,21 @@ def run(args: argparse.Namespace) -> int:
             max_concurrent=args.max_concurrent,
         )
         summary = Driver(matrix, options).run()
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     finally:
         if started_here:
             ray.shutdown()
-    print(summary_table(load(out), [c.cell_id for c in selected]))
+    if out.is_dir():
+        print(summary_table(load(out), [c.cell_id for c in selected]))
     print(
         f"{summary.ok} ok, {summary.failed} failed, {summary.rejected} rejected, "
-        f"{summary.skipped} already complete; {summary.attempts} attempts in "
-        f"{summary.wall_s:.1f} s; dataset: {out}"
+        f"{summary.skipped} already complete, {summary.failed_earlier} failed earlier (rerun "
+        f"with --retry-failed); {summary.attempts} attempts in {summary.wall_s:.1f} s; "
+        f"dataset: {out}"
     )
-    return 1 if summary.failed else 0
+    return 1 if summary.failed or summary.failed_earlier else 0
 
 
 def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:

@@ -157,6 +157,25 @@ def test_config_error_is_not_retried_and_transient_stops_at_the_limit(
     assert _attempts(tmp_path / "out", bad_config.cell_id)[-1][:2] == (2, "ok")
 
 
+def test_a_cell_the_cluster_cannot_place_is_rejected_and_the_rest_run(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        TINY.format(
+            name="place", caps="[1]", steps=4, attempts=2, cell_timeout=60, pg_timeout=20
+        ).replace("world_size: [2]", "world_size: [8, 2]")
+    )
+    m = matrix.load(path)
+    too_big, fits = m.cells  # the test cluster has 4 CPUs: 8 ranks never fit
+    summary = Driver(m, DriverOptions(out=tmp_path / "out", gang_ready_timeout_s=5)).run()
+    assert (summary.ok, summary.rejected) == (1, 1)
+    ((attempt, status, _, why),) = _attempts(tmp_path / "out", too_big.cell_id)
+    assert (attempt, status) == (1, "rejected")
+    assert why is not None and "cannot be placed" in why and "'CPU': 8.0" in why
+    assert _attempts(tmp_path / "out", fits.cell_id)[0][1] == "ok"
+
+
 def test_sigkill_of_the_driver_loses_and_duplicates_nothing(
     ray_cluster: str, tmp_path: Path
 ) -> None:

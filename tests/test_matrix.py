@@ -121,3 +121,31 @@ def test_only_and_exclude_filters(tmp_path: Path) -> None:
     assert one == [cells[3]]
     with pytest.raises(ValueError, match="no cell key 'colour'"):
         select(cells, ("colour=red",), ())
+
+
+def test_rejected_cells_are_decided_again_when_budgets_change(tmp_path: Path) -> None:
+    from commprof import results
+    from sweeps.driver import Driver, DriverOptions
+
+    text = GOOD.replace("repeats: 2", "repeats: 1")
+    small = _load(tmp_path, text + "budget:\n  host_ram_bytes: 1000\n")
+    out = tmp_path / "out"
+    todo, rejected = Driver(small, DriverOptions(out=out)).plan()
+    assert not todo and len(rejected) == len(small.cells)
+    cell, attempt = rejected[0]
+    row = results.cell_row(cell, sweep="t", attempt=attempt, status="rejected", error="host")
+    results.write_attempt(out, row, {})
+    # the same budget: still rejected, not written again
+    todo, rejected = Driver(small, DriverOptions(out=out)).plan()
+    assert cell.cell_id not in {c.cell_id for c, _ in todo + rejected}
+    # a budget that fits: planned to run, as the next attempt
+    roomy = _load(tmp_path, text)
+    todo, _ = Driver(roomy, DriverOptions(out=out)).plan()
+    assert (cell, attempt + 1) in todo
+
+
+def test_max_concurrent_must_be_positive(tmp_path: Path) -> None:
+    from sweeps.driver import DriverOptions
+
+    with pytest.raises(ValueError, match="--max-concurrent must be >= 1"):
+        DriverOptions(out=tmp_path, max_concurrent=0)

@@ -90,3 +90,16 @@ def test_bad_rows_and_tables_are_rejected(tmp_path: Path) -> None:
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no dataset folder"):
         results.load(tmp_path / "nope")
+
+
+def test_leftovers_of_an_uncommitted_attempt_are_not_adopted(tmp_path: Path) -> None:
+    # A driver killed after writing attempt 1's steps and a trace, before its cells row ...
+    row = results.cell_row(CELL, sweep="t", attempt=1, status="ok")
+    results.write_attempt(tmp_path, row, {"steps": _steps(2)}, {"rank0.json.gz": b"old"})
+    (tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet").unlink()
+    # ... then attempt 1 runs again and fails: no steps, no traces of the old run remain.
+    failed = results.cell_row(CELL, sweep="t", attempt=1, status="failed", error="lost")
+    results.write_attempt(tmp_path, failed, {})
+    tables = results.load(tmp_path)
+    assert tables["steps"].empty
+    assert not (tmp_path / "traces" / f"{CELL.cell_id}-a1").exists()

@@ -14,8 +14,12 @@ Per bucket it takes three host timestamps (``time.perf_counter_ns``, one process
 
 On CUDA it also records an event pair, at hook entry on the current stream and in the callback
 on the stream the future completes on; the pair is resolved with ``elapsed_time`` after the step
-(:meth:`TimingState.resolve`), never in the hook. The hot path holds no device sync, no lock and
-no blocking call: a ``perf_counter_ns``, a list append, and on CUDA two ``Event.record``.
+(:meth:`TimingState.resolve`), never in the hook. On CUDA the derived columns (latency,
+transfer, exposed) come from these device times, not from the host clock: NCCL completes its
+future as soon as the kernel is enqueued (the callback then runs with stream semantics), so the
+host ``done_ns`` marks the enqueue there, not the end of the transfer. The hot path holds no
+device sync, no lock and no blocking call: a ``perf_counter_ns``, a list append, and on CUDA
+two ``Event.record``.
 
 Definitions (DESIGN.md): ``latency_ns = done_ns - ready_ns``, from the hand-over to the
 backend until the reduced gradients are there, the enqueue included. It is measured from hook
@@ -112,28 +116,24 @@ class TimingState:
             CUDA), in order of readiness.
         """
         raw, self.raw = self.raw, []
-        params_per_bucket: dict[int, int] = {}
-        for param in self.composition:
-            params_per_bucket[param.bucket_index] = params_per_bucket.get(param.bucket_index, 0) + 1
-        compute_end: dict[int, int] = {}
         for rec in raw:
-            compute_end[rec[_STEP]] = max(compute_end.get(rec[_STEP], 0), rec[_READY])
-        rows = []
-        earlier_done: dict[int, list[int]] = {}
-        for rec in sorted(raw, key=lambda r: (r[_STEP], r[_READY])):
             if rec[_DONE] == 0:
                 self.raw = raw + self.raw  # keep every record for a later resolve()
                 raise RuntimeError(
                     f"bucket {rec[_INDEX]} of step {rec[_STEP]} has not completed; "
                     "resolve() must be called after the step"
                 )
-            device_ns = None
-            if rec[_EV_READY] is not None:
-                device_ns = round(rec[_EV_READY].elapsed_time(rec[_EV_DONE]) * 1e6)
-            start = max(rec[_READY], compute_end[rec[_STEP]])
-            done_before = [d for d in earlier_done.setdefault(rec[_STEP], []) if d <= rec[_DONE]]
-            service_start = max([rec[_READY], *done_before])
-            earlier_done[rec[_STEP]].append(rec[_DONE])
+        params_per_bucket: dict[int, int] = {}
+        for param in self.composition:
+            params_per_bucket[param.bucket_index] = params_per_bucket.get(param.bucket_index, 0) + 1
+        raw.sort(key=lambda r: (r[_STEP], r[_READY]))
+        on_device = bool(raw) and all(rec[_EV_READY] is not None for rec in raw)
+        derived = _derive(
+            _device_times(raw) if on_device else [(r[_READY], r[_DONE]) for r in raw],
+            [r[_STEP] for r in raw],
+        )
+        rows = []
+        for rec, (latency, transfer, exposed) in zip(raw, derived, strict=True):
             rows.append(
                 {
                     "step": rec[_STEP],
@@ -145,10 +145,10 @@ class TimingState:
                     "ready_ns": rec[_READY],
                     "launch_ns": rec[_LAUNCH],
                     "done_ns": rec[_DONE],
-                    "latency_ns": rec[_DONE] - rec[_READY],
-                    "transfer_ns": rec[_DONE] - service_start,
-                    "exposed_ns": max(0, rec[_DONE] - start),
-                    "device_latency_ns": device_ns,
+                    "latency_ns": latency,
+                    "transfer_ns": transfer,
+                    "exposed_ns": exposed,
+                    "device_latency_ns": latency if on_device else None,
                 }
             )
         return rows
@@ -169,6 +169,44 @@ class TimingState:
                     num_bytes=param.numel() * param.element_size(),
                 )
             )
+
+
+def _device_times(raw: list[list[Any]]) -> list[tuple[int, int]]:
+    """(ready, done) of each record in ns on the device clock, from its CUDA event pair.
+
+    Offsets are taken from the step's first ready event: only differences within a step are
+    used, so no common reference with the host clock is needed.
+    """
+    first: dict[int, Any] = {}
+    out = []
+    for rec in raw:
+        ref = first.setdefault(rec[_STEP], rec[_EV_READY])
+        ready_ms = ref.elapsed_time(rec[_EV_READY])
+        done_ms = ref.elapsed_time(rec[_EV_DONE])
+        out.append((round(ready_ms * 1e6), round(done_ms * 1e6)))
+    return out
+
+
+def _derive(times: list[tuple[int, int]], steps: list[int]) -> list[tuple[int, int, int]]:
+    """(latency, transfer, exposed) per bucket from (ready, done) times (module docstring).
+
+    Args:
+        times: (ready_ns, done_ns) per bucket, on one clock, sorted by (step, ready).
+        steps: each bucket's step.
+    """
+    compute_end: dict[int, int] = {}
+    for (ready, _), step in zip(times, steps, strict=True):
+        compute_end[step] = max(compute_end.get(step, ready), ready)
+    earlier_done: dict[int, list[int]] = {}
+    out = []
+    for (ready, done), step in zip(times, steps, strict=True):
+        done_before = [d for d in earlier_done.setdefault(step, []) if d <= done]
+        earlier_done[step].append(done)
+        service_start = max([ready, *done_before])
+        out.append(
+            (done - ready, done - service_start, max(0, done - max(ready, compute_end[step])))
+        )
+    return out
 
 
 def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]:

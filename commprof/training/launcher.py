@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,35 @@ def _spawned_rank(
 
 
 class RankFailure(RuntimeError):
-    """One or more ranks of a cell failed; the message groups their errors by text."""
+    """One or more ranks of a cell failed; the message groups their errors by text.
+
+    Args:
+        errors: each failed rank's error text.
+    """
+
+    def __init__(self, errors: dict[int, str]) -> None:
+        super().__init__(group_errors(errors))
+        self.errors = errors
+        self.kind = classify_error_texts(errors.values())
+
+
+DETERMINISTIC_ERRORS = ("ValueError", "TypeError", "KeyError", "ConfigError", "OutOfMemoryError")
+"""Exception types raised in a rank that mean the configuration itself is at fault."""
+OOM_MARKERS = ("out of memory", "CUDA out of memory", "DefaultCPUAllocator: can't allocate")
+"""Texts of an out-of-memory, which repeats at the same step when the cell runs again."""
+
+
+def classify_error_texts(texts: Iterable[str]) -> str:
+    """``deterministic`` (running again gives the same error) or ``transient``.
+
+    Args:
+        texts: the ranks' errors, each starting ``TypeName: message``.
+    """
+    for text in texts:
+        type_name = text.strip().partition(":")[0].rpartition(".")[2]
+        if type_name in DETERMINISTIC_ERRORS or any(m in text for m in OOM_MARKERS):
+            return "deterministic"
+    return "transient"
 
 
 def group_errors(errors: dict[int, str]) -> str:
@@ -157,12 +185,15 @@ def group_errors(errors: dict[int, str]) -> str:
     return f"{len(errors)} rank(s) failed; " + "; ".join(parts)
 
 
-def run_local(cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> list[dict[str, Any]]:
+def run_local(
+    cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S, limit_s: float | None = None
+) -> list[dict[str, Any]]:
     """Run a cell on this machine: ``world_size`` spawned processes, FileStore rendezvous.
 
     Args:
         cell: the configuration.
-        timeout_s: process-group timeout; the whole run is bounded by a few times it.
+        timeout_s: process-group timeout.
+        limit_s: wall-clock limit of the whole run (default: 4 x timeout_s + 60 s).
 
     Returns:
         Per rank, in rank order, what :func:`run_rank` returns.
@@ -182,7 +213,7 @@ def run_local(cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> list[di
             proc.start()
         results: dict[int, dict[str, Any]] = {}
         errors: dict[int, str] = {}
-        limit_s = 4 * timeout_s + 60
+        limit_s = limit_s if limit_s is not None else 4 * timeout_s + 60
         deadline = time.monotonic() + limit_s
         while len(results) + len(errors) < cell.world_size:
             if not queue.empty():
@@ -209,7 +240,7 @@ def run_local(cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> list[di
             if proc.is_alive():
                 proc.kill()
     if errors:
-        raise RankFailure(group_errors(errors))
+        raise RankFailure(errors)
     return [results[r] for r in range(cell.world_size)]
 
 
