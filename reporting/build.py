@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from commprof.analysis.dataset import Processed, load_processed, write_tables
+from commprof.analysis.dataset import Processed, process, write_tables
+from commprof.results import load
 from reporting import figures, report_tables
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -41,11 +42,24 @@ def _out_dir(results_dir: Path, out_dir: Path | None) -> Path:
 
 
 def _load(results_dir: Path) -> Processed | None:
+    """The processed dataset, or None (and the reason on stderr) where there is none.
+
+    A folder without committed cells (the parent ``results/`` instead of ``results/<sweep>/``,
+    or any other folder) is refused rather than reported as empty placeholder figures.
+    """
     try:
-        return load_processed(results_dir)
+        tables = load(results_dir)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return None
+    if tables["cells"].empty:
+        print(
+            f"error: no dataset in {results_dir} (no committed cells); pass a dataset folder "
+            "such as results/<sweep>/.",
+            file=sys.stderr,
+        )
+        return None
+    return process(tables)
 
 
 def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:
@@ -66,7 +80,7 @@ def figures_main(results_dir: Path, out_dir: Path | None = None) -> int:
         out_dir: output folder (default ``RESULTS/report/``).
 
     Returns:
-        Exit status: 0 done, 2 no dataset there.
+        Exit status: 0 done, 2 no dataset there (no folder, or no committed cells in it).
     """
     data = _load(Path(results_dir))
     if data is None:
@@ -128,7 +142,7 @@ def report_main(results_dir: Path, out_dir: Path | None = None) -> int:
 
     Returns:
         Exit status: 0 done (PDFs built, or LaTeX missing and said so), 1 a PDF failed to
-        build, 2 no dataset there.
+        build, 2 no dataset there (no folder, or no committed cells in it).
     """
     results_dir = Path(results_dir)
     data = _load(results_dir)

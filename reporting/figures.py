@@ -328,7 +328,7 @@ def model_accuracy(data: Processed, path: Path) -> str:
     with viz.style():
         fig, axes = viz.new_figure(1, 2, height_in=2.6)
         sets = [
-            ("buckets during training", data.buckets, "latency_ns"),
+            ("buckets during training (service time)", data.buckets, "transfer_ns"),
             ("microbenchmark (fitted)", data.microbench, "time_ns"),
         ]
         note = ""

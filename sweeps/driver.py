@@ -168,6 +168,9 @@ class Driver:
             (todo if feasible else rejected).append((cell, attempt + 1))
             # --retry-failed gives a fresh attempt budget counted from here
             self._budget_base[cell.cell_id] = attempt if self.options.retry_failed else 0
+        # Cells of one shape together (stable otherwise): a gang serves them all in a row
+        # instead of being dropped and rebuilt when shapes alternate on a full cluster.
+        todo.sort(key=lambda item: item[0].shape)
         return todo, rejected
 
     # -- running -----------------------------------------------------------------------------

@@ -12,8 +12,10 @@ import pytest
 
 from commprof.analysis.breakdown import step_breakdown, union_length
 from commprof.analysis.dataset import Processed, load_processed
-from commprof.analysis.processed import cell_status, config_key
+from commprof.analysis.modelled import bucket_table, calibrate, cell_model
+from commprof.analysis.processed import cell_status, config_key, fill_transfer_ns
 from commprof.analysis.repeatability import repeatability
+from commprof.modeling.calibration import CalibrationWarning, Fit, RingFit, fit_alpha_beta
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
@@ -34,6 +36,16 @@ def test_union_length_merges_overlaps_and_keeps_gaps() -> None:
     )
     out = union_length(frame, ["g"], "s", "e")
     assert out.to_dict() == {1: (4 - 0) + (8 - 5), 2: 1 - 0}
+
+
+def test_union_length_exact_above_2_pow_53() -> None:
+    # Clock readings past 2**53 ns: float64 holds only even integers there, so an
+    # interval [t0 + 1, t0 + 2) after [t0, t0 + 1) would read 0 or 2 ns instead of 1.
+    t0 = 2**53 + 1
+    frame = pd.DataFrame({"g": [1, 1, 1], "s": [t0, t0 + 1, t0 + 4], "e": [t0 + 1, t0 + 2, t0 + 5]})
+    out = union_length(frame, ["g"], "s", "e")
+    assert out.dtype == np.int64
+    assert out.to_dict() == {1: 1 + 1 + 1}
 
 
 def _one_step(buckets: list[tuple[int, int, int]]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -164,6 +176,87 @@ def test_modelled_columns_and_error(processed: Processed) -> None:
     fit = processed.fits[("gloo", "cpu-gloo", 2)]
     b = processed.buckets.iloc[0]
     assert b["modelled_ns"] == pytest.approx(float(fit.predict_ns(b["num_bytes"], b["world_size"])))
+
+
+def test_model_compared_with_service_time_not_latency(processed: Processed) -> None:
+    b = processed.buckets.dropna(subset=["modelled_ns"])
+    expected = 100 * (b["modelled_ns"] - b["transfer_ns"]) / b["transfer_ns"]
+    assert np.allclose(b["error_pct"], expected)
+    per_cell = b.groupby("cell_id")["transfer_ns"].sum()
+    summary = processed.summary.set_index("cell_id")
+    assert np.allclose(summary.loc[per_cell.index, "allreduce_sum_measured_ns"], per_cell)
+
+
+def test_queued_bucket_is_not_counted_twice() -> None:
+    # Bucket 0 runs [0, 10); bucket 1 is ready at 2 but waits for it and is done at 20:
+    # latency 18, own service time 20 - 10 = 10.
+    sizes = np.array([1e3, 1e4, 1e5])
+    # alpha 2.5 ns, beta 0.005 ns/B: T(1000, 2) = 2 (2 - 1) 2.5 + 2 (1 / 2) 1000 0.005 = 10.
+    fit = fit_alpha_beta(sizes, 2 * (2 - 1) * 2.5 + 2 * (1 / 2) * sizes * 0.005, 2)
+    fits: dict[tuple[str, str, int], Fit] = {("gloo", "cpu-gloo", 2): fit}
+    key = {"cell_id": "c", "attempt": 0, "rank": 0, "step": 2, "num_bytes": 1000}
+    measured = fill_transfer_ns(
+        pd.DataFrame(
+            [
+                {**key, "bucket_index": 0, "ready_ns": 0, "done_ns": 10, "latency_ns": 10},
+                {**key, "bucket_index": 1, "ready_ns": 2, "done_ns": 20, "latency_ns": 18},
+            ]
+        ).assign(transfer_ns=None, exposed_ns=0)
+    )
+    summary = pd.DataFrame(
+        {"cell_id": ["c"], "attempt": [0], "backend": ["gloo"], "regime": ["cpu-gloo"]}
+    ).assign(world_size=2, model="m", bucket_cap_mb=1.0)
+    buckets = bucket_table(summary, measured, fits)
+    assert buckets["transfer_ns"].tolist() == [10, 20 - 10]
+    assert buckets["error_pct"].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    per_cell = cell_model(summary.assign(status="ok"), buckets, fits)
+    # Sum of service times, 10 + 10; a sum of latencies would read 10 + 18.
+    assert per_cell["allreduce_sum_measured_ns"].tolist() == [10 + 10]
+    assert per_cell["allreduce_error_pct"].tolist() == pytest.approx([0.0], abs=1e-6)
+
+
+def test_fill_transfer_ns_by_the_hook_rule() -> None:
+    # One step, buckets by readiness: a [0, 10); b [2, 15) waits for a; c [3, 12) is served by
+    # gloo's second thread beside b and waits for a only (b, though earlier, finished later);
+    # d [20, 30) has a recorded value.
+    key = {"cell_id": "c", "attempt": 0, "rank": 0, "step": 2}
+    ready, done = [0, 2, 3, 20], [10, 15, 12, 30]
+    frame = pd.DataFrame(
+        [
+            {**key, "ready_ns": r, "done_ns": d, "transfer_ns": None}
+            for r, d in zip(ready, done, strict=True)
+        ]
+    )
+    frame.loc[3, "transfer_ns"] = 7  # a recorded value is kept
+    out = fill_transfer_ns(frame)
+    assert out["transfer_ns"].dtype == np.int64
+    assert out["transfer_ns"].tolist() == [10 - 0, 15 - max(2, 10), 12 - max(3, 10), 7]
+    assert frame["transfer_ns"].isna().sum() == 3  # input not mutated
+
+
+def test_calibrate_drops_wrong_microbench_rows() -> None:
+    status = pd.DataFrame(
+        {"cell_id": ["c"], "attempt": [0], "status": ["ok"], "backend": ["gloo"]}
+    ).assign(regime="cpu-gloo", world_size=2)
+    sizes = np.array([1e3, 1e4, 1e5, 1e6])
+    alpha_ns, beta = 1e4, 1.0
+    micro = pd.DataFrame(
+        {
+            "cell_id": "c",
+            "attempt": 0,
+            "num_bytes": sizes,
+            "time_p50_ns": 2 * (2 - 1) * alpha_ns + 2 * (2 - 1) / 2 * sizes * beta,
+            "num_wrong": 0,
+        }
+    )
+    wrong = micro.iloc[[1]].assign(time_p50_ns=1.0, num_wrong=3)  # a wrong, absurd point
+    with pytest.warns(CalibrationWarning, match="num_wrong"):
+        fits, notes = calibrate(status, pd.concat([micro, wrong], ignore_index=True))
+    assert any("1 microbenchmark rows with num_wrong > 0" in n for n in notes)
+    fit = fits[("gloo", "cpu-gloo", 2)]
+    assert isinstance(fit, RingFit)
+    assert fit.alpha_ns == pytest.approx(alpha_ns, rel=1e-9)
+    assert fit.beta_ns_per_byte == pytest.approx(beta, rel=1e-9)
 
 
 def test_attribution_conserves_bucket_time(processed: Processed) -> None:

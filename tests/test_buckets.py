@@ -21,11 +21,7 @@ from commprof.modeling.buckets import (
     bucket_cap_bytes,
     initial_bucket,
 )
-
-try:
-    from commprof.training import models as ref_models
-except ImportError:  # written by another engineer; skip its models until it exists
-    ref_models = None  # type: ignore[assignment]
+from commprof.training import models as ref_models
 
 EXECUTION_ORDER_DIFFERS = {"resnet18"}
 UNEVEN = [(300, 700), (700, 500), (500, 90), (90, 1200), (1200, 10)]
@@ -97,12 +93,9 @@ def _ddp_worker(rank: int, world_size: int, store_path: str, out_dir: str) -> No
         cases: list[tuple[str, Any, float | None]] = [
             ("uneven", uneven_model, None),
             ("uneven", uneven_model, 0.1),
+            ("resnet18", lambda: ref_models.build_model("resnet18"), None),
+            ("srn-1m", lambda: ref_models.build_model("srn-1m"), 0.5),
         ]
-        if ref_models is not None:
-            cases += [
-                ("resnet18", lambda: ref_models.build_model("resnet18"), None),
-                ("srn-1m", lambda: ref_models.build_model("srn-1m"), 0.5),
-            ]
         results = []
         for name, build, cap in cases:
             torch.manual_seed(0)
@@ -116,7 +109,7 @@ def _ddp_worker(rank: int, world_size: int, store_path: str, out_dir: str) -> No
                 state["step"] = step
                 if name == "uneven":
                     x = torch.randn(2, UNEVEN[0][0])
-                elif ref_models is not None and name == "resnet18":
+                elif name == "resnet18":
                     x = torch.randn(2, 3, 32, 32)
                 else:
                     from commprof.training.data import make_batch

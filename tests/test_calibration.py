@@ -8,18 +8,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from commprof import results
 from commprof.modeling.calibration import (
     CalibrationWarning,
+    RingFit,
     bucket_latency_points,
     fit_alpha_beta,
     fit_alpha_only,
     fit_piecewise,
     fit_table,
+    fits_from_dataset,
     holdout_split,
     load_fits,
     mape,
     save_fits,
 )
+from commprof.results import load
 
 SIZES = 2.0 ** np.arange(10, 27)  # 1 KiB .. 64 MiB
 ALPHA_NS, BETA = 50_000.0, 1.0  # 50 us, 1 GB/s
@@ -124,6 +128,7 @@ def test_fit_table_groups_by_backend_regime_world_size(tmp_path: Path) -> None:
     fits = fit_table(pd.DataFrame(rows))
     assert set(fits) == {("gloo", "cpu-gloo", 2), ("gloo", "cpu-gloo", 4)}
     for fit in fits.values():
+        assert isinstance(fit, RingFit)
         assert fit.alpha_ns == pytest.approx(ALPHA_NS, rel=1e-3)
     path = tmp_path / "fits.json"
     save_fits(fits, path)
@@ -132,7 +137,9 @@ def test_fit_table_groups_by_backend_regime_world_size(tmp_path: Path) -> None:
         fit_table(pd.DataFrame(rows), method="alpha-only")
 
 
-def test_bucket_latency_points_drop_step0_and_take_max_over_ranks() -> None:
+def test_bucket_latency_points_keep_measured_steps_and_take_max_over_ranks() -> None:
+    # Steps 0 and 1 are warm-up (measured False); step 1 already has the rebuilt buckets, so
+    # a filter on step >= 1 alone would keep it.
     df = pd.DataFrame(
         {
             "cell_id": "c",
@@ -140,13 +147,52 @@ def test_bucket_latency_points_drop_step0_and_take_max_over_ranks() -> None:
             "backend": "gloo",
             "device": "cpu",
             "world_size": 2,
-            "rank": [0, 1, 0, 1, 0, 1],
-            "step": [0, 0, 1, 1, 1, 1],
-            "bucket_index": [0, 0, 0, 0, 1, 1],
-            "num_bytes": [300, 300, 100, 100, 200, 200],
-            "latency_ns": [9, 9, 5, 7, 11, 3],
+            "rank": [0, 1, 0, 1, 0, 1, 0, 1],
+            "step": [0, 0, 1, 1, 2, 2, 2, 2],
+            "bucket_index": [0, 0, 0, 0, 0, 0, 1, 1],
+            "num_bytes": [300, 300, 100, 100, 100, 100, 200, 200],
+            "latency_ns": [9, 9, 99, 99, 5, 7, 11, 3],
         }
     )
-    pts = bucket_latency_points(df).sort_values("bucket_index")
-    assert pts["latency_ns"].tolist() == [7, 11]
+    steps = pd.DataFrame(
+        {
+            "cell_id": "c",
+            "attempt": 0,
+            "rank": [0, 1, 0, 1, 0, 1],
+            "step": [0, 0, 1, 1, 2, 2],
+            "measured": [False, False, False, False, True, True],
+        }
+    )
+    pts = bucket_latency_points(df, steps).sort_values("bucket_index")
+    assert pts["step"].tolist() == [2, 2]
+    assert pts["latency_ns"].tolist() == [max(5, 7), max(11, 3)]
     assert pts["num_bytes"].tolist() == [100, 200]
+
+
+@pytest.mark.filterwarnings("ignore::commprof.modeling.calibration.CalibrationWarning")
+def test_fits_from_dataset_buckets_fit_measured_steps_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The smoke dataset has warmup_steps = 2: step 1 is recorded but not measured. It predates
+    # the transfer_ns column, so the test fills it (latency plus a rank- and step-dependent
+    # term, so that warm-up rows would move the fit).
+    root = Path(__file__).parent / "data" / "results_smoke"
+    tables = load(root)
+    b = tables["buckets"]
+    tables["buckets"] = b.assign(transfer_ns=b["latency_ns"] * (1 + b["step"] % 2 + b["rank"]))
+    monkeypatch.setattr(results, "load", lambda _root: tables)
+    assert not tables["steps"].loc[tables["steps"]["step"] == 1, "measured"].any()
+    cells = tables["cells"][["cell_id", "attempt", "backend", "device", "world_size"]]
+    joined = tables["buckets"].merge(cells, on=["cell_id", "attempt"])
+    steps = tables["steps"]
+    measured = steps.loc[steps["measured"], ["cell_id", "attempt", "rank", "step"]]
+    by_hand = joined.merge(measured, on=["cell_id", "attempt", "rank", "step"])
+    keys = ["backend", "device", "world_size", "cell_id", "attempt", "step", "bucket_index"]
+    points = by_hand.groupby(keys, as_index=False).agg(
+        num_bytes=("num_bytes", "first"), transfer_ns=("transfer_ns", "max")
+    )
+    expected = fit_table(points, time_column="transfer_ns")
+    assert fits_from_dataset(root, source="buckets") == expected
+    after_step0 = steps.assign(measured=steps["step"] >= 1)  # the old filter
+    warm_too = bucket_latency_points(joined, after_step0, time_column="transfer_ns")
+    assert fit_table(warm_too, time_column="transfer_ns") != expected

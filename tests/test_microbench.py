@@ -17,6 +17,7 @@ from commprof.training.microbench import (
     _fill,
     geometric_sizes,
     run_allreduce_bench,
+    size_record,
     with_bucket_sizes,
 )
 
@@ -51,6 +52,25 @@ def test_two_rank_records(tmp_path: Path) -> None:
         assert 0 < rec["time_min_ns"] <= rec["time_p50_ns"] <= rec["time_max_ns"]
         assert rec["algbw_gbps"] == pytest.approx(rec["num_bytes"] / rec["time_p50_ns"])
         assert rec["busbw_gbps"] == pytest.approx(rec["algbw_gbps"] * 2 * (2 - 1) / 2)
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_size_record_bus_bandwidth(world_size: int) -> None:
+    # Rank r's iteration i takes 1000 (i + 1) + r ns: the iteration time is the max over
+    # ranks, 1000 (i + 1) + (p - 1); p50 of three iterations is the middle one.
+    per_rank_ns = [[1000 * (i + 1) + r for i in range(3)] for r in range(world_size)]
+    rec = size_record(per_rank_ns, 0, num_bytes=8000, dtype="float32", world_size=world_size)
+    p50_ns = 2000 + (world_size - 1)
+    assert rec["time_p50_ns"] == p50_ns
+    assert rec["time_min_ns"] == 1000 + (world_size - 1)
+    assert rec["time_max_ns"] == 3000 + (world_size - 1)
+    assert rec["num_iters"] == 3 and rec["num_wrong"] == 0
+    algbw = 8000 / p50_ns  # bytes per ns = GB/s (decimal)
+    assert rec["algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
+    # busbw = algbw * 2(p-1)/p: 4/3 at p = 3, 3/2 at p = 4 (1 at p = 2 hides a missing factor).
+    assert rec["busbw_gbps"] == pytest.approx(algbw * 2 * (world_size - 1) / world_size, rel=1e-12)
+    with pytest.raises(ValueError, match="ranks"):
+        size_record(per_rank_ns[:-1], 0, num_bytes=8000, dtype="float32", world_size=world_size)
 
 
 def test_wrong_elements_are_counted() -> None:

@@ -101,6 +101,29 @@ def test_missing_dataset_is_exit_2(tmp_path: Path) -> None:
     assert build.figures_main(tmp_path / "nope", None) == 2
 
 
+@pytest.mark.parametrize("what", ["figures", "report"])
+@pytest.mark.parametrize("folder", ["parent", "empty", "no_cells"])
+def test_folder_without_cells_is_exit_2(
+    what: str, folder: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # parent: results/ instead of results/<sweep>/; no_cells: tables but no committed cell.
+    if folder == "parent":
+        root = tmp_path / "results"
+        shutil.copytree(DATA, root / "smoke")
+    elif folder == "empty":
+        root = tmp_path
+    else:
+        root = tmp_path / "ds"
+        shutil.copytree(DATA, root)
+        shutil.rmtree(root / "cells")
+    out = tmp_path / "out"
+    assert build.main([what, str(root), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"no dataset in {root} (no committed cells); pass a dataset folder such as " in err
+    assert "results/<sweep>/" in err
+    assert not out.exists()  # no placeholder figures
+
+
 def _pdf_text(path: Path) -> str:
     out = subprocess.run(
         ["pdftotext", "-layout", str(path), "-"], capture_output=True, text=True, check=True

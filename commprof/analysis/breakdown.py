@@ -69,10 +69,15 @@ def union_length(frame: pd.DataFrame, keys: list[str], start: str, end: str) -> 
         index = pd.MultiIndex.from_tuples([], names=keys)
         return pd.Series([], index=index, dtype=np.int64)
     df = frame[[*keys, start, end]].sort_values([*keys, start], kind="stable")
-    prev_max = df.groupby(keys, sort=False)[end].cummax()
-    prev_max = prev_max.groupby([df[k] for k in keys], sort=False).shift(1)
-    lo = np.maximum(df[start].to_numpy(np.int64), prev_max.fillna(np.iinfo(np.int64).min))
-    added = np.maximum(0, df[end].to_numpy(np.int64) - lo.to_numpy(np.int64))
+    ends = df[end].astype(np.int64)
+    prev_max = ends.groupby([df[k] for k in keys], sort=False).cummax()
+    # fill_value keeps the shift in int64: a NaN fill would make it float64, which rounds
+    # clock readings above 2**53 ns (about 104 days of uptime) to a multiple of 2 ns or more.
+    prev_max = prev_max.groupby([df[k] for k in keys], sort=False).shift(
+        1, fill_value=np.iinfo(np.int64).min
+    )
+    lo = np.maximum(df[start].to_numpy(np.int64), prev_max.to_numpy(np.int64))
+    added = np.maximum(0, ends.to_numpy(np.int64) - lo)
     return pd.Series(added, index=df.index).groupby([df[k] for k in keys]).sum().astype(np.int64)
 
 

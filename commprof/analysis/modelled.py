@@ -5,11 +5,15 @@ all-reduce model T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan 
 per (backend, regime, world size) to the ``microbench`` table, the all-reduces measured alone
 after training (time p50 over iterations, max over ranks). The fit is then used out of sample:
 
-- per gradient bucket of every ok cell: modelled T(bucket bytes, p) beside the measured median
-  bucket latency (``latency_ns = done_ns - ready_ns``, during training, over measured steps
-  and ranks);
+- per gradient bucket of every ok cell: modelled T(bucket bytes, p) beside the bucket's measured
+  median service time during training, over measured steps and ranks: ``transfer_ns = done_ns -
+  max(ready_ns, d)``, with ``d`` the latest completion of an earlier bucket of the step that
+  finished before it (``commprof.profiling.comm_hooks``). The model predicts one collective's
+  own time; ``latency_ns = done_ns - ready_ns`` also holds the wait behind the step's earlier
+  buckets, which the model does not describe, so it is kept beside but never compared;
 - per cell: ``allreduce_sum`` = the sum over its buckets of those times (measured: of the
-  per-bucket medians), for cells that never ran with the bucket sizes
+  per-bucket median service times, which do not count a bucket twice where another waited
+  behind it, as a sum of latencies would), for cells that never ran with the bucket sizes
   ``commprof.modeling.buckets.assign_buckets`` gives for the model and cap.
 
 Prediction error, signed: ``error_pct = 100 (modelled - measured) / measured``; MAPE is the mean
@@ -44,6 +48,10 @@ def calibrate(
 ) -> tuple[dict[FitKey, Fit], list[str]]:
     """Fit the ring model per (backend, regime, world size) to the microbenchmark of ok cells.
 
+    Rows with ``num_wrong > 0`` (a rank's result differed from the expected sum) are dropped,
+    with a ``CalibrationWarning`` and a line in the returned warnings, as
+    :func:`microbench_points` drops them.
+
     Args:
         status: ``processed.cell_status`` output.
         microbench: the dataset's ``microbench`` table.
@@ -54,12 +62,20 @@ def calibrate(
     ok = status.loc[status["status"] == "ok", ["cell_id", "attempt", "backend", "regime"]]
     ok = ok.assign(world_size=status.loc[status["status"] == "ok", "world_size"])
     points = microbench.merge(ok, on=["cell_id", "attempt"])
+    notes = []
+    wrong = points["num_wrong"] > 0
+    if wrong.any():
+        # A wrong all-reduce result makes its time meaningless; microbench_points drops it too.
+        notes.append(f"dropped {int(wrong.sum())} microbenchmark rows with num_wrong > 0")
+        warnings.warn(notes[-1], CalibrationWarning, stacklevel=2)
+        points = points[~wrong]
     if points.empty:
-        return {}, ["no microbenchmark rows: nothing to calibrate"]
+        return {}, [*notes, "no microbenchmark rows: nothing to calibrate"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationWarning)
         fits = fit_table(points, time_column="time_p50_ns", method="alpha-beta")
-    return fits, [str(w.message) for w in caught if issubclass(w.category, CalibrationWarning)]
+    notes += [str(w.message) for w in caught if issubclass(w.category, CalibrationWarning)]
+    return fits, notes
 
 
 def fits_frame(fits: dict[FitKey, Fit]) -> pd.DataFrame:
@@ -149,7 +165,7 @@ def microbench_points(
 def bucket_table(
     summary: pd.DataFrame, measured_buckets: pd.DataFrame, fits: dict[FitKey, Fit]
 ) -> pd.DataFrame:
-    """Per bucket of every ok cell: measured median latency and exposed time, modelled time.
+    """Per bucket of every ok cell: measured median service time, latency, exposed; modelled.
 
     Args:
         summary: ``processed.cell_summary`` output.
@@ -157,9 +173,10 @@ def bucket_table(
         fits: :func:`calibrate` output.
 
     Returns:
-        Columns ``cell_id, attempt, bucket_index, num_bytes, latency_ns, exposed_ns`` (medians
-        over measured steps and ranks), ``backend, regime, world_size, model,
-        bucket_cap_mb, modelled_ns, error_pct``.
+        Columns ``cell_id, attempt, bucket_index, num_bytes, transfer_ns, latency_ns,
+        exposed_ns`` (medians over measured steps and ranks), ``backend, regime, world_size,
+        model, bucket_cap_mb, modelled_ns, error_pct`` (of ``modelled_ns`` against
+        ``transfer_ns``, the bucket's own service time: see the module docstring).
     """
     keys = ["cell_id", "attempt"]
     config = summary[[*keys, "backend", "regime", "world_size", "model", "bucket_cap_mb"]]
@@ -168,6 +185,7 @@ def bucket_table(
         rows.groupby([*keys, "bucket_index"])
         .agg(
             num_bytes=("num_bytes", "median"),
+            transfer_ns=("transfer_ns", "median"),
             latency_ns=("latency_ns", "median"),
             exposed_ns=("exposed_ns", "median"),
         )
@@ -175,7 +193,7 @@ def bucket_table(
         .merge(config, on=keys)
     )
     out["modelled_ns"] = _predict(fits, out)
-    out["error_pct"] = _error_pct(out["modelled_ns"], out["latency_ns"])
+    out["error_pct"] = _error_pct(out["modelled_ns"], out["transfer_ns"])
     return out
 
 
@@ -191,10 +209,11 @@ def cell_model(
 
     Returns:
         Columns ``cell_id, num_buckets_modelled, allreduce_sum_modelled_ns,
-        allreduce_sum_measured_ns`` (NaN for cells without data) and ``allreduce_error_pct``.
+        allreduce_sum_measured_ns`` (the sum over buckets of their median ``transfer_ns``; NaN
+        for cells without data) and ``allreduce_error_pct``.
     """
     measured = buckets.groupby("cell_id").agg(
-        allreduce_sum_measured_ns=("latency_ns", "sum"),
+        allreduce_sum_measured_ns=("transfer_ns", "sum"),
         allreduce_sum_modelled_ns=("modelled_ns", "sum"),
         num_buckets_modelled=("bucket_index", "size"),
     )

@@ -345,25 +345,31 @@ def _with_regime(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def bucket_latency_points(
-    buckets: pd.DataFrame, *, skip_steps: int = 1, time_column: str = "latency_ns"
-) -> pd.DataFrame:
-    """One time per (cell, attempt, step, bucket): the max over ranks.
+STEP_KEYS = ("cell_id", "attempt", "rank", "step")
+"""Columns that identify one step of one rank (the ``steps`` and ``buckets`` tables share them)."""
 
-    Step 0 is dropped by default: DDP reduces the whole model as one bucket
-    there and rebuilds its buckets from step 1 (see ``buckets``).
+
+def bucket_latency_points(
+    buckets: pd.DataFrame, steps: pd.DataFrame, *, time_column: str = "latency_ns"
+) -> pd.DataFrame:
+    """One time per (cell, attempt, step, bucket) of measured steps: the max over ranks.
+
+    Only steps whose ``steps.measured`` is true are kept: the hook records every step, warm-up
+    included, and step 0 (where DDP reduces the whole model as one bucket before it rebuilds its
+    buckets) is never measured.
 
     Args:
         buckets: The ``buckets`` table joined with cell columns.
-        skip_steps: Leading steps to drop.
+        steps: The dataset's ``steps`` table (``STEP_KEYS`` and ``measured``).
         time_column: ``latency_ns`` (hook entry to completion) or ``transfer_ns`` (the
             bucket's own service time, see ``commprof.profiling.comm_hooks``).
 
     Returns:
         Columns of the group keys plus num_bytes and ``time_column``.
     """
-    df = _with_regime(buckets)
-    df = df[df["step"] >= skip_steps]
+    keys = list(STEP_KEYS)
+    measured = steps.loc[steps["measured"].astype(bool), keys].drop_duplicates()
+    df = _with_regime(buckets).merge(measured, on=keys, how="inner")
     keys = [*GROUP_KEYS, "cell_id", "attempt", "step", "bucket_index"]
     keys = [k for k in keys if k in df.columns]
     agg = df.groupby(keys, as_index=False).agg(
@@ -384,7 +390,7 @@ def fit_table(
 
     Args:
         table: ``microbench`` rows (time_p50_ns) or ``bucket_latency_points``
-            output (use ``time_column="latency_ns"``), with cell columns.
+            output (pass its ``time_column``), with cell columns.
         time_column: Column of measured times.
         method: ``alpha-beta``, ``alpha-only`` (needs beta) or ``piecewise``.
         beta_ns_per_byte: Fixed beta for ``alpha-only``.
@@ -496,7 +502,10 @@ def fits_from_dataset(
         joined = tables["buckets"].merge(cells, on=["cell_id", "attempt"])
         if joined.empty:
             raise ValueError(f"{root}: no bucket rows to fit")
-        points = bucket_latency_points(joined, time_column="transfer_ns")
+        points = bucket_latency_points(joined, tables["steps"], time_column="transfer_ns")
+        points = points.dropna(subset=["transfer_ns"])  # null in datasets older than the column
+        if points.empty:
+            raise ValueError(f"{root}: no bucket transfer_ns of measured steps to fit")
         return fit_table(points, time_column="transfer_ns", method=method)
     micro = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
     if micro.empty:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from commprof.matrix import geometric_sizes as geometric_sizes  # torch-free home; re-exported
 from commprof.modeling.buckets import ParamSize, assign_buckets
+from commprof.modeling.cost_model import bus_bandwidth_factor
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -130,6 +131,50 @@ def _time_size(
     return durations, _count_wrong(buf, dist.get_world_size())
 
 
+def size_record(
+    per_rank_ns: Sequence[Sequence[int]],
+    num_wrong: int,
+    *,
+    num_bytes: int,
+    dtype: str,
+    world_size: int,
+) -> dict[str, object]:
+    """The microbench record of one size from every rank's timed durations (no process group).
+
+    An iteration's time is the max over ranks (module docstring); algbw = S / t_p50 and
+    busbw = algbw * 2(p-1)/p (``commprof.modeling.cost_model.bus_bandwidth_factor``,
+    nccl-tests doc/PERFORMANCE.md), in decimal GB/s.
+
+    Args:
+        per_rank_ns: ``[rank][iteration]`` durations in ns, all ranks the same length.
+        num_wrong: Wrong elements, summed over ranks.
+        num_bytes: Message size S in bytes.
+        dtype: Element type name.
+        world_size: Number of ranks p.
+
+    Returns:
+        The record, fields as :func:`run_allreduce_bench` returns them.
+    """
+    if world_size < 1 or len(per_rank_ns) != world_size or not per_rank_ns[0]:
+        raise ValueError(
+            f"per_rank_ns needs {world_size} ranks of durations, got {len(per_rank_ns)} ranks"
+        )
+    per_iter_ns = [max(column) for column in zip(*per_rank_ns, strict=True)]
+    p50_ns = int(statistics.median(per_iter_ns))
+    algbw_gbps = num_bytes / (p50_ns * 1e-9) / 1e9 if p50_ns > 0 else float("inf")
+    return {
+        "num_bytes": num_bytes,
+        "dtype": dtype,
+        "num_iters": len(per_iter_ns),
+        "time_p50_ns": p50_ns,
+        "time_min_ns": int(min(per_iter_ns)),
+        "time_max_ns": int(max(per_iter_ns)),
+        "algbw_gbps": algbw_gbps,
+        "busbw_gbps": algbw_gbps * float(bus_bandwidth_factor(world_size)),
+        "num_wrong": int(num_wrong),
+    }
+
+
 def run_allreduce_bench(
     config: MicrobenchConfig, *, rank: int, world_size: int, device: torch.device | str
 ) -> list[dict[str, object]]:
@@ -164,21 +209,13 @@ def run_allreduce_bench(
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
         table = torch.stack(gathered).cpu()  # [rank, iteration..., wrong]
-        per_iter_ns = table[:, :-1].max(dim=0).values.tolist()
-        p50_ns = int(statistics.median(per_iter_ns))
-        num_bytes = numel * elem
-        algbw_gbps = num_bytes / (p50_ns * 1e-9) / 1e9 if p50_ns > 0 else float("inf")
         records.append(
-            {
-                "num_bytes": num_bytes,
-                "dtype": config.dtype,
-                "num_iters": config.timed_iters,
-                "time_p50_ns": p50_ns,
-                "time_min_ns": int(min(per_iter_ns)),
-                "time_max_ns": int(max(per_iter_ns)),
-                "algbw_gbps": algbw_gbps,
-                "busbw_gbps": algbw_gbps * 2.0 * (world_size - 1) / world_size,
-                "num_wrong": int(table[:, -1].sum()),
-            }
+            size_record(
+                table[:, :-1].tolist(),
+                int(table[:, -1].sum()),
+                num_bytes=numel * elem,
+                dtype=config.dtype,
+                world_size=world_size,
+            )
         )
     return records

@@ -7,9 +7,12 @@
   rank 1 of one cell raises on attempt 1 (fault injection), so that cell is ok on attempt 2;
 - matrices/repeat.yaml: repeats 1 and 2 of two srn-1m configurations (repeat 0 is in main);
 - matrices/guard.yaml: srn-400m against an 8 GB host-RAM budget: rejected by the memory guard;
-- matrices/fail.yaml: one cell whose rank 1 raises on its only attempt: failed.
+- matrices/fail.yaml: one cell whose rank 1 raises on its only attempt: failed;
+- matrices/profile.yaml: an srn-1m cell also traced with torch.profiler (trace_metrics); the
+  same configuration unprofiled is in main, so the report can quote the profiler's overhead.
 
-Then copy the table folders (cells, steps, buckets, bucket_params, microbench) here. It took
+Then copy the table folders (cells, steps, buckets, bucket_params, microbench, trace_metrics)
+here (not traces/: the metrics are what the report reads). It took
 about 4 minutes on a shared 2-core machine.
 """
 
@@ -29,7 +32,7 @@ from sweeps.run_matrix import connect  # noqa: E402
 def main(out: Path) -> None:
     connect(None, num_cpus=4)
     try:
-        for name in ("main", "repeat", "guard", "fail"):
+        for name in ("main", "repeat", "guard", "fail", "profile"):
             mx = matrix.load(HERE / "matrices" / f"{name}.yaml")
             faults = {}
             if name == "main":  # attempt 1 fails, attempt 2 succeeds
