@@ -111,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
     report["ray_cluster"] = _ray_resources()
     if args.matrix is not None:
         from commprof.matrix import load
-        from sweeps.guard import GuardPlan, estimate_cell_s
+        from sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
 
         matrix = load(args.matrix)
         guard = GuardPlan(matrix)
@@ -133,7 +133,12 @@ def _check(args: argparse.Namespace) -> int:
             "file": matrix.source,
             "num_cells": len(cells),
             "num_rejected": sum(not c["feasible"] for c in cells),
-            "estimate_s": round(sum(c["estimate_s"] for c in cells if c["feasible"]), 1),
+            # the cells one at a time, plus starting one gang per shape
+            "estimate_s": round(
+                sum(c["estimate_s"] for c in cells if c["feasible"])
+                + GANG_START_S * len({cell.shape for cell in matrix.cells}),
+                1,
+            ),
             "cells": cells,
         }
     if args.json:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from trace_events import x
 
 from commprof.profiling.metrics import (
     bucket_exposure,
@@ -16,19 +17,6 @@ from commprof.profiling.metrics import (
     transfer_wait,
 )
 from commprof.profiling.trace_parser import ParsedTrace, parse_trace
-
-
-def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
-    return {
-        "ph": "X",
-        "name": name,
-        "cat": cat,
-        "pid": 1,
-        "tid": tid,
-        "ts": ts,
-        "dur": dur,
-        "args": args,
-    }
 
 
 def gloo_trace(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from trace_events import x
 
 from commprof.profiling.intervals import total_length
 from commprof.profiling.trace_columns import read_columns
@@ -19,20 +20,6 @@ from commprof.profiling.trace_parser import RULES, ParsedTrace, Rule, load_trace
 from commprof.profiling.trace_rules import COLLECTIVE_ARG_KEYS
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
-
-
-def x(name: str, cat: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
-    """A complete event; ts and dur in microseconds as Kineto writes them."""
-    return {
-        "ph": "X",
-        "name": name,
-        "cat": cat,
-        "pid": 1,
-        "tid": tid,
-        "ts": ts,
-        "dur": dur,
-        "args": args,
-    }
 
 
 def step(n: int, ts: float, dur: float) -> dict[str, Any]:
