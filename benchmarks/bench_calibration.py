@@ -1,17 +1,18 @@
 """Accuracy of the ring-model calibration on this machine (gloo, loopback, 2 and 4 ranks).
 
 For each world size: spawn local gloo ranks, run the all-reduce microbenchmark
-on sizes 1 KiB .. 64 MiB (x2 steps), fit on the even-indexed sizes, predict the
-odd-indexed ones, and report the mean absolute percentage error (MAPE) of:
+on sizes 1 KiB .. 64 MiB (x sqrt 2 steps), fit on the even-indexed sizes, predict
+the odd-indexed ones, and report the mean absolute percentage error (MAPE) of:
 
 * ``alpha-beta``: joint ring fit weighted by relative error (the measured link);
-* ``piecewise-2``: two ring fits split at the best size boundary;
+* ``piecewise-2`` and ``piecewise-3``: ring fits on 2 or 3 size ranges split at the
+  best boundaries (loopback gloo runs from cache below about 2 MiB, from memory above);
 * ``alpha-only-nvlink4``: the seed's fit with beta from a published link; it is
   meaningless on loopback and shown only to make that visible.
 
-Then a short 2-rank DDP run with a timing comm hook gives in-training bucket
-latencies (launch to future completion, max over ranks, steps >= 1), and the
-2-rank microbenchmark fits predict them. Prints a table and writes
+Then a short 2-rank DDP run with commprof's timing hook gives in-training bucket
+service times (``transfer_ns``, max over ranks, steps >= 1), and the 2-rank
+microbenchmark fits predict them. Prints a table and writes
 ``benchmarks/results/calibration.json``. Run: ``python benchmarks/bench_calibration.py``.
 """
 
@@ -36,6 +37,7 @@ from torch import nn
 
 from commprof.modeling.calibration import (
     CalibrationWarning,
+    Fit,
     fit_alpha_beta,
     fit_alpha_only,
     fit_piecewise,
@@ -44,9 +46,12 @@ from commprof.modeling.calibration import (
     mape,
 )
 from commprof.modeling.interconnects import get_interconnect
-from commprof.training.microbench import MicrobenchConfig, geometric_sizes, run_allreduce_bench
+from commprof.profiling.comm_hooks import register_timing_hook
+from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
 
-SIZES_BYTES = geometric_sizes(1024, 64 << 20)
+# Two sizes per octave (x sqrt 2, rounded to whole float32 elements): the held-out sizes sit
+# between fitted ones, and the cache-to-memory step of loopback gloo near 2 MiB is resolved.
+SIZES_BYTES = tuple(sorted({4 * round(1024 * 2 ** (k / 2) / 4) for k in range(33)}))
 SMALL_TIMED_ITERS = 200
 """Timed iterations per size up to SMALL_LIMIT_BYTES."""
 LARGE_TIMED_ITERS = 16
@@ -113,31 +118,17 @@ def _ddp_worker(rank: int, world_size: int, store_path: str, out_path: str) -> N
         for a, b in itertools.pairwise(widths):
             layers += [nn.Linear(a, b), nn.ReLU()]
         model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers), bucket_cap_mb=2)
-        records: list[tuple[int, int, int, int]] = []
-        state = {"step": 0}
-
-        def hook(st, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
-            launch_ns = time.perf_counter_ns()
-            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()  # type: ignore[union-attr]
-
-            def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-                records.append(
-                    (
-                        st["step"],
-                        bucket.index(),
-                        bucket.buffer().numel() * 4,
-                        time.perf_counter_ns() - launch_ns,
-                    )
-                )
-                return f.value()[0]
-
-            return fut.then(done)
-
-        model.register_comm_hook(state, hook)
+        timing = register_timing_hook(model)
         gen = torch.Generator().manual_seed(rank)
+        rows_local: list[dict[str, Any]] = []
         for step in range(DDP_STEPS):
-            state["step"] = step
+            timing.step = step
             model(torch.randn(32, widths[0], generator=gen)).sum().backward()
+            rows_local.extend(timing.resolve())
+        # the bucket's own service time: what the ring model predicts (comm_hooks docstring)
+        records = sorted(
+            (r["step"], r["bucket_index"], r["num_bytes"], r["transfer_ns"]) for r in rows_local
+        )
         local = torch.tensor(records, dtype=torch.int64)
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
@@ -167,7 +158,7 @@ def main() -> int:
     start = time.time()
     nvlink = get_interconnect("nvlink4")
     result: dict[str, Any] = {"sizes_bytes": list(SIZES_BYTES), "world_sizes": {}}
-    fits_2: dict[str, Any] = {}
+    fits_2: dict[str, Fit] = {}
     print(f"{'p':>2} {'method':>20} {'alpha us':>10} {'GB/s':>8} {'MAPE held-out %':>16}")
     for ws in WORLD_SIZES:
         records = _spawn(_bench_worker, ws)
@@ -176,9 +167,10 @@ def main() -> int:
         fit_mask, held = holdout_split(n)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
-            fits = {
+            fits: dict[str, Fit] = {
                 "alpha-beta": fit_alpha_beta(n[fit_mask], t[fit_mask], ws),
                 "piecewise-2": fit_piecewise(n[fit_mask], t[fit_mask], ws, num_segments=2),
+                "piecewise-3": fit_piecewise(n[fit_mask], t[fit_mask], ws, num_segments=3),
                 "alpha-only-nvlink4": fit_alpha_only(
                     n[fit_mask],
                     t[fit_mask],
@@ -203,7 +195,7 @@ def main() -> int:
     lat = np.array([r[3] for r in rows], dtype=np.float64)
     result["in_training"] = {"rows_step_bucket_bytes_latency_ns": rows, "mape_pct": {}}
     print(f"in-training bucket latencies (2 ranks, {len(rows)} bucket records, steps >= 1):")
-    for name in ("alpha-beta", "piecewise-2"):
+    for name in ("alpha-beta", "piecewise-2", "piecewise-3"):
         err = mape(fits_2[name].predict_ns(nb, 2), lat)
         result["in_training"]["mape_pct"][name] = err
         print(f"   {name:>20} MAPE {err:.1f} %  (measured median {np.median(lat) / 1e6:.2f} ms)")
