@@ -71,6 +71,30 @@ def test_steps_cover_every_rank_and_step(smoke: tuple[Path, object]) -> None:
         assert (steps["step_ns"] >= steps["forward_ns"] + steps["backward_ns"]).all()
 
 
+def test_profiled_cells_have_trace_metrics_and_traces(smoke: tuple[Path, object]) -> None:
+    out, _ = smoke
+    tables = results.load(out)
+    metrics = tables["trace_metrics"]
+    m = matrix.load(REPO / "sweeps" / "smoke.yaml")
+    for cell in m.cells:
+        rows = metrics[metrics["cell_id"] == cell.cell_id]
+        first = max(1, cell.warmup_steps)
+        # exactly the measured steps were traced, on every rank
+        assert sorted(set(rows["step"])) == list(range(first, cell.steps))
+        assert set(rows["rank"]) == set(range(cell.world_size))
+        traces = sorted((out / "traces" / f"{cell.cell_id}-a1").glob("*.json.gz"))
+        assert len(traces) == cell.world_size
+    # DESIGN.md: compute + exposed + idle + other = window, exactly
+    total = metrics["compute_ns"] + metrics["exposed_ns"] + metrics["idle_ns"] + metrics["other_ns"]
+    assert (total == metrics["window_ns"]).all()
+    assert (metrics["overlap_ns"] <= metrics["comm_ns"]).all()
+    # every bucket of a traced step was found in the trace (matched by size)
+    buckets = tables["buckets"]
+    per_step = buckets.groupby(["cell_id", "rank", "step"]).size().rename("num_buckets")
+    joined = metrics.join(per_step, on=["cell_id", "rank", "step"])
+    assert (joined["num_collectives"] == joined["num_buckets"]).all()
+
+
 def test_rerun_skips_complete_cells(smoke: tuple[Path, object]) -> None:
     out, _ = smoke
     before = results.load(out)
