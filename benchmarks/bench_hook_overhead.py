@@ -54,7 +54,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -68,6 +67,7 @@ from commprof.profiling.comm_hooks import (  # noqa: E402
     timing_wrapper,
 )
 from commprof.training.data import loss_fn, make_batch  # noqa: E402
+from commprof.training.launcher import process_group, spawn_ranks  # noqa: E402
 from commprof.training.models import build_model, count_parameters  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "hook_overhead.json"
@@ -105,20 +105,13 @@ def _keep_going(start_s: float, budget_s: float) -> bool:
     return bool(flag.item())
 
 
-def _worker(rank: int, args: argparse.Namespace, store_path: str, out_path: str) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, WORLD_SIZE)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=PG_TIMEOUT
-    )
-    try:
-        result = _run(rank, args)
-        if rank == 0:
-            torch.save(result, out_path)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespace) -> Any:
+    store = dist.FileStore(store_path, world_size)
+    timeout_s = PG_TIMEOUT.total_seconds()
+    with process_group(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout_s=timeout_s
+    ):
+        return _run(rank, args)
 
 
 def _build(args: argparse.Namespace) -> DistributedDataParallel:
@@ -453,10 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.rounds, args.blocks, args.block = "srn-1m", 6, 2, 2
-    with tempfile.TemporaryDirectory(prefix="bench-hook-") as tmp:
-        raw_path = str(Path(tmp) / "raw.pt")
-        mp.spawn(_worker, args=(args, str(Path(tmp) / "store"), raw_path), nprocs=WORLD_SIZE)
-        raw = torch.load(raw_path, weights_only=False)
+    raw = spawn_ranks(_worker, WORLD_SIZE, args=(args,), limit_s=args.total_budget_s + 300)[0]
     report = summarize(raw, args)
     cost = wrapper_cost_ns()
     per_step_ns = cost["per_bucket_ns"] * report["hook"]["buckets_per_step"]

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from commprof.modeling.buckets import (
@@ -22,6 +18,7 @@ from commprof.modeling.buckets import (
     initial_bucket,
 )
 from commprof.training import models as ref_models
+from commprof.training.launcher import process_group, spawn_ranks
 
 EXECUTION_ORDER_DIFFERS = {"resnet18"}
 UNEVEN = [(300, 700), (700, 500), (500, 90), (90, 1200), (1200, 10)]
@@ -81,15 +78,9 @@ def _recording_hook(seen: list[tuple[int, int, int]]) -> Any:
     return hook
 
 
-def _ddp_worker(rank: int, world_size: int, store_path: str, out_dir: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        store=dist.FileStore(store_path, world_size),
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
+def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[dict[str, Any]]:
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
         cases: list[tuple[str, Any, float | None]] = [
             ("uneven", uneven_model, None),
             ("uneven", uneven_model, 0.1),
@@ -127,16 +118,11 @@ def _ddp_worker(rank: int, world_size: int, store_path: str, out_dir: str) -> No
                     "params": sizes_of(model),
                 }
             )
-        if rank == 0:
-            torch.save(results, os.path.join(out_dir, "out.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    return results
 
 
-def test_against_real_ddp_buckets(tmp_path: Path) -> None:
-    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    results = torch.load(tmp_path / "out.pt", weights_only=False)
+def test_against_real_ddp_buckets() -> None:
+    results = spawn_ranks(_ddp_worker, 2, limit_s=600)[0]
     for res in results:
         predicted = [b.num_bytes for b in assign_buckets(res["params"], bucket_cap_mb=res["cap"])]
         step0 = [n for s, _, n in res["seen"] if s == 0]

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import copy
 import datetime
-import os
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -29,6 +27,7 @@ from commprof.profiling.comm_hooks import (
     timing_wrapper,
 )
 from commprof.training.data import loss_fn, make_batch
+from commprof.training.launcher import spawn_ranks
 from commprof.training.models import build_model, count_parameters
 
 WORLD_SIZE = 2
@@ -188,12 +187,21 @@ SCENARIOS: dict[str, Callable[[int], dict[Any, Any]]] = {
 }
 
 
-def _worker(rank: int, store_path: str, out_dir: str) -> None:  # pragma: no cover - child
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, WORLD_SIZE)
+def _convert(value: Any, kind: type, to: Callable[[Any], Any]) -> Any:
+    """Convert every ``kind`` inside nested dicts, lists and tuples with ``to``."""
+    if isinstance(value, kind):
+        return to(value)
+    if isinstance(value, dict):
+        return {k: _convert(v, kind, to) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_convert(v, kind, to) for v in value)
+    return value
+
+
+def _worker(rank: int, world_size: int, store_path: str) -> dict[str, Any]:  # pragma: no cover
+    store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=PG_TIMEOUT
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT
     )
     try:
         results: dict[str, Any] = {}
@@ -203,18 +211,18 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:  # pragma: no cov
             except Exception:  # reported by the test of that scenario
                 results[name] = {"traceback": traceback.format_exc()}
             dist.barrier()  # both ranks finish a scenario before the next one starts
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.barrier()
         dist.destroy_process_group()
+    # numpy travels by value through the result queue (tensors would go by shared memory)
+    return _convert(results, torch.Tensor, lambda t: t.numpy())
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def ranks() -> list[dict[str, Any]]:
     """What each of the two ranks returned, by scenario."""
-    tmp = tmp_path_factory.mktemp("comm_hooks")
-    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD_SIZE, join=True)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+    per_rank = spawn_ranks(_worker, WORLD_SIZE, limit_s=600)
+    return [_convert(r, np.ndarray, torch.from_numpy) for r in per_rank]
 
 
 def _scenario(ranks: list[dict[str, Any]], name: str) -> list[Any]:

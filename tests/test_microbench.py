@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import datetime
-import os
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from commprof.training.launcher import process_group, spawn_ranks
 from commprof.training.microbench import (
     MicrobenchConfig,
     _count_wrong,
@@ -24,26 +20,14 @@ from commprof.training.microbench import (
 CONFIG = MicrobenchConfig(sizes_bytes=(1024, 4096, 65536, 1002), warmup_iters=1, timed_iters=3)
 
 
-def _worker(rank: int, world_size: int, store_path: str, out_dir: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        store=dist.FileStore(store_path, world_size),
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        records = run_allreduce_bench(CONFIG, rank=rank, world_size=world_size, device="cpu")
-        torch.save(records, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world_size: int, store_path: str) -> list[dict[str, object]]:
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
+        return run_allreduce_bench(CONFIG, rank=rank, world_size=world_size, device="cpu")
 
 
-def test_two_rank_records(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    r0 = torch.load(tmp_path / "rank0.pt")
-    r1 = torch.load(tmp_path / "rank1.pt")
+def test_two_rank_records() -> None:
+    r0, r1 = spawn_ranks(_worker, 2)
     assert r0 == r1  # identical on every rank
     # 1002 B rounds down to 250 float32 elements = 1000 B
     assert [r["num_bytes"] for r in r0] == [1024, 4096, 65536, 1000]

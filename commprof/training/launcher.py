@@ -16,7 +16,7 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,16 +132,21 @@ def run_rank(
 
 
 def _spawned_rank(
-    rank: int, cell: Cell, store_path: str, timeout_s: float, queue: Any
+    target: Callable[..., Any], rank: int, world_size: int, store_path: str, args: tuple, queue: Any
 ) -> None:  # pragma: no cover - runs in a child process
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
-        store = dist.FileStore(store_path, cell.world_size)
-        result = run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
-        queue.put((rank, "ok", result))
+        queue.put((rank, "ok", target(rank, world_size, store_path, *args)))
     except BaseException as err:
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def _cell_rank(
+    rank: int, world_size: int, store_path: str, cell: Cell, timeout_s: float
+) -> dict[str, Any]:  # pragma: no cover - runs in a child process
+    store = dist.FileStore(store_path, world_size)
+    return run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
 
 
 class RankFailure(RuntimeError):
@@ -201,36 +206,62 @@ def run_local(
     Raises:
         RankFailure: with the ranks' errors grouped by text.
     """
+    limit_s = limit_s if limit_s is not None else 4 * timeout_s + 60
+    return spawn_ranks(_cell_rank, cell.world_size, args=(cell, timeout_s), limit_s=limit_s)
+
+
+def spawn_ranks(
+    target: Callable[..., Any], world_size: int, *, args: tuple = (), limit_s: float = 300.0
+) -> list[Any]:
+    """Run ``target(rank, world_size, store_path, *args)`` in ``world_size`` fresh processes.
+
+    The ranks rendezvous through a FileStore at ``store_path`` (in a temporary folder, removed
+    afterwards) and return their results through a queue, never through files. When a rank
+    fails, the others get ``ERROR_GRACE_S`` to report before they are killed.
+
+    Args:
+        target: a module-level function (the children import it by name).
+        world_size: number of processes.
+        args: further arguments of ``target`` (picklable).
+        limit_s: wall-clock limit of the whole run.
+
+    Returns:
+        The results in rank order.
+
+    Raises:
+        RankFailure: with the ranks' errors grouped by text.
+    """
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+
+    def drain() -> None:
+        while not queue.empty():
+            rank, status, payload = queue.get()
+            (results if status == "ok" else errors)[rank] = payload
+
     with tempfile.TemporaryDirectory(prefix="commprof-store-") as tmp:
         store_path = str(Path(tmp) / "store")
         procs = [
-            ctx.Process(target=_spawned_rank, args=(r, cell, store_path, timeout_s, queue))
-            for r in range(cell.world_size)
+            ctx.Process(target=_spawned_rank, args=(target, r, world_size, store_path, args, queue))
+            for r in range(world_size)
         ]
         for proc in procs:
             proc.start()
-        results: dict[int, dict[str, Any]] = {}
-        errors: dict[int, str] = {}
-        limit_s = limit_s if limit_s is not None else 4 * timeout_s + 60
         deadline = time.monotonic() + limit_s
-        while len(results) + len(errors) < cell.world_size:
-            if not queue.empty():
-                rank, status, payload = queue.get()
-                (results if status == "ok" else errors)[rank] = payload
-                if status != "ok":  # the others fail fast or hang: give them a moment only
-                    deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
-                continue
+        while len(results) + len(errors) < world_size:
+            had_errors = bool(errors)
+            drain()
+            if errors and not had_errors:  # the others fail fast or hang: a moment only
+                deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
             dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            while not queue.empty():  # a rank may report and then die before this check
-                rank, status, payload = queue.get()
-                (results if status == "ok" else errors)[rank] = payload
-            missing = [r for r in dead if r not in results and r not in errors]
-            for r in missing:
-                errors[r] = f"process exited with code {procs[r].exitcode}"
+            drain()  # a rank may report and then die between the two looks
+            for r in dead:
+                if r not in results and r not in errors:
+                    errors[r] = f"process exited with code {procs[r].exitcode}"
             if time.monotonic() > deadline:
-                for r in range(cell.world_size):
+                for r in range(world_size):
                     if r not in results and r not in errors:
                         errors[r] = "gave no result in time; stopped"
                 break
@@ -241,7 +272,7 @@ def run_local(
                 proc.kill()
     if errors:
         raise RankFailure(errors)
-    return [results[r] for r in range(cell.world_size)]
+    return [results[r] for r in range(world_size)]
 
 
 def merge_rank_records(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
