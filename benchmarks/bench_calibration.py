@@ -22,6 +22,8 @@ import datetime
 import itertools
 import json
 import os
+import random
+import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +47,7 @@ from commprof.modeling.calibration import (
     holdout_split,
     mape,
 )
+from commprof.modeling.cost_model import bus_bandwidth_factor
 from commprof.modeling.interconnects import get_interconnect
 from commprof.profiling.comm_hooks import register_timing_hook
 from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
@@ -52,6 +55,8 @@ from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
 # Two sizes per octave (x sqrt 2, rounded to whole float32 elements): the held-out sizes sit
 # between fitted ones, and the cache-to-memory step of loopback gloo near 2 MiB is resolved.
 SIZES_BYTES = tuple(sorted({4 * round(1024 * 2 ** (k / 2) / 4) for k in range(33)}))
+PASSES = 4
+"""Passes over all sizes, each in a shuffled order; a size's time is the median over passes."""
 SMALL_TIMED_ITERS = 200
 """Timed iterations per size up to SMALL_LIMIT_BYTES."""
 LARGE_TIMED_ITERS = 16
@@ -76,6 +81,22 @@ def _init(rank: int, world_size: int, store_path: str) -> None:
     )
 
 
+def _combine(records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """One size's passes -> one record: median of the pass medians, overall min and max."""
+    p50 = int(statistics.median(r["time_p50_ns"] for r in records))
+    algbw = records[0]["num_bytes"] / p50
+    return {
+        **records[0],
+        "num_iters": sum(r["num_iters"] for r in records),
+        "time_p50_ns": p50,
+        "time_min_ns": min(r["time_min_ns"] for r in records),
+        "time_max_ns": max(r["time_max_ns"] for r in records),
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_bandwidth_factor(world_size),
+        "num_wrong": sum(r["num_wrong"] for r in records),
+    }
+
+
 def _bench_worker(rank: int, world_size: int, store_path: str, out_path: str) -> None:
     _init(rank, world_size, store_path)
     try:
@@ -86,22 +107,26 @@ def _bench_worker(rank: int, world_size: int, store_path: str, out_path: str) ->
             world_size=world_size,
             device="cpu",
         )
-        small = MicrobenchConfig(
-            sizes_bytes=tuple(s for s in SIZES_BYTES if s <= SMALL_LIMIT_BYTES),
-            # Small messages measure latency, which scheduling noise on a shared 2-core host
-            # blurs most: many iterations make their median stable (0.5 ms each, cheap).
-            warmup_iters=20,
-            timed_iters=SMALL_TIMED_ITERS,
-        )
-        large = MicrobenchConfig(
-            sizes_bytes=tuple(s for s in SIZES_BYTES if s > SMALL_LIMIT_BYTES),
-            warmup_iters=3,
-            timed_iters=LARGE_TIMED_ITERS,
-        )
-        records = [
-            *run_allreduce_bench(small, rank=rank, world_size=world_size, device="cpu"),
-            *run_allreduce_bench(large, rank=rank, world_size=world_size, device="cpu"),
-        ]
+        # PASSES passes over all sizes, each in its own shuffled order (the same on every
+        # rank): a burst of outside load then blurs a few iterations of many sizes instead of
+        # all iterations of one, and the median over passes sets it aside.
+        passes: dict[int, list[dict[str, Any]]] = {}
+        for index in range(PASSES):
+            order = list(SIZES_BYTES)
+            random.Random(index).shuffle(order)
+            for size in order:
+                small = size <= SMALL_LIMIT_BYTES
+                config = MicrobenchConfig(
+                    sizes_bytes=(size,),
+                    # latency-bound sizes are the noisiest: many cheap iterations
+                    warmup_iters=5 if small else 2,
+                    timed_iters=(SMALL_TIMED_ITERS if small else LARGE_TIMED_ITERS) // PASSES,
+                )
+                (record,) = run_allreduce_bench(
+                    config, rank=rank, world_size=world_size, device="cpu"
+                )
+                passes.setdefault(size, []).append(record)
+        records = [_combine(passes[n], world_size) for n in sorted(passes)]
         if rank == 0:
             Path(out_path).write_text(json.dumps(records))
         dist.barrier()
