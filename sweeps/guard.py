@@ -6,6 +6,7 @@ of this machine, overridden by the matrix file's ``budget`` section.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict
 from functools import cache
@@ -13,6 +14,8 @@ from typing import Any
 
 from commprof.matrix import Cell, Matrix
 from commprof.training import memory_guard
+
+log = logging.getLogger(__name__)
 
 # Duration estimate of a cell, for `commprof check` and the progress bar before the first cell
 # finishes. Rough by design (a planning aid, not a measurement): constants measured on a 2-core
