@@ -116,6 +116,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("time_p50_ns", pa.int64()),
             ("time_min_ns", pa.int64()),
             ("time_max_ns", pa.int64()),
+            ("transfer_p50_ns", pa.int64()),  # shortest rank per iteration: no waiting
             ("algbw_gbps", pa.float64()),
             ("busbw_gbps", pa.float64()),
             ("num_wrong", pa.int64()),

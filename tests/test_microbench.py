@@ -48,6 +48,8 @@ def test_size_record_bus_bandwidth(world_size: int) -> None:
     assert rec["time_p50_ns"] == p50_ns
     assert rec["time_min_ns"] == 1000 + (world_size - 1)
     assert rec["time_max_ns"] == 3000 + (world_size - 1)
+    # transfer: the shortest rank per iteration (rank 0, 1000 (i + 1)); p50 is the middle one
+    assert rec["transfer_p50_ns"] == 2000
     assert rec["num_iters"] == 3 and rec["num_wrong"] == 0
     algbw = 8000 / p50_ns  # bytes per ns = GB/s (decimal)
     assert rec["algbw_gbps"] == pytest.approx(algbw, rel=1e-12)

@@ -143,7 +143,11 @@ def size_record(
 
     An iteration's time is the max over ranks (module docstring); algbw = S / t_p50 and
     busbw = algbw * 2(p-1)/p (``commprof.modeling.cost_model.bus_bandwidth_factor``,
-    nccl-tests doc/PERFORMANCE.md), in decimal GB/s.
+    nccl-tests doc/PERFORMANCE.md), in decimal GB/s. ``transfer_p50_ns`` is the median over
+    iterations of the SHORTEST duration across ranks: the rank that left the barrier last
+    waited for nobody, so its time is the collective's transfer and the others' excess is
+    waiting (DESIGN.md's transfer vs wait, as for trace collectives); it is what a link model
+    predicts without the barrier-exit skew a busy host adds.
 
     Args:
         per_rank_ns: ``[rank][iteration]`` durations in ns, all ranks the same length.
@@ -160,6 +164,7 @@ def size_record(
             f"per_rank_ns needs {world_size} ranks of durations, got {len(per_rank_ns)} ranks"
         )
     per_iter_ns = [max(column) for column in zip(*per_rank_ns, strict=True)]
+    transfer_ns = [min(column) for column in zip(*per_rank_ns, strict=True)]
     p50_ns = int(statistics.median(per_iter_ns))
     algbw_gbps = num_bytes / (p50_ns * 1e-9) / 1e9 if p50_ns > 0 else float("inf")
     return {
@@ -169,6 +174,7 @@ def size_record(
         "time_p50_ns": p50_ns,
         "time_min_ns": int(min(per_iter_ns)),
         "time_max_ns": int(max(per_iter_ns)),
+        "transfer_p50_ns": int(statistics.median(transfer_ns)),
         "algbw_gbps": algbw_gbps,
         "busbw_gbps": algbw_gbps * float(bus_bandwidth_factor(world_size)),
         "num_wrong": int(num_wrong),
