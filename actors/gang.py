@@ -26,6 +26,12 @@ ACTOR_NAMESPACE = "commprof"
 """Ray namespace of the driver; rank actors are named ``<driver>-gang<N>-rank<R>`` in it."""
 
 _gang_ids = itertools.count()
+
+
+class PlacementTimeout(TimeoutError):
+    """The cluster did not place a gang's placement group in time (not: an actor was slow)."""
+
+
 _DRIVER_TAG = uuid.uuid4().hex[:8]
 """Distinguishes this driver's actor names from another driver's on the same cluster."""
 
@@ -95,8 +101,10 @@ def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
     """Reserve a placement group for ``shape`` and start one rank actor per bundle.
 
     Raises:
-        TimeoutError: the cluster could not place the group in time (e.g. SPREAD over more
-            ranks than nodes, or too few GPUs).
+        PlacementTimeout: the cluster could not place the group in time (e.g. STRICT_SPREAD
+            over more ranks than nodes, or too few GPUs).
+        ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: the group was placed but
+            an actor did not start in time, or died starting.
     """
     world_size, device, strategy = shape
     bundles = [bundle_for(device) for _ in range(world_size)]
@@ -104,7 +112,7 @@ def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
     ready, _ = ray.wait([group.ready()], timeout=ready_timeout_s)
     if not ready:
         remove_placement_group(group)
-        raise TimeoutError(
+        raise PlacementTimeout(
             f"placement group of {world_size} x {bundles[0]} ({strategy}) not placed within "
             f"{ready_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}"
         )

@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.execution import CellExecution, Outcome
-from actors.gang import Gang, bundle_for, create_gang
+from actors.gang import Gang, PlacementTimeout, bundle_for, create_gang
 from commprof import results
 from commprof.matrix import Cell, Matrix
 from commprof.training.launcher import merge_rank_records, merge_rank_traces
@@ -121,6 +121,7 @@ class Driver:
         self._walls: list[float] = []
         self._guard: GuardPlan | None = None
         self._budget_base: dict[str, int] = {}
+        self._unplaceable: set[tuple[int, str, str]] = set()
 
     @property
     def guard(self) -> GuardPlan:
@@ -166,8 +167,10 @@ class Driver:
             elif self.options.retry_failed:
                 continue  # --retry-failed touches failed cells only
             (todo if feasible else rejected).append((cell, attempt + 1))
-            # --retry-failed gives a fresh attempt budget counted from here
-            self._budget_base[cell.cell_id] = attempt if self.options.retry_failed else 0
+            # --retry-failed gives a fresh attempt budget counted from here, and earlier
+            # rejections (the cell never ran) use none of it
+            fresh = self.options.retry_failed or status == "rejected"
+            self._budget_base[cell.cell_id] = attempt if fresh else 0
         # Cells of one shape together (stable otherwise): a gang serves them all in a row
         # instead of being dropped and rebuilt when shapes alternate on a full cluster.
         todo.sort(key=lambda item: item[0].shape)
@@ -249,7 +252,8 @@ class Driver:
         total = ray.cluster_resources()  # one control-plane round trip per pass, not per cell
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
-            gang = None if cell.shape in blocked else self._acquire(cell, total)
+            skip = cell.shape in blocked or cell.shape in self._unplaceable
+            gang = None if skip else self._acquire(cell, total)
             if gang is None and not running:
                 # Nothing runs and no idle gang is left to drop: the cluster cannot place it.
                 need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
@@ -259,6 +263,7 @@ class Driver:
                     f"cannot be placed: needs {need} in one {cell.placement} placement group; "
                     f"the cluster has {dict(total)}. Add nodes or resources, or --exclude it.",
                 )
+                self._unplaceable.add(cell.shape)  # the same shape would wait in vain again
                 continue
             if gang is None:
                 blocked.add(cell.shape)
@@ -312,16 +317,20 @@ class Driver:
             try:
                 gang = create_gang(cell.shape, ready_timeout_s=self.options.gang_ready_timeout_s)
                 break
-            except TimeoutError as err:  # cannot be placed now: wait for running cells
-                log.warning("%s", err)
-                return None
-            except (RayActorError, GetTimeoutError) as err:  # an actor died while starting
+            except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
                 log.warning(
                     "starting a gang of shape %s failed (try %d): %s",
                     cell.shape,
                     attempt,
                     str(err).splitlines()[0],
                 )
+            except PlacementTimeout as err:
+                idle = [g for g in self.gangs if id(g) not in self.busy]
+                if not idle:  # cannot be placed now: wait for running cells (or give up)
+                    log.warning("%s", err)
+                    return None
+                for gang in idle:  # their bundles may fragment what a STRICT placement needs
+                    self._drop(gang)
         else:
             raise RuntimeError(
                 f"could not start a gang of shape {cell.shape} in {GANG_START_TRIES} tries; "

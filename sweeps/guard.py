@@ -105,7 +105,9 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
     On one node (the embedded Ray, a laptop) that is this machine, detected locally. On a
     cluster the driver may sit on a CPU-only head whose memory says nothing about the workers':
     a task with ``num_cpus=1`` (and one with ``num_gpus=1`` where the cluster has GPUs) runs
-    ``detect_budgets`` on a worker and reports back.
+    ``detect_budgets`` on a worker and reports back (one node Ray picks: on a cluster of mixed
+    machines set the smallest node's budgets in the matrix file). If the probe cannot run in
+    time, this machine's budgets are used, with a warning.
 
     Args:
         workers: ``ray.nodes()`` entries of the alive nodes that can hold a rank.
@@ -115,13 +117,25 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
     """
     import ray
 
-    if len(workers) <= 1 and not any(n.get("Resources", {}).get("GPU") for n in workers):
+    here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    has_gpu = any(n.get("Resources", {}).get("GPU", 0) > 0 for n in workers)
+    if not workers or (len(workers) == 1 and workers[0].get("NodeID") == here and not has_gpu):
         return {}  # this machine is the node: local detection (GuardPlan's default) is right
     probe = ray.remote(_node_budgets)
     refs = {"cpu": probe.options(num_cpus=1).remote(False)}
-    if any(n.get("Resources", {}).get("GPU", 0) > 0 for n in workers):
+    if has_gpu:
         refs["cuda"] = probe.options(num_cpus=0, num_gpus=1).remote(True)
-    found = ray.get(list(refs.values()), timeout=PROBE_TIMEOUT_S)
+    try:
+        found = ray.get(list(refs.values()), timeout=PROBE_TIMEOUT_S)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as err:
+        for ref in refs.values():
+            ray.cancel(ref, force=True)
+        log.warning(
+            "could not measure memory budgets on the cluster's nodes (%s); the memory guard "
+            "uses this machine's; set them in the matrix's budget section if they differ",
+            type(err).__name__,
+        )
+        return {}
     return {kind: memory_guard.Budgets(**values) for kind, values in zip(refs, found, strict=True)}
 
 

@@ -95,6 +95,19 @@ def test_breakdown_closed_form() -> None:
     assert len(step_breakdown(steps, buckets)) == 1  # the unmeasured step is dropped
 
 
+def test_breakdown_on_cuda_uses_the_device_timed_columns() -> None:
+    # NCCL: host done_ns marks the enqueue (here 1 ns after ready), the device times hold the
+    # transfer: service times 100 and 150 ns, of which 0 and 120 ns were exposed.
+    steps, buckets = _one_step([(100, 101, 101), (600, 601, 601)])
+    buckets["device_latency_ns"] = [100, 150]
+    buckets["transfer_ns"] = [100, 150]
+    buckets["exposed_ns"] = [0, 120]
+    row = step_breakdown(steps, buckets).iloc[0]
+    assert row["comm_ns"] == 100 + 150
+    assert row["exposed_ns"] == 0 + 120
+    assert row["compute_ns"] + row["exposed_ns"] + row["optimizer_ns"] + row["other_ns"] == 1000
+
+
 def test_breakdown_without_communication_has_undefined_overlap() -> None:
     steps, buckets = _one_step([])
     buckets = pd.DataFrame(

@@ -18,6 +18,10 @@ ready when autograd produces the last gradient, i.e. when backward compute ends)
   is reduced, so backward time holds the exposed communication);
 - ``optimizer_ns`` as measured; ``other_ns`` = step - forward - backward - optimizer.
 
+On CUDA cells (``device_latency_ns`` present) the host clock marks only the enqueue, so comm
+is the sum of the buckets' device-timed ``transfer_ns`` and exposed the sum of their
+``exposed_ns`` (one NCCL stream runs them one at a time: the parts do not overlap).
+
 So ``compute_ns + exposed_ns + optimizer_ns + other_ns == step_ns`` exactly (int64); the
 function checks it. Where a profiler trace was taken, ``trace_metrics`` holds the same
 quantities from the trace; they are reported beside these, never mixed in.
@@ -97,10 +101,22 @@ def step_breakdown(steps: pd.DataFrame, buckets: pd.DataFrame) -> pd.DataFrame:
     """
     measured = steps[steps["measured"].astype(bool)].copy()
     b = buckets.merge(measured[STEP_KEYS], on=STEP_KEYS, how="inner")
-    b["compute_end_ns"] = b.groupby(STEP_KEYS)["ready_ns"].transform("max")
-    b["exposed_start_ns"] = np.maximum(b["ready_ns"], b["compute_end_ns"])
-    comm = union_length(b, STEP_KEYS, "ready_ns", "done_ns").rename("comm_ns")
-    exposed = union_length(b, STEP_KEYS, "exposed_start_ns", "done_ns").rename("exposed_ns")
+    on_device = (
+        b["device_latency_ns"].notna() if "device_latency_ns" in b else pd.Series(False, b.index)
+    )
+    host, device = b[~on_device].copy(), b[on_device]
+    host["compute_end_ns"] = host.groupby(STEP_KEYS)["ready_ns"].transform("max")
+    host["exposed_start_ns"] = np.maximum(host["ready_ns"], host["compute_end_ns"])
+    # CUDA rows: the host clock marks only the enqueue there (comm_hooks), so the per-bucket
+    # device-timed columns are summed: one NCCL stream runs the collectives one at a time, so
+    # service times (transfer_ns) and exposed parts do not overlap each other.
+    comm = union_length(host, STEP_KEYS, "ready_ns", "done_ns")
+    exposed = union_length(host, STEP_KEYS, "exposed_start_ns", "done_ns")
+    if not device.empty:
+        by_step = device.groupby(STEP_KEYS)
+        comm = pd.concat([comm, by_step["transfer_ns"].sum().astype(np.int64)])
+        exposed = pd.concat([exposed, by_step["exposed_ns"].sum().astype(np.int64)])
+    comm, exposed = comm.rename("comm_ns"), exposed.rename("exposed_ns")
     count = b.groupby(STEP_KEYS).size().rename("num_buckets")
     out = measured.set_index(STEP_KEYS).join([comm, exposed, count])
     for col in ("comm_ns", "exposed_ns", "num_buckets"):

@@ -216,8 +216,10 @@ def spawn_ranks(
     """Run ``target(rank, world_size, store_path, *args)`` in ``world_size`` fresh processes.
 
     The ranks rendezvous through a FileStore at ``store_path`` (in a temporary folder, removed
-    afterwards) and return their results through a queue, never through files. When a rank
-    fails, the others get ``ERROR_GRACE_S`` to report before they are killed.
+    afterwards) and return their results through a queue, never through files. Results must
+    hold no torch tensors (convert them to numpy or lists): the queue would pass tensors by
+    shared memory, which is gone once the child has exited. When a rank fails, the others get
+    ``ERROR_GRACE_S`` to report before they are killed.
 
     Args:
         target: a module-level function (the children import it by name).
