@@ -274,14 +274,11 @@ def _estimate(args: argparse.Namespace) -> int:
 def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:
     """Parameter sizes from ``--params-file`` or ``--model`` (closed form, torch-free)."""
     from commprof.catalog import MODEL_NAMES, parameter_sizes
-    from commprof.modeling.estimate import load_param_sizes_file
+    from commprof.modeling.estimate import load_param_sizes_file, resolve_model
 
     if getattr(args, "params_file", None):
         return load_param_sizes_file(args.params_file)
-
-    if args.model not in MODEL_NAMES:
-        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
-    return parameter_sizes(args.model)
+    return resolve_model(args.model, MODEL_NAMES, parameter_sizes)
 
 
 def _figures(args: argparse.Namespace) -> int:

@@ -263,8 +263,8 @@ def resolve_model(
 
     Args:
         name: Requested model name.
-        model_names: Valid names (``commprof.training.models.MODEL_NAMES``).
-        sizes_fn: ``commprof.training.models.parameter_sizes``.
+        model_names: Valid names (``commprof.catalog.MODEL_NAMES``).
+        sizes_fn: ``commprof.catalog.parameter_sizes`` (closed form, torch-free).
 
     Returns:
         ``(name, numel)`` in registration order.
