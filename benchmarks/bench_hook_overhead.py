@@ -41,8 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -59,6 +57,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from bench_env import environment  # noqa: E402
 
 from commprof.profiling.comm_hooks import (  # noqa: E402
     COMPOSITION_STEP,
@@ -371,13 +371,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "blocks_requested_per_arm": args.blocks,
             "threads_per_rank": 1,
         },
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m_at_end": os.getloadavg()[0],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        },
+        "environment": environment(),  # load_avg_1m at the end
         "wall_s": raw["wall_s"],
         "hook": hook,
         "profiler": profiler,

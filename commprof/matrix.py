@@ -64,8 +64,12 @@ _ID_FIELDS = (
     "repeat",
     "microbench_sizes_bytes",
     "microbench_iters",
+    "microbench_passes",
     "profile",
 )
+# Identity fields added after datasets existed, with the value every earlier cell had: they
+# are hashed only when they differ from it, so earlier cells keep their ids (and resume).
+_LATER_ID_DEFAULTS: dict[str, Any] = {"microbench_passes": 1}
 
 
 class MatrixError(ValueError):
@@ -105,7 +109,9 @@ class Cell:
     microbench_sizes_bytes: tuple[int, ...] = ()
     """All-reduce microbenchmark message sizes (bytes); the model's bucket sizes are added."""
     microbench_iters: int = 5
-    """Timed iterations per microbenchmark size."""
+    """Timed iterations per microbenchmark size in each pass."""
+    microbench_passes: int = 1
+    """Rounds over the microbenchmark sizes, each in a shuffled order (``MicrobenchConfig``)."""
     profile: bool = False
     """Also record a torch.profiler trace per rank and derive trace metrics from it."""
 
@@ -120,7 +126,7 @@ class Cell:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.backend == "nccl" and self.device != "cuda":
             raise MatrixError("backend 'nccl' needs device 'cuda'; use backend 'gloo' on cpu")
-        for name in ("world_size", "steps", "batch_size", "microbench_iters"):
+        for name in ("world_size", "steps", "batch_size", "microbench_iters", "microbench_passes"):
             if getattr(self, name) < 1:
                 raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.bucket_cap_mb <= 0:
@@ -153,7 +159,11 @@ class Cell:
 
     def config(self) -> dict[str, Any]:
         """The identity fields as plain JSON-able values."""
-        return {name: _plain(getattr(self, name)) for name in _ID_FIELDS}
+        return {
+            name: _plain(getattr(self, name))
+            for name in _ID_FIELDS
+            if name not in _LATER_ID_DEFAULTS or getattr(self, name) != _LATER_ID_DEFAULTS[name]
+        }
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -218,6 +228,7 @@ _DEFAULTS: dict[str, tuple[type, ...]] = {
     "warmup_steps": (int,),
     "seed": (int,),
     "microbench_iters": (int,),
+    "microbench_passes": (int,),
     "profile": (bool,),
 }
 _RUN: dict[str, tuple[type, ...]] = {

@@ -150,5 +150,7 @@ def estimate_cell_s(cell: Cell, num_params: int) -> float:
     rate = GPU_FLOPS_PER_S if cell.device == "cuda" else CPU_FLOPS_PER_S
     p = cell.world_size
     comm_s = 2 * (p - 1) / p * num_params * 4 / LOOPBACK_BYTES_PER_S if p > 1 else 0.0
-    micro_s = len(cell.microbench_sizes_bytes) * cell.microbench_iters * 0.01
+    micro_s = (
+        len(cell.microbench_sizes_bytes) * cell.microbench_iters * cell.microbench_passes * 0.01
+    )
     return CELL_SETUP_S + cell.steps * (flops / rate + comm_s) + micro_s

@@ -19,6 +19,7 @@ from commprof.modeling.calibration import (
     fit_table,
     fits_from_dataset,
     holdout_split,
+    leave_one_out_errors,
     load_fits,
     mape,
     save_fits,
@@ -107,6 +108,20 @@ def test_mape_and_holdout() -> None:
     fit_mask, held = holdout_split(np.array([4, 1, 2, 8, 2]))
     assert fit_mask.tolist() == [True, True, False, False, False]
     assert held.tolist() == [False, False, True, True, True]
+
+
+def test_leave_one_out_predicts_each_size_from_the_others() -> None:
+    t = ring(SIZES, 4)
+    assert np.abs(leave_one_out_errors(SIZES, t, 4, fit_alpha_beta)).max() < 1e-9
+    # One size measured 1.5x slow: the fit on the other (exact) sizes predicts the true time,
+    # so that size's error is 1 / 1.5 - 1 exactly; the others see it in their fits.
+    slow = t.copy()
+    slow[7] *= 1.5
+    errors = leave_one_out_errors(SIZES, slow, 4, fit_alpha_beta)
+    assert errors[7] == pytest.approx(1 / 1.5 - 1, rel=1e-9)
+    assert np.abs(np.delete(errors, 7)).max() < 1 / 3
+    with pytest.raises(ValueError, match="one measured time"):
+        leave_one_out_errors(SIZES, t[:-1], 4, fit_alpha_beta)
 
 
 def test_fit_table_groups_by_backend_regime_world_size(tmp_path: Path) -> None:

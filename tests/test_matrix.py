@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from commprof import matrix
@@ -51,6 +53,21 @@ def test_cell_id_is_stable_and_depends_on_config_only(tmp_path: Path) -> None:
     ids = [c.cell_id for c in _load(tmp_path, GOOD).cells]
     assert ids == [c.cell_id for c in _load(tmp_path, GOOD).cells]
     assert matrix.cell_from_config(a.config()) == a
+    # a field added later is part of the identity only where it differs from the old value
+    two = Cell(model="srn-1m", world_size=2, bucket_cap_mb=25, microbench_passes=2)
+    assert "microbench_passes" not in a.config() and two.config()["microbench_passes"] == 2
+    assert two.cell_id != a.cell_id and matrix.cell_from_config(two.config()) == two
+
+
+def test_committed_dataset_ids_are_recomputed_from_their_configs() -> None:
+    # cells written by earlier versions keep their ids, so a sweep over them resumes
+    cells = pd.concat(
+        pd.read_parquet(path)
+        for path in sorted((REPO / "tests" / "data" / "results_smoke" / "cells").glob("*.parquet"))
+    )
+    assert len(cells) >= 20
+    for cell_id, config_json in cells[["cell_id", "config_json"]].itertuples(index=False):
+        assert matrix.cell_from_config(json.loads(config_json)).cell_id == cell_id
 
 
 @pytest.mark.parametrize(
@@ -69,6 +86,10 @@ def test_cell_id_is_stable_and_depends_on_config_only(tmp_path: Path) -> None:
             ["world_size", ">= 1", "got 0", "m.yaml"],
         ),
         (GOOD.replace("steps: 5", "steps: 5\n  stepz: 3"), ["defaults.stepz"]),
+        (
+            GOOD.replace("steps: 5", "steps: 5\n  microbench_passes: 0"),
+            ["microbench_passes", ">= 1", "got 0"],
+        ),
         (GOOD.replace("max_attempts: 3", "max_attempts: true"), ["run.max_attempts", "bool"]),
         (GOOD.replace("[srn-100k, srn-1m]", "[srn-7q]"), ["srn-7q", "srn-100k", "gpt2-small"]),
         (GOOD.replace("name: t", "name: ../evil"), ["key 'name'"]),

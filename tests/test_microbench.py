@@ -20,10 +20,25 @@ from commprof.training.microbench import (
 CONFIG = MicrobenchConfig(sizes_bytes=(1024, 4096, 65536, 1002), warmup_iters=1, timed_iters=3)
 
 
-def _worker(rank: int, world_size: int, store_path: str) -> list[dict[str, object]]:
+# Three shuffled passes; sizes above 2048 B run 1 warm-up and 2 timed iterations per pass.
+PASSES_CONFIG = MicrobenchConfig(
+    sizes_bytes=(1024, 2048, 8192, 32768),
+    warmup_iters=1,
+    timed_iters=4,
+    passes=3,
+    seed=7,
+    large_above_bytes=2048,
+    large_warmup_iters=1,
+    large_timed_iters=2,
+)
+
+
+def _worker(
+    rank: int, world_size: int, store_path: str, config: MicrobenchConfig = CONFIG
+) -> list[dict[str, object]]:
     store = dist.FileStore(store_path, world_size)
     with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
-        return run_allreduce_bench(CONFIG, rank=rank, world_size=world_size, device="cpu")
+        return run_allreduce_bench(config, rank=rank, world_size=world_size, device="cpu")
 
 
 def test_two_rank_records() -> None:
@@ -36,6 +51,25 @@ def test_two_rank_records() -> None:
         assert 0 < rec["time_min_ns"] <= rec["time_p50_ns"] <= rec["time_max_ns"]
         assert rec["algbw_gbps"] == pytest.approx(rec["num_bytes"] / rec["time_p50_ns"])
         assert rec["busbw_gbps"] == pytest.approx(rec["algbw_gbps"] * 2 * (2 - 1) / 2)
+
+
+def test_passes_pool_iterations_and_large_sizes_run_fewer() -> None:
+    r0, r1 = spawn_ranks(_worker, 2, args=(PASSES_CONFIG,))
+    assert r0 == r1
+    # records in the configured order, whatever order the passes visited the sizes in
+    assert [r["num_bytes"] for r in r0] == [1024, 2048, 8192, 32768]
+    # iterations pooled over 3 passes: 3 * 4 up to 2048 B, 3 * 2 above
+    assert [r["num_iters"] for r in r0] == [12, 12, 6, 6]
+    assert all(r["num_wrong"] == 0 for r in r0)
+
+
+def test_pass_orders_are_seeded_permutations() -> None:
+    orders = [PASSES_CONFIG.pass_order(k) for k in range(PASSES_CONFIG.passes)]
+    assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
+    assert len({tuple(order) for order in orders}) > 1  # shuffled differently per pass
+    assert orders == [PASSES_CONFIG.pass_order(k) for k in range(PASSES_CONFIG.passes)]
+    assert CONFIG.pass_order(0) == [0, 1, 2, 3]  # one pass keeps the given order
+    assert PASSES_CONFIG.iters(2048) == (1, 4) and PASSES_CONFIG.iters(2052) == (1, 2)
 
 
 @pytest.mark.parametrize("world_size", [3, 4])
@@ -76,6 +110,9 @@ def test_config_and_sizes() -> None:
     assert with_bucket_sizes((1024,), [("a", 10), ("b", 20)], None) == (120, 1024)
     with pytest.raises(ValueError, match="timed_iters"):
         MicrobenchConfig(sizes_bytes=(8,), timed_iters=0)
+    for bad in ({"passes": 0}, {"large_timed_iters": 0}, {"large_warmup_iters": -1}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            MicrobenchConfig(sizes_bytes=(8,), **bad)
     with pytest.raises(ValueError, match="dtype"):
         MicrobenchConfig(sizes_bytes=(8,), dtype="int8")
     with pytest.raises(RuntimeError, match="process group"):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -315,6 +315,43 @@ def mape(predicted: npt.ArrayLike, measured: npt.ArrayLike) -> float:
     if pred.shape != meas.shape or meas.size == 0 or np.any(meas <= 0):
         raise ValueError("mape needs equal-length, non-empty inputs with measured > 0")
     return float(100.0 * np.mean(np.abs(pred - meas) / meas))
+
+
+def leave_one_out_errors(
+    num_bytes: npt.ArrayLike,
+    times_ns: npt.ArrayLike,
+    world_size: int,
+    fit: Callable[[np.ndarray, np.ndarray, int], Fit],
+) -> np.ndarray:
+    """Leave-one-out cross-validation: each size predicted by a fit on all the others.
+
+    Unlike a fixed half split it does not depend on which sizes are held out, which matters
+    where the time has structure aligned with the size grid (on loopback gloo a power of two
+    can take as long as the size sqrt 2 above it; benchmarks/README.md).
+
+    Args:
+        num_bytes: Message sizes.
+        times_ns: Measured times, one per size.
+        world_size: Ranks p.
+        fit: ``(num_bytes, times_ns, world_size) -> Fit``, e.g. :func:`fit_alpha_beta`.
+
+    Returns:
+        Signed relative errors (predicted - measured) / measured, in input order;
+        ``100 * mean(|errors|)`` is the leave-one-out MAPE.
+    """
+    n = np.asarray(num_bytes, dtype=np.float64)
+    t = np.asarray(times_ns, dtype=np.float64)
+    if n.shape != t.shape or np.any(t <= 0):
+        raise ValueError("leave_one_out_errors needs one measured time > 0 per size")
+    predicted = np.array(
+        [
+            fit(np.delete(n, i), np.delete(t, i), world_size).predict_ns(n[i : i + 1], world_size)[
+                0
+            ]
+            for i in range(n.size)
+        ]
+    )
+    return (predicted - t) / t
 
 
 def holdout_split(num_bytes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:

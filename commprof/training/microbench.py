@@ -4,6 +4,15 @@ Conventions (nccl-tests, doc/PERFORMANCE.md): algbw = S / t; all-reduce
 busbw = algbw * 2(p-1)/p; GB is 1e9 bytes; the reduced values are checked and
 the number of wrong elements reported (nccl-tests' ``#wrong``).
 
+Passes. The sizes are visited in ``passes`` rounds, each in its own seeded shuffled
+order (the same on every rank), and a size's timed iterations are pooled over the
+rounds: a burst of outside load then blurs a few iterations of many sizes rather
+than all iterations of one (on a shared 2-core host, fits from 16 passes missed
+held-out sizes by 6.9 %, from 4 of those passes by 9.2 %; benchmarks/README.md).
+Sizes above ``large_above_bytes`` run ``large_timed_iters`` and
+``large_warmup_iters``, as the OSU micro-benchmarks do with ``iterations_large``
+and ``skip_large`` above ``LARGE_MESSAGE_SIZE``.
+
 Timing. Before each timed iteration every rank refills its buffer (outside the
 timed window) and enters a barrier, so all ranks start together; each rank then
 times ``all_reduce(...).wait()`` with ``time.perf_counter_ns`` (CUDA: after a
@@ -22,6 +31,7 @@ exactly).
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -56,11 +66,21 @@ class MicrobenchConfig:
     sizes_bytes: tuple[int, ...]
     """Message sizes in bytes; each is rounded down to whole elements (at least one)."""
     warmup_iters: int = DEFAULT_WARMUP_ITERS
-    """Untimed iterations before the timed ones, per size."""
+    """Untimed iterations before the timed ones, per size in each pass."""
     timed_iters: int = DEFAULT_TIMED_ITERS
-    """Timed iterations per size."""
+    """Timed iterations per size in each pass."""
     dtype: str = "float32"
     """Element type, one of ``DTYPES``."""
+    passes: int = 1
+    """Rounds over all sizes, each in a shuffled order; iterations are pooled over rounds."""
+    seed: int = 0
+    """Seed of the pass orders (pass k uses ``random.Random(seed + k)``)."""
+    large_above_bytes: int | None = None
+    """Sizes above this use the ``large_*`` iteration counts; None: every size is small."""
+    large_warmup_iters: int = DEFAULT_WARMUP_ITERS
+    """Untimed iterations per large size in each pass."""
+    large_timed_iters: int = DEFAULT_TIMED_ITERS
+    """Timed iterations per large size in each pass."""
 
     def __post_init__(self) -> None:
         if not self.sizes_bytes:
@@ -68,12 +88,29 @@ class MicrobenchConfig:
         bad = [s for s in self.sizes_bytes if int(s) <= 0]
         if bad:
             raise ValueError(f"sizes_bytes must be > 0, got {bad}")
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
-        if self.timed_iters < 1:
-            raise ValueError(f"timed_iters must be >= 1, got {self.timed_iters}")
+        for name in ("warmup_iters", "large_warmup_iters"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("timed_iters", "large_timed_iters", "passes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.large_above_bytes is not None and self.large_above_bytes < 0:
+            raise ValueError(f"large_above_bytes must be >= 0, got {self.large_above_bytes}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+
+    def iters(self, num_bytes: int) -> tuple[int, int]:
+        """(warm-up, timed) iterations of one size in one pass."""
+        if self.large_above_bytes is not None and num_bytes > self.large_above_bytes:
+            return self.large_warmup_iters, self.large_timed_iters
+        return self.warmup_iters, self.timed_iters
+
+    def pass_order(self, index: int) -> list[int]:
+        """Positions into ``sizes_bytes`` in the order pass ``index`` visits them."""
+        order = list(range(len(self.sizes_bytes)))
+        if self.passes > 1:
+            random.Random(self.seed + index).shuffle(order)
+        return order
 
 
 def with_bucket_sizes(
@@ -113,8 +150,9 @@ def _time_size(
     source = torch.empty(numel, dtype=dtype, device=device)
     _fill(source, rank)
     buf = torch.empty_like(source)
+    warmup_iters, timed_iters = config.iters(numel * source.element_size())
     durations: list[int] = []
-    for it in range(config.warmup_iters + config.timed_iters):
+    for it in range(warmup_iters + timed_iters):
         buf.copy_(source)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # sync point: refill done before timing
@@ -126,7 +164,7 @@ def _time_size(
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # sync point: reduction finished on device
         end_ns = time.perf_counter_ns()
-        if it >= config.warmup_iters:
+        if it >= warmup_iters:
             durations.append(end_ns - start_ns)
     return durations, _count_wrong(buf, dist.get_world_size())
 
@@ -193,9 +231,9 @@ def run_allreduce_bench(
         device: Where the buffers live (``cpu`` or ``cuda:N``).
 
     Returns:
-        One record per size, identical on every rank, with fields num_bytes,
-        dtype, num_iters, time_p50_ns, time_min_ns, time_max_ns, algbw_gbps,
-        busbw_gbps, num_wrong.
+        One record per size, in ``config.sizes_bytes`` order, identical on every rank, with
+        fields num_bytes, dtype, num_iters (pooled over passes), time_p50_ns, time_min_ns,
+        time_max_ns, transfer_p50_ns, algbw_gbps, busbw_gbps, num_wrong.
     """
     if not dist.is_initialized():
         raise RuntimeError("run_allreduce_bench needs an initialised process group")
@@ -207,11 +245,20 @@ def run_allreduce_bench(
     dev = torch.device(device)
     elem = torch.empty((), dtype=DTYPES[config.dtype]).element_size()
     gather_dev = dev if dist.get_backend() == "nccl" else torch.device("cpu")
+    durations: list[list[int]] = [[] for _ in config.sizes_bytes]
+    num_wrong = [0] * len(config.sizes_bytes)
+    for index in range(config.passes):
+        for pos in config.pass_order(index):
+            numel = max(1, int(config.sizes_bytes[pos]) // elem)
+            timed, wrong = _time_size(numel, config, rank=rank, device=dev)
+            durations[pos].extend(timed)
+            num_wrong[pos] += wrong
     records: list[dict[str, object]] = []
-    for size in config.sizes_bytes:
+    for pos, size in enumerate(config.sizes_bytes):
         numel = max(1, int(size) // elem)
-        durations, num_wrong = _time_size(numel, config, rank=rank, device=dev)
-        local = torch.tensor([*durations, num_wrong], dtype=torch.int64, device=gather_dev)
+        local = torch.tensor(
+            [*durations[pos], num_wrong[pos]], dtype=torch.int64, device=gather_dev
+        )
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
         table = torch.stack(gathered).cpu()  # [rank, iteration..., wrong]

@@ -208,7 +208,11 @@ def _microbench(
     for source, sizes in (("sizes", list(cell.microbench_sizes_bytes)), ("bucket", bucket_sizes)):
         if not sizes:
             continue
-        config = MicrobenchConfig(sizes_bytes=tuple(sizes), timed_iters=cell.microbench_iters)
+        config = MicrobenchConfig(
+            sizes_bytes=tuple(sizes),
+            timed_iters=cell.microbench_iters,
+            passes=cell.microbench_passes,
+        )
         results = run_allreduce_bench(
             config, rank=rank, world_size=dist.get_world_size(), device=device
         )
