@@ -318,7 +318,7 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 
 def _contended(idle: list[dict[str, Any]], idle_fits: dict[str, Fit]) -> dict[str, Any]:
-    """The 2-rank microbenchmark with a busy core per rank, against the idle one."""
+    """The 2-rank microbenchmark with a memory-streaming thread per rank, against the idle one."""
     records = _spawn(_bench_worker, 2, True)
     idle_ns = {r["num_bytes"]: r["transfer_p50_ns"] for r in idle}
     n = np.array([r["num_bytes"] for r in records], dtype=np.float64)
