@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -108,6 +109,7 @@ def main() -> int:
                 warmup_steps=2,
                 microbench_sizes_bytes=micro,
                 microbench_iters=5,
+                microbench_passes=4,
                 seed=1,
             )
             _run(cell, data)
@@ -119,10 +121,21 @@ def main() -> int:
             for cap in caps:
                 cell = Cell(**common, bucket_cap_mb=cap, warmup_steps=2, repeat=pair)
                 measured[cap].append(_run(cell, data))
-    median = {cap: sorted(v)[len(v) // 2] for cap, v in measured.items()}
+    median = {cap: statistics.median(v) for cap, v in measured.items()}
     for item in advice.values():
         ratio = median[item["recommended_cap_mb"]] / median[DEFAULT_CAP_MB]
         item["step_time_ratio_recommended_over_default"] = ratio
+        # Per pair (the two cells ran back to back, under the same load): the spread of these
+        # ratios says whether the medians' ratio is more than the machine's noise.
+        paired = [
+            rec / dflt
+            for rec, dflt in zip(
+                measured[item["recommended_cap_mb"]], measured[DEFAULT_CAP_MB], strict=True
+            )
+        ]
+        item["paired_ratios"] = paired
+        item["paired_ratio_median"] = statistics.median(paired)
+        item["pairs_recommended_faster"] = sum(r < 1 for r in paired)
     report = {
         "model": args.model,
         "world_size": args.world_size,
@@ -138,7 +151,10 @@ def main() -> int:
         print(
             f"fit on {source}: alpha {item['alpha_ns'] / 1e3:.0f} us, recommends "
             f"{item['recommended_cap_mb']} MiB; median step time recommended / default = "
-            f"{item['step_time_ratio_recommended_over_default']:.3f}"
+            f"{item['step_time_ratio_recommended_over_default']:.3f}; per pair median "
+            f"{item['paired_ratio_median']:.3f} (min {min(item['paired_ratios']):.3f}, max "
+            f"{max(item['paired_ratios']):.3f}), recommended faster in "
+            f"{item['pairs_recommended_faster']} of {len(item['paired_ratios'])} pairs"
         )
     for cap, values in measured.items():
         print(f"  cap {cap:>7} MiB: step ms {', '.join(f'{v:.1f}' for v in values)}")
