@@ -19,20 +19,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_env import environment  # noqa: E402
+
 from commprof import results  # noqa: E402
 from commprof.catalog import parameter_sizes  # noqa: E402
 from commprof.matrix import Cell, geometric_sizes  # noqa: E402
-from commprof.modeling.calibration import FIT_SOURCES, Fit, RingFit, fits_from_dataset  # noqa: E402
+from commprof.modeling.calibration import (  # noqa: E402
+    FIT_SOURCES,
+    CalibrationWarning,
+    Fit,
+    RingFit,
+    fits_from_dataset,
+)
 from commprof.modeling.estimate import (  # noqa: E402
     CAP_GRID_MB,
     Estimate,
@@ -64,7 +74,9 @@ def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, A
     ready = load_parameter_ready_ns(data, default.cell_id, sizes)
     advice = {}
     for source in FIT_SOURCES:
-        fit = fits_from_dataset(data, source=source)[("gloo", "cpu-gloo", world_size)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CalibrationWarning)
+            fit = fits_from_dataset(data, source=source)[("gloo", "cpu-gloo", world_size)]
 
         def predict(cap: float | None, fit: Fit = fit, source: str = source) -> Estimate:
             return estimate(
@@ -76,14 +88,16 @@ def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, A
                 ready_ns=ready,
             )
 
-        best, curve = recommend_bucket_cap(CAP_GRID_MB, predict)
+        in_use = predict(DEFAULT_CAP_MB)
+        best, curve = recommend_bucket_cap(CAP_GRID_MB, predict, baseline=in_use)
         assert isinstance(fit, RingFit)
         advice[source] = {
             "alpha_ns": fit.alpha_ns,
             "beta_ns_per_byte": fit.beta_ns_per_byte,
+            "fit_warnings": [str(w.message) for w in caught],
             "recommended_cap_mb": best,
             "predicted_exposed_ms": {str(e.bucket_cap_mb): e.exposed_ns / 1e6 for e in curve},
-            "predicted_exposed_default_ms": predict(DEFAULT_CAP_MB).exposed_ns / 1e6,
+            "predicted_exposed_default_ms": in_use.exposed_ns / 1e6,
         }
     return advice
 
@@ -97,6 +111,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/bucket_advice.json")
     args = parser.parse_args()
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     common: dict[str, Any] = {"model": args.model, "world_size": args.world_size}
     common["steps"] = args.steps
     with tempfile.TemporaryDirectory(prefix="commprof-advice-") as tmp:
@@ -123,6 +138,8 @@ def main() -> int:
                 measured[cap].append(_run(cell, data))
     median = {cap: statistics.median(v) for cap, v in measured.items()}
     for item in advice.values():
+        if item["recommended_cap_mb"] == DEFAULT_CAP_MB:
+            continue  # the advice is to keep the default: nothing to compare
         ratio = median[item["recommended_cap_mb"]] / median[DEFAULT_CAP_MB]
         item["step_time_ratio_recommended_over_default"] = ratio
         # Per pair (the two cells ran back to back, under the same load): the spread of these
@@ -137,6 +154,7 @@ def main() -> int:
         item["paired_ratio_median"] = statistics.median(paired)
         item["pairs_recommended_faster"] = sum(r < 1 for r in paired)
     report = {
+        "environment": {**environment(), "load_avg_1m_at_start": load_at_start},
         "model": args.model,
         "world_size": args.world_size,
         "pairs": args.pairs,
@@ -148,6 +166,13 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for source, item in advice.items():
+        if "paired_ratios" not in item:
+            print(
+                f"fit on {source}: alpha {item['alpha_ns'] / 1e3:.0f} us, keeps the default "
+                f"{DEFAULT_CAP_MB} MiB (no cap predicted to expose less); warnings: "
+                f"{item['fit_warnings'] or 'none'}"
+            )
+            continue
         print(
             f"fit on {source}: alpha {item['alpha_ns'] / 1e3:.0f} us, recommends "
             f"{item['recommended_cap_mb']} MiB; median step time recommended / default = "

@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
+from commprof.modeling.buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    MIB,
+    Bucket,
+    ParamSize,
+    assign_buckets,
+)
 from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
@@ -46,6 +52,8 @@ DEFAULT_BATCH_TOKENS = 8 * 1024
 """Assumed tokens (samples x positions) per rank per step."""
 CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
 """Caps tried by ``recommend_bucket_cap``: 0.125 MiB to 512 MiB."""
+MIN_GAIN_NS = 1_000
+"""Least predicted saving of exposed time (1 us) for which a cap replaces the one in use."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -215,21 +223,30 @@ def estimate(
 
 
 def recommend_bucket_cap(
-    caps_mb: Sequence[float], run_one: Callable[[float], Estimate]
+    caps_mb: Sequence[float],
+    run_one: Callable[[float], Estimate],
+    *,
+    baseline: Estimate | None = None,
 ) -> tuple[float, list[Estimate]]:
     """Cap with the least predicted exposed communication (ties: fewer buckets).
+
+    With a ``baseline`` (the estimate at the cap in use), a cap replaces it only when it is
+    predicted to expose at least ``MIN_GAIN_NS`` less: where the model cannot tell caps apart
+    (a fit whose beta was clamped to 0, say) the advice is to change nothing.
 
     Args:
         caps_mb: Caps to try (MiB).
         run_one: Makes the estimate for one cap.
+        baseline: The estimate at the cap in use (``bucket_cap_mb`` None: DDP's default).
 
     Returns:
-        The best cap and the estimate for every cap (the curve).
+        The recommended cap (MiB) and the estimate for every cap tried (the curve).
     """
     curve = [run_one(cap) for cap in caps_mb]
     best = min(curve, key=lambda e: (e.exposed_ns, len(e.buckets)))
-    assert best.bucket_cap_mb is not None
-    return best.bucket_cap_mb, curve
+    if baseline is not None and best.exposed_ns > baseline.exposed_ns - MIN_GAIN_NS:
+        best = baseline
+    return (best.bucket_cap_mb if best.bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB), curve
 
 
 def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
@@ -393,9 +410,11 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     doc: dict[str, Any] = {"estimate": main.to_dict()}
     text = [_table(main)]
     if args.recommend_bucket_cap:
-        best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one)
+        best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
+        in_use = main.bucket_cap_mb if main.bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB
         doc["recommendation"] = {
             "best_bucket_cap_mb": best,
+            "kept_cap_in_use": best == in_use,
             "curve": [
                 {
                     "bucket_cap_mb": e.bucket_cap_mb,
@@ -414,5 +433,12 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             text.append(
                 f"{e.bucket_cap_mb:>8g} {len(e.buckets):>7} {e.exposed_ns / 1e6:>10.3f} {bar}{mark}"
             )
+        if best == in_use:
+            text.append(
+                f"keep {in_use:g} MiB (in use): no cap is predicted to expose "
+                f"{MIN_GAIN_NS / 1e3:g} us less"
+            )
+        else:
+            text.append(f"recommended: {best:g} MiB (in use: {in_use:g} MiB)")
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0
