@@ -371,7 +371,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "blocks_requested_per_arm": args.blocks,
             "threads_per_rank": 1,
         },
-        "environment": environment(),  # load_avg_1m at the end
+        "environment": environment("end"),
         "wall_s": raw["wall_s"],
         "hook": hook,
         "profiler": profiler,

@@ -67,8 +67,8 @@ _ID_FIELDS = (
     "microbench_passes",
     "profile",
 )
-# Identity fields added after datasets existed, with the value every earlier cell had: they
-# are hashed only when they differ from it, so earlier cells keep their ids (and resume).
+# Identity fields added after datasets existed, with the value every earlier cell had:
+# config_hash leaves them out at that value, so earlier cells keep their ids (and resume).
 _LATER_ID_DEFAULTS: dict[str, Any] = {"microbench_passes": 1}
 
 
@@ -159,16 +159,22 @@ class Cell:
 
     def config(self) -> dict[str, Any]:
         """The identity fields as plain JSON-able values."""
-        return {
-            name: _plain(getattr(self, name))
-            for name in _ID_FIELDS
-            if name not in _LATER_ID_DEFAULTS or getattr(self, name) != _LATER_ID_DEFAULTS[name]
-        }
+        return {name: _plain(getattr(self, name)) for name in _ID_FIELDS}
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """12 hex digits of SHA-256 over the canonical JSON of ``config``."""
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    """12 hex digits of SHA-256 over the canonical JSON of ``config``.
+
+    Identity fields added after datasets existed are left out where they hold the value every
+    earlier cell had (``_LATER_ID_DEFAULTS``), so a stored config hashes the same with or
+    without them.
+    """
+    hashed = {
+        key: value
+        for key, value in config.items()
+        if key not in _LATER_ID_DEFAULTS or value != _LATER_ID_DEFAULTS[key]
+    }
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

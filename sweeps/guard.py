@@ -30,6 +30,11 @@ GPU_FLOPS_PER_S = 2e14
 """Effective fp32/TF32 training throughput of one GPU."""
 LOOPBACK_BYTES_PER_S = 1e9
 """Effective gloo ring bandwidth over loopback."""
+MICROBENCH_WARMUP_ITERS = 5
+"""Untimed all-reduces the trainer runs per microbenchmark size and pass (the library default,
+``commprof.training.microbench.DEFAULT_WARMUP_ITERS``; a test keeps the two equal)."""
+MICROBENCH_ITER_S = 0.01
+"""A rough all-reduce time per microbenchmark iteration, averaged over the sizes."""
 TRAIN_FLOPS_PER_PARAM_SAMPLE = 6
 """Forward + backward FLOPs per parameter per sample (Kaplan et al. 2020, C = 6 N D)."""
 
@@ -150,7 +155,6 @@ def estimate_cell_s(cell: Cell, num_params: int) -> float:
     rate = GPU_FLOPS_PER_S if cell.device == "cuda" else CPU_FLOPS_PER_S
     p = cell.world_size
     comm_s = 2 * (p - 1) / p * num_params * 4 / LOOPBACK_BYTES_PER_S if p > 1 else 0.0
-    micro_s = (
-        len(cell.microbench_sizes_bytes) * cell.microbench_iters * cell.microbench_passes * 0.01
-    )
+    iters = (MICROBENCH_WARMUP_ITERS + cell.microbench_iters) * cell.microbench_passes
+    micro_s = len(cell.microbench_sizes_bytes) * iters * MICROBENCH_ITER_S
     return CELL_SETUP_S + cell.steps * (flops / rate + comm_s) + micro_s

@@ -95,8 +95,10 @@ def test_run_json_and_recommend(tmp_path: Path, capsys: pytest.CaptureFixture[st
     best = min(curve, key=lambda c: (c["exposed_ns"], c["num_buckets"]))
     # a cap replaces DDP's default (in use here) only when it saves at least 1 us
     gains = best["exposed_ns"] <= doc["estimate"]["exposed_ns"] - 1000
-    assert doc["recommendation"]["best_bucket_cap_mb"] == (best["bucket_cap_mb"] if gains else 25)
-    assert doc["recommendation"]["kept_cap_in_use"] is not gains
+    rec = doc["recommendation"]
+    assert rec["best_bucket_cap_mb"] == (best["bucket_cap_mb"] if gains else None)
+    assert rec["kept_cap_in_use"] is not gains and rec["in_use_bucket_cap_mb"] is None
+    assert rec["in_use"]["exposed_ns"] == doc["estimate"]["exposed_ns"]
     assert doc["estimate"]["world_size"] == 4
     args = parser().parse_args(
         [
@@ -128,7 +130,9 @@ def test_recommendation_keeps_the_cap_in_use_when_no_cap_is_predicted_better() -
     default = run_one(None)
     assert default.exposed_ns == 2000
     best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=default)
-    assert best == 25.0 and {e.exposed_ns for e in curve} == {2000}
+    assert best is None and {e.exposed_ns for e in curve} == {2000}  # keep DDP's default
+    best, _ = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=run_one(8.0))
+    assert best == 8.0  # an explicit cap in use is kept as it is
     # without a cap in use to keep, the tie goes to the fewest buckets: one, at any cap >= 4 MiB
     best, _ = recommend_bucket_cap(CAP_GRID_MB, run_one)
     assert best == 4.0
@@ -142,8 +146,12 @@ def test_recommendation_keeps_the_cap_in_use_when_no_cap_is_predicted_better() -
             PARAMS, world_size=2, bucket_cap_mb=cap, link=slow, link_label="x", ready_ns=at_once
         )
 
-    best, curve = recommend_bucket_cap(CAP_GRID_MB, run_slow, baseline=run_slow(None))
-    assert run_slow(best).exposed_ns <= run_slow(None).exposed_ns - 1000
+    # DDP's default: a 1 MiB first bucket and one of 3 MiB, 2 alphas of 2 (p - 1) 5000 ns;
+    # 4 MiB and up: one bucket, one alpha, 10 us less; the tie goes to the fewest buckets
+    # and then to the first cap tried.
+    best, _ = recommend_bucket_cap(CAP_GRID_MB, run_slow, baseline=run_slow(None))
+    assert best == 4.0
+    assert run_slow(None).exposed_ns - run_slow(4.0).exposed_ns == 2 * (2 - 1) * 5000
 
 
 def test_errors_list_valid_choices(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ CONFIG = MicrobenchConfig(sizes_bytes=(1024, 4096, 65536, 1002), warmup_iters=1,
 
 # Three shuffled passes; sizes above 2048 B run 1 warm-up and 2 timed iterations per pass.
 PASSES_CONFIG = MicrobenchConfig(
-    sizes_bytes=(1024, 2048, 8192, 32768),
+    sizes_bytes=(32768, 1024, 8192, 2048),
     warmup_iters=1,
     timed_iters=4,
     passes=3,
@@ -56,10 +56,10 @@ def test_two_rank_records() -> None:
 def test_passes_pool_iterations_and_large_sizes_run_fewer() -> None:
     r0, r1 = spawn_ranks(_worker, 2, args=(PASSES_CONFIG,))
     assert r0 == r1
-    # records in the configured order, whatever order the passes visited the sizes in
-    assert [r["num_bytes"] for r in r0] == [1024, 2048, 8192, 32768]
+    # records in the configured (unsorted) order, whatever order the passes visited them in
+    assert [r["num_bytes"] for r in r0] == [32768, 1024, 8192, 2048]
     # iterations pooled over 3 passes: 3 * 4 up to 2048 B, 3 * 2 above
-    assert [r["num_iters"] for r in r0] == [12, 12, 6, 6]
+    assert [r["num_iters"] for r in r0] == [6, 12, 6, 12]
     assert all(r["num_wrong"] == 0 for r in r0)
 
 
@@ -103,6 +103,12 @@ def test_wrong_elements_are_counted() -> None:
     buf[3] += 1
     buf[7] = float("nan")
     assert _count_wrong(buf, 3) == 2
+
+
+def test_guard_counts_the_trainers_warmup_iterations() -> None:
+    from sweeps.guard import MICROBENCH_WARMUP_ITERS
+
+    assert MicrobenchConfig(sizes_bytes=(8,)).warmup_iters == MICROBENCH_WARMUP_ITERS
 
 
 def test_config_and_sizes() -> None:

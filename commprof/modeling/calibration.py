@@ -323,7 +323,7 @@ def leave_one_out_errors(
     world_size: int,
     fit: Callable[[np.ndarray, np.ndarray, int], Fit],
 ) -> np.ndarray:
-    """Leave-one-out cross-validation: each size predicted by a fit on all the others.
+    """Leave-one-out cross-validation: each point predicted by a fit on all the others.
 
     Unlike a fixed half split it does not depend on which sizes are held out, which matters
     where the time has structure aligned with the size grid (on loopback gloo a power of two
@@ -342,7 +342,10 @@ def leave_one_out_errors(
     n = np.asarray(num_bytes, dtype=np.float64)
     t = np.asarray(times_ns, dtype=np.float64)
     if n.shape != t.shape or np.any(t <= 0):
-        raise ValueError("leave_one_out_errors needs one measured time > 0 per size")
+        raise ValueError(
+            f"leave_one_out_errors needs one measured time > 0 per size: got {n.size} sizes, "
+            f"{t.size} times, {int(np.sum(t <= 0))} of them <= 0"
+        )
     predicted = np.array(
         [
             fit(np.delete(n, i), np.delete(t, i), world_size).predict_ns(n[i : i + 1], world_size)[

@@ -32,13 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from commprof.modeling.buckets import (
-    DEFAULT_BUCKET_CAP_MB,
-    MIB,
-    Bucket,
-    ParamSize,
-    assign_buckets,
-)
+from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
@@ -227,7 +221,7 @@ def recommend_bucket_cap(
     run_one: Callable[[float], Estimate],
     *,
     baseline: Estimate | None = None,
-) -> tuple[float, list[Estimate]]:
+) -> tuple[float | None, list[Estimate]]:
     """Cap with the least predicted exposed communication (ties: fewer buckets).
 
     With a ``baseline`` (the estimate at the cap in use), a cap replaces it only when it is
@@ -240,13 +234,18 @@ def recommend_bucket_cap(
         baseline: The estimate at the cap in use (``bucket_cap_mb`` None: DDP's default).
 
     Returns:
-        The recommended cap (MiB) and the estimate for every cap tried (the curve).
+        The recommended cap in MiB (None: keep DDP's default, ``bucket_cap_mb`` unset, whose
+        first bucket is 1 MiB, unlike an explicit 25) and the estimate for every cap tried.
     """
     curve = [run_one(cap) for cap in caps_mb]
     best = min(curve, key=lambda e: (e.exposed_ns, len(e.buckets)))
     if baseline is not None and best.exposed_ns > baseline.exposed_ns - MIN_GAIN_NS:
         best = baseline
-    return (best.bucket_cap_mb if best.bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB), curve
+    return best.bucket_cap_mb, curve
+
+
+def _cap_label(cap_mb: float | None) -> str:
+    return f"{cap_mb:g} MiB" if cap_mb is not None else "DDP's default (bucket_cap_mb unset)"
 
 
 def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
@@ -411,10 +410,13 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     text = [_table(main)]
     if args.recommend_bucket_cap:
         best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
-        in_use = main.bucket_cap_mb if main.bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB
+        kept = best == main.bucket_cap_mb
+        in_use = _cap_label(main.bucket_cap_mb)
         doc["recommendation"] = {
             "best_bucket_cap_mb": best,
-            "kept_cap_in_use": best == in_use,
+            "in_use_bucket_cap_mb": main.bucket_cap_mb,
+            "kept_cap_in_use": kept,
+            "in_use": {"num_buckets": len(main.buckets), "exposed_ns": main.exposed_ns},
             "curve": [
                 {
                     "bucket_cap_mb": e.bucket_cap_mb,
@@ -433,12 +435,14 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             text.append(
                 f"{e.bucket_cap_mb:>8g} {len(e.buckets):>7} {e.exposed_ns / 1e6:>10.3f} {bar}{mark}"
             )
-        if best == in_use:
+        text.append(
+            f"{'in use':>8} {len(main.buckets):>7} {main.exposed_ns / 1e6:>10.3f}  ({in_use})"
+        )
+        if kept:
             text.append(
-                f"keep {in_use:g} MiB (in use): no cap is predicted to expose "
-                f"{MIN_GAIN_NS / 1e3:g} us less"
+                f"keep {in_use}: no cap is predicted to expose {MIN_GAIN_NS / 1e3:g} us less"
             )
         else:
-            text.append(f"recommended: {best:g} MiB (in use: {in_use:g} MiB)")
+            text.append(f"recommended: {_cap_label(best)} (in use: {in_use})")
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0

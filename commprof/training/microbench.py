@@ -7,8 +7,9 @@ the number of wrong elements reported (nccl-tests' ``#wrong``).
 Passes. The sizes are visited in ``passes`` rounds, each in its own seeded shuffled
 order (the same on every rank), and a size's timed iterations are pooled over the
 rounds: a burst of outside load then blurs a few iterations of many sizes rather
-than all iterations of one (on a shared 2-core host, fits from 16 passes missed
-held-out sizes by 6.9 %, from 4 of those passes by 9.2 %; benchmarks/README.md).
+than all iterations of one (one experiment on a shared 2-core host: fits from 4 of
+16 recorded passes missed held-out sizes by 9.2 % on average, from all 16 by 6.9 %;
+benchmarks/README.md).
 Sizes above ``large_above_bytes`` run ``large_timed_iters`` and
 ``large_warmup_iters``, as the OSU micro-benchmarks do with ``iterations_large``
 and ``skip_large`` above ``LARGE_MESSAGE_SIZE``.
