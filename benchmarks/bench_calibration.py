@@ -24,12 +24,10 @@ is the CPU contention the idle model leaves out. Prints tables and writes
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import itertools
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -39,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from bench_env import environment
 from torch import nn
 
@@ -56,6 +53,7 @@ from commprof.modeling.calibration import (
 )
 from commprof.modeling.interconnects import get_interconnect
 from commprof.profiling.comm_hooks import register_timing_hook
+from commprof.training.launcher import process_group, spawn_ranks
 from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
 
 # Two sizes per octave (x sqrt 2, rounded to whole float32 elements): the held-out sizes sit
@@ -88,47 +86,37 @@ FITS: dict[str, Any] = {
 OUT = Path(__file__).resolve().parent / "results" / "calibration.json"
 
 
-def _init(rank: int, world_size: int, store_path: str) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo",
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=120),
-    )
+PG_TIMEOUT_S = 120.0
+"""Process-group timeout: the largest sizes at p = 4 take about 0.2 s each."""
 
 
 def _bench_worker(
-    rank: int, world_size: int, store_path: str, out_path: str, contended: bool
-) -> None:
-    _init(rank, world_size, store_path)
+    rank: int, world_size: int, store_path: str, contended: bool
+) -> list[dict[str, Any]] | None:
     stop = threading.Event()
     load = threading.Thread(target=_keep_busy, args=(stop,), daemon=True)
-    try:
-        # Discarded pass: the first collectives after start-up are slow.
-        run_allreduce_bench(
-            MicrobenchConfig(sizes_bytes=(1024,), timed_iters=50),
-            rank=rank,
-            world_size=world_size,
-            device="cpu",
-        )
-        config = BENCH
-        if contended:
-            config = dataclasses.replace(
-                BENCH, sizes_bytes=CONTENDED_SIZES_BYTES, passes=CONTENDED_PASSES
+    store = dist.FileStore(store_path, world_size)
+    with process_group(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout_s=PG_TIMEOUT_S
+    ):
+        try:
+            # Discarded pass: the first collectives after start-up are slow.
+            run_allreduce_bench(
+                MicrobenchConfig(sizes_bytes=(1024,), timed_iters=50),
+                rank=rank,
+                world_size=world_size,
+                device="cpu",
             )
-            load.start()
-        records = run_allreduce_bench(config, rank=rank, world_size=world_size, device="cpu")
-        stop.set()
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(records))
-        dist.barrier()
-    finally:
-        stop.set()
-        dist.destroy_process_group()
+            config = BENCH
+            if contended:
+                config = dataclasses.replace(
+                    BENCH, sizes_bytes=CONTENDED_SIZES_BYTES, passes=CONTENDED_PASSES
+                )
+                load.start()
+            records = run_allreduce_bench(config, rank=rank, world_size=world_size, device="cpu")
+        finally:
+            stop.set()
+    return records if rank == 0 else None
 
 
 def _keep_busy(stop: threading.Event) -> None:
@@ -138,9 +126,11 @@ def _keep_busy(stop: threading.Event) -> None:
         a.add_(b)
 
 
-def _ddp_worker(rank: int, world_size: int, store_path: str, out_path: str) -> None:
-    _init(rank, world_size, store_path)
-    try:
+def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[list[int]] | None:
+    store = dist.FileStore(store_path, world_size)
+    with process_group(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout_s=PG_TIMEOUT_S
+    ):
         torch.manual_seed(0)
         widths = [512, 1024, 1024, 768, 1536, 512, 256]
         layers: list[nn.Module] = []
@@ -161,26 +151,15 @@ def _ddp_worker(rank: int, world_size: int, store_path: str, out_path: str) -> N
         local = torch.tensor(records, dtype=torch.int64)
         gathered = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(gathered, local)
-        if rank == 0:
-            stacked = torch.stack(gathered)
-            latency = stacked[:, :, 3].max(dim=0).values
-            rows = [
-                (int(s), int(b), int(n), int(t))
-                for (s, b, n, _), t in zip(stacked[0].tolist(), latency.tolist(), strict=True)
-                if s >= 1
-            ]
-            Path(out_path).write_text(json.dumps(rows))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(fn: Any, world_size: int, *args: Any) -> list[Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        spawn_args = (world_size, os.path.join(tmp, "store"), out, *args)
-        mp.spawn(fn, args=spawn_args, nprocs=world_size)
-        return list(json.loads(Path(out).read_text()))
+    if rank != 0:
+        return None
+    stacked = torch.stack(gathered)
+    latency = stacked[:, :, 3].max(dim=0).values
+    return [
+        [int(s), int(b), int(n), int(t)]
+        for (s, b, n, _), t in zip(stacked[0].tolist(), latency.tolist(), strict=True)
+        if s >= 1
+    ]
 
 
 def _heldout(records: list[dict[str, Any]], column: str, world_size: int) -> dict[str, Any]:
@@ -223,7 +202,7 @@ def main() -> int:
         f"{'MAPE held-out %':>16} {'LOO %':>8}"
     )
     for ws in WORLD_SIZES:
-        records = _spawn(_bench_worker, ws, False)
+        (records, *_) = spawn_ranks(_bench_worker, ws, args=(False,), limit_s=1800)
         entry: dict[str, Any] = {"records": records, "fits": {}, "transfer_fits": {}}
         # time_p50_ns: max over ranks per iteration (the collective as the slowest rank saw it);
         # transfer_p50_ns: min over ranks (no barrier-exit waiting: what a link model predicts)
@@ -256,7 +235,7 @@ def main() -> int:
                 idle_2 = {name: fit for name, (fit, _, _) in fits.items() if name in FITS}
         result["world_sizes"][str(ws)] = entry
     result["contended"] = _contended(result["world_sizes"]["2"]["records"], idle_2)
-    rows = _spawn(_ddp_worker, 2)
+    (rows, _) = spawn_ranks(_ddp_worker, 2)
     result["in_training"] = _in_training(rows, idle_2, result["contended"].pop("fit_objects"))
     result["environment"]["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["elapsed_s"] = time.time() - start
@@ -320,7 +299,7 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 def _contended(idle: list[dict[str, Any]], idle_fits: dict[str, Fit]) -> dict[str, Any]:
     """The 2-rank microbenchmark with a memory-streaming thread per rank, against the idle one."""
-    records = _spawn(_bench_worker, 2, True)
+    (records, _) = spawn_ranks(_bench_worker, 2, args=(True,), limit_s=1800)
     idle_ns = {r["num_bytes"]: r["transfer_p50_ns"] for r in idle}
     n = np.array([r["num_bytes"] for r in records], dtype=np.float64)
     t = np.array([r["transfer_p50_ns"] for r in records], dtype=np.float64)
