@@ -25,7 +25,7 @@ This module imports no torch and no ray.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -117,11 +117,15 @@ def fits_frame(fits: dict[FitKey, Fit]) -> pd.DataFrame:
 def _predict(fits: dict[FitKey, Fit], frame: pd.DataFrame) -> np.ndarray:
     """Modelled ns per row of ``frame`` (backend, regime, world_size, num_bytes); NaN: no fit."""
     out = np.full(len(frame), np.nan)
-    records: list[Any] = list(frame[["backend", "regime", "world_size", "num_bytes"]].itertuples())
-    for i, row in enumerate(records):
-        fit = fits.get((str(row.backend), str(row.regime), int(row.world_size)))
+    if frame.empty:
+        return out
+    num_bytes = frame["num_bytes"].to_numpy(dtype=np.float64)
+    # one vectorised prediction per fitted group, not one call per row
+    for key, rows in frame.groupby(["backend", "regime", "world_size"]).indices.items():
+        backend, regime, world_size = cast(tuple[Any, Any, Any], key)
+        fit = fits.get((str(backend), str(regime), int(world_size)))
         if fit is not None:
-            out[i] = float(np.asarray(fit.predict_ns(row.num_bytes, row.world_size)).item())
+            out[rows] = fit.predict_ns(num_bytes[rows], int(world_size))
     return out
 
 
