@@ -13,6 +13,7 @@ import datetime
 import os
 import platform
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -136,10 +137,20 @@ def _spawned_rank(
 ) -> None:  # pragma: no cover - runs in a child process
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
+    exit_code = 0
     try:
         queue.put((rank, "ok", target(rank, world_size, store_path, *args)))
     except BaseException as err:
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        exit_code = 1
+    # The result is in the pipe (put returns once it is written). Leave without interpreter
+    # teardown: DDP keeps the gloo group and its worker threads alive past
+    # destroy_process_group, and a worker thread still releasing its last work while the
+    # interpreter finalizes needs the GIL and aborts the process (SIGABRT in about 2 % of
+    # exits, seen as "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def _cell_rank(
@@ -219,7 +230,8 @@ def spawn_ranks(
     afterwards) and return their results through a queue, never through files. Results must
     hold no torch tensors (convert them to numpy or lists): the queue would pass tensors by
     shared memory, which is gone once the child has exited. When a rank fails, the others get
-    ``ERROR_GRACE_S`` to report before they are killed.
+    ``ERROR_GRACE_S`` to report before they are killed. A rank leaves with ``os._exit`` once it
+    has reported, without interpreter teardown (where gloo's worker threads can abort it).
 
     Args:
         target: a module-level function (the children import it by name).

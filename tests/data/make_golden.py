@@ -1,9 +1,10 @@
 """Regenerate the golden traces in tests/data/golden_gloo2/.
 
-Two gloo ranks (torch.multiprocessing, FileStore rendezvous) train a small DDP
-MLP under commprof's profiler harness. Each rank writes its trace
-(``rank{r}_steps{first}-{last}.json.gz``) and the records of a timing comm hook
-(``hook_buckets_rank{r}.json``: one record per bucket and step). Then the
+Two gloo ranks (fresh processes from commprof's ``spawn_ranks``, FileStore
+rendezvous) train a small DDP MLP under commprof's profiler harness. Each rank
+writes its trace (``rank{r}_steps{first}-{last}.json.gz``) and the records of a
+timing comm hook (``hook_buckets_rank{r}.json``: one record per bucket and
+step). Then the
 expected metrics of the traces are computed with commprof's own code and stored
 as ``expected_metrics.json``: a regression file, not an independent oracle (the
 independent checks are the structural invariants in tests/test_analyze.py and
@@ -17,17 +18,13 @@ Run from the repository root::
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -95,20 +92,16 @@ def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     return fut.then(done)
 
 
-def worker(rank: int, store_path: str, out_dir: str) -> None:
+def worker(rank: int, world_size: int, store_path: str, out_dir: str) -> None:
     """One rank: DDP training under the profiler harness."""
     from commprof.profiling.harness import profiled
+    from commprof.training.launcher import process_group
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, WORLD_SIZE)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60)
-    )
-    try:
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
         torch.manual_seed(SEED)
         model = DistributedDataParallel(build_mlp(), bucket_cap_mb=BUCKET_CAP_MB)
-        recorder = HookRecorder(rank, WORLD_SIZE)
+        recorder = HookRecorder(rank, world_size)
         model.register_comm_hook(recorder, timed_allreduce_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(SEED + rank)
@@ -126,17 +119,14 @@ def worker(rank: int, store_path: str, out_dir: str) -> None:
                 prof.step()
         hook_path = Path(out_dir) / f"hook_buckets_rank{rank}.json"
         hook_path.write_text(json.dumps(recorder.records, indent=1) + "\n")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def make_traces(out_dir: Path) -> None:
     """Spawn the two ranks and write their traces and hook records into ``out_dir``."""
+    from commprof.training.launcher import spawn_ranks
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        store_path = os.path.join(tmp, "store")
-        mp.spawn(worker, args=(store_path, str(out_dir)), nprocs=WORLD_SIZE, join=True)
+    spawn_ranks(worker, WORLD_SIZE, args=(str(out_dir),), limit_s=300)
 
 
 def write_expected(out_dir: Path) -> None:
