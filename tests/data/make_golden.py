@@ -4,11 +4,10 @@ Two gloo ranks (fresh processes from commprof's ``spawn_ranks``, FileStore
 rendezvous) train a small DDP MLP under commprof's profiler harness. Each rank
 writes its trace (``rank{r}_steps{first}-{last}.json.gz``) and the records of a
 timing comm hook (``hook_buckets_rank{r}.json``: one record per bucket and
-step). Then the
-expected metrics of the traces are computed with commprof's own code and stored
-as ``expected_metrics.json``: a regression file, not an independent oracle (the
-independent checks are the structural invariants in tests/test_analyze.py and
-the closed-form hand-built traces).
+step). Then the expected metrics of the traces are computed with commprof's own
+code and stored as ``expected_metrics.json``: a regression file, not an
+independent oracle (the independent checks are the structural invariants in
+tests/test_analyze.py and the closed-form hand-built traces).
 
 Run from the repository root::
 
