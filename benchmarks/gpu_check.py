@@ -34,7 +34,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -43,7 +42,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +49,12 @@ if str(_ROOT) not in sys.path:  # run as a script from a checkout without instal
     sys.path.insert(0, str(_ROOT))
 
 from commprof.matrix import Cell  # noqa: E402
-from commprof.training.launcher import merge_rank_records, process_group, run_local  # noqa: E402
+from commprof.training.launcher import (  # noqa: E402
+    merge_rank_records,
+    process_group,
+    run_local,
+    spawn_ranks,
+)
 
 MODEL = "srn-10m"
 """Model of the record checks: 40 MB of gradients, three buckets at DDP's default cap."""
@@ -135,14 +138,13 @@ def _cell_check(cell: Cell) -> Callable[[Path], tuple[list[str], dict[str, Any]]
 # Golden traces
 
 
-def _trace_rank(rank: int, world_size: int, backend: str, store_path: str, out_dir: str) -> None:
-    """One rank: DDP with the timing hook under the profiler harness (spawned)."""
+def _trace_rank(rank: int, world_size: int, store_path: str, backend: str, out_dir: str) -> None:
+    """One rank: DDP with the timing hook under the profiler harness (``spawn_ranks``)."""
     from commprof.profiling.comm_hooks import register_timing_hook
     from commprof.profiling.harness import profiled
     from commprof.training.data import loss_fn, make_batch
     from commprof.training.models import build_model
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     device = torch.device("cuda", 0)  # every rank on GPU 0 (nccl: world size 1)
     torch.cuda.set_device(device)
     store = dist.FileStore(store_path, world_size)
@@ -251,13 +253,9 @@ def _golden_check(
         trace_dir.mkdir(parents=True, exist_ok=True)
         for old in trace_dir.glob("*.json*"):
             old.unlink()
-        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-            mp.spawn(
-                _trace_rank,
-                args=(world_size, backend, str(Path(tmp) / "store"), str(trace_dir)),
-                nprocs=world_size,
-                join=True,
-            )
+        spawn_ranks(
+            _trace_rank, world_size, args=(backend, str(trace_dir)), limit_s=4 * PG_TIMEOUT_S
+        )
         return inspect_golden(trace_dir, world_size=world_size, regime=regime)
 
     return check
