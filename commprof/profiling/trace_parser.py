@@ -144,7 +144,9 @@ class _Events:
         return self.cols.args.get(i, {})
 
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
-        return np.fromiter((key in self.args(int(i)) for i in idx), bool, idx.size)
+        # Over the few events whose args were kept, not over every candidate in idx.
+        holders = [i for i, kept in self.cols.args.items() if key in kept]
+        return np.isin(idx, np.asarray(holders, dtype=np.intp))
 
     def launch_thread(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         # Device events carry no thread of their own: map them through the CUPTI
