@@ -8,7 +8,6 @@ what they returned. Model: ``srn-100k`` (18 parameters, 99,912 float32 elements)
 from __future__ import annotations
 
 import copy
-import datetime
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ from commprof.profiling.comm_hooks import (
     timing_wrapper,
 )
 from commprof.training.data import loss_fn, make_batch
-from commprof.training.launcher import spawn_ranks
+from commprof.training.launcher import process_group, spawn_ranks
 from commprof.training.models import build_model, count_parameters
 
 WORLD_SIZE = 2
@@ -37,7 +36,7 @@ BATCH_SIZE = 4
 NUM_STEPS = 4
 GRAD_CAP_MB = 0.1  # several buckets after the rebuild, so the hook runs more than once a step
 CAPS_MB = (0.01, 0.1, 1.0)  # ascending; 1 MiB holds the whole 0.38 MiB model in one bucket
-PG_TIMEOUT = datetime.timedelta(seconds=120)  # generous: the test machine is heavily shared
+PG_TIMEOUT_S = 120.0  # generous: the test machine is heavily shared
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,20 +199,16 @@ def _convert(value: Any, kind: type, to: Callable[[Any], Any]) -> Any:
 
 def _worker(rank: int, world_size: int, store_path: str) -> dict[str, Any]:  # pragma: no cover
     store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT
-    )
-    try:
-        results: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    with process_group(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout_s=PG_TIMEOUT_S
+    ):
         for name, scenario in SCENARIOS.items():
             try:
                 results[name] = scenario(rank)
             except Exception:  # reported by the test of that scenario
                 results[name] = {"traceback": traceback.format_exc()}
             dist.barrier()  # both ranks finish a scenario before the next one starts
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
     # numpy travels by value through the result queue (tensors would go by shared memory)
     return _convert(results, torch.Tensor, lambda t: t.numpy())
 
