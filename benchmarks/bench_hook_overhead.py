@@ -66,6 +66,7 @@ from commprof.profiling.comm_hooks import (  # noqa: E402
     register_timing_hook,
     timing_wrapper,
 )
+from commprof.profiling.harness import profiled  # noqa: E402
 from commprof.training.data import loss_fn, make_batch  # noqa: E402
 from commprof.training.launcher import process_group, spawn_ranks  # noqa: E402
 from commprof.training.models import build_model, count_parameters  # noqa: E402
@@ -173,13 +174,6 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     num_buckets = buckets_seen[-1]
 
     # Phase 2: blocks outside / inside an active profiler, alternating, on the timed model.
-    try:
-        from commprof.profiling.harness import profiled
-
-        profiler_impl = "commprof.profiling.harness.profiled"
-    except ImportError:  # pragma: no cover - harness missing
-        profiled = None  # type: ignore[assignment]
-        profiler_impl = "torch.profiler.profile (harness not importable)"
     off_ns: list[int] = []
     on_ns: list[int] = []
     export_ns: list[int] = []
@@ -194,15 +188,7 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
                 off_ns.append(step_timed(i)[0])
         else:
             out = trace_dir / f"block{block}"
-            ctx: Any
-            if profiled is not None:
-                ctx = profiled(out, rank=rank, wait=0, warmup=1, active=args.block, repeat=1)
-            else:  # pragma: no cover - fallback
-                ctx = torch.profiler.profile(
-                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=args.block),
-                    record_shapes=True,
-                )
-            with ctx as prof:
+            with profiled(out, rank=rank, wait=0, warmup=1, active=args.block, repeat=1) as prof:
                 for k in range(1 + args.block):
                     i += 1
                     ns = step_timed(i)[0]
@@ -232,7 +218,7 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "per_rank": gathered,
         "num_buckets": num_buckets,
-        "profiler_impl": profiler_impl,
+        "profiler_impl": "commprof.profiling.harness.profiled",
         "wall_s": time.monotonic() - start_s,
     }
 
