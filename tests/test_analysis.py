@@ -13,7 +13,7 @@ import pytest
 from commprof.analysis.breakdown import step_breakdown, union_length
 from commprof.analysis.dataset import Processed, load_processed
 from commprof.analysis.modelled import bucket_table, calibrate, cell_model
-from commprof.analysis.processed import cell_status, config_key, fill_transfer_ns
+from commprof.analysis.processed import cell_status, config_key
 from commprof.analysis.repeatability import repeatability
 from commprof.modeling.calibration import CalibrationWarning, Fit, RingFit, fit_alpha_beta
 from commprof.results import load
@@ -208,14 +208,12 @@ def test_queued_bucket_is_not_counted_twice() -> None:
     fit = fit_alpha_beta(sizes, 2 * (2 - 1) * 2.5 + 2 * (1 / 2) * sizes * 0.005, 2)
     fits: dict[tuple[str, str, int], Fit] = {("gloo", "cpu-gloo", 2): fit}
     key = {"cell_id": "c", "attempt": 0, "rank": 0, "step": 2, "num_bytes": 1000}
-    measured = fill_transfer_ns(
-        pd.DataFrame(
-            [
-                {**key, "bucket_index": 0, "ready_ns": 0, "done_ns": 10, "latency_ns": 10},
-                {**key, "bucket_index": 1, "ready_ns": 2, "done_ns": 20, "latency_ns": 18},
-            ]
-        ).assign(transfer_ns=None, exposed_ns=0)
-    )
+    measured = pd.DataFrame(
+        [
+            {**key, "bucket_index": 0, "ready_ns": 0, "done_ns": 10, "latency_ns": 10},
+            {**key, "bucket_index": 1, "ready_ns": 2, "done_ns": 20, "latency_ns": 18},
+        ]
+    ).assign(transfer_ns=[10, 20 - 10], exposed_ns=0)  # as the hook records them
     summary = pd.DataFrame(
         {"cell_id": ["c"], "attempt": [0], "backend": ["gloo"], "regime": ["cpu-gloo"]}
     ).assign(world_size=2, model="m", bucket_cap_mb=1.0)
@@ -226,25 +224,6 @@ def test_queued_bucket_is_not_counted_twice() -> None:
     # Sum of service times, 10 + 10; a sum of latencies would read 10 + 18.
     assert per_cell["allreduce_sum_measured_ns"].tolist() == [10 + 10]
     assert per_cell["allreduce_error_pct"].tolist() == pytest.approx([0.0], abs=1e-6)
-
-
-def test_fill_transfer_ns_by_the_hook_rule() -> None:
-    # One step, buckets by readiness: a [0, 10); b [2, 15) waits for a; c [3, 12) is served by
-    # gloo's second thread beside b and waits for a only (b, though earlier, finished later);
-    # d [20, 30) has a recorded value.
-    key = {"cell_id": "c", "attempt": 0, "rank": 0, "step": 2}
-    ready, done = [0, 2, 3, 20], [10, 15, 12, 30]
-    frame = pd.DataFrame(
-        [
-            {**key, "ready_ns": r, "done_ns": d, "transfer_ns": None}
-            for r, d in zip(ready, done, strict=True)
-        ]
-    )
-    frame.loc[3, "transfer_ns"] = 7  # a recorded value is kept
-    out = fill_transfer_ns(frame)
-    assert out["transfer_ns"].dtype == np.int64
-    assert out["transfer_ns"].tolist() == [10 - 0, 15 - max(2, 10), 12 - max(3, 10), 7]
-    assert frame["transfer_ns"].isna().sum() == 3  # input not mutated
 
 
 def test_calibrate_drops_wrong_microbench_rows() -> None:

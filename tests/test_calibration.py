@@ -188,9 +188,9 @@ def test_bucket_latency_points_keep_measured_steps_and_take_max_over_ranks() -> 
 def test_fits_from_dataset_buckets_fit_measured_steps_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The smoke dataset has warmup_steps = 2: step 1 is recorded but not measured. It predates
-    # the transfer_ns column, so the test fills it (latency plus a rank- and step-dependent
-    # term, so that warm-up rows would move the fit).
+    # The smoke dataset has warmup_steps = 2: step 1 is recorded but not measured. The test
+    # replaces transfer_ns by latency times a rank- and step-dependent factor, so that warm-up
+    # rows would move the fit.
     root = Path(__file__).parent / "data" / "results_smoke"
     tables = load(root)
     b = tables["buckets"]

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commprof.profiling.comm_hooks import (
     COMPOSITION_STEP,
     TimingState,
+    _derive,
     register_timing_hook,
     timing_wrapper,
 )
@@ -359,6 +360,17 @@ def test_timestamps_latency_transfer_and_exposed(ranks: list[dict[str, Any]]) ->
                     assert r["transfer_ns"] == r["done_ns"] - max([r["ready_ns"], *before])
                     assert 0 <= r["transfer_ns"] <= r["latency_ns"]
                 assert rows[0]["transfer_ns"] == rows[0]["latency_ns"]
+
+
+def test_derived_times_in_closed_form() -> None:
+    # One step, buckets by readiness: a [0, 10); b [2, 15) waits for a; c [3, 12) is served by
+    # gloo's second thread beside b and waits for a only (b, though earlier, finished later);
+    # d [20, 30) is the last ready (compute ends at 20) and waits for none that ends after 20.
+    times = [(0, 10), (2, 15), (3, 12), (20, 30)]
+    latency, transfer, exposed = zip(*_derive(times, [2] * len(times)), strict=True)
+    assert latency == (10, 13, 9, 10)
+    assert transfer == (10 - 0, 15 - max(2, 10), 12 - max(3, 10), 30 - 20)
+    assert exposed == (0, 0, 0, 30 - 20)
 
 
 def test_resolve_forgets_raw_records(ranks: list[dict[str, Any]]) -> None:

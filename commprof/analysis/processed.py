@@ -165,46 +165,7 @@ def bucket_samples(buckets: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         The ``buckets`` rows whose (cell, attempt, rank, step) is a measured step.
     """
     measured = steps.loc[steps["measured"].astype(bool), STEP_KEYS]
-    return fill_transfer_ns(buckets.merge(measured, on=STEP_KEYS, how="inner"))
-
-
-def fill_transfer_ns(buckets: pd.DataFrame) -> pd.DataFrame:
-    """The ``buckets`` rows with ``transfer_ns`` derived where it is null.
-
-    Datasets recorded before the hook wrote ``transfer_ns`` have it null; it is derived here from
-    the recorded ``ready_ns`` and ``done_ns`` by the hook's own rule
-    (``commprof.profiling.comm_hooks``): ``transfer_ns = done_ns - max(ready_ns, d)``, with ``d``
-    the latest ``done_ns`` of an earlier-ready bucket of the same (cell, attempt, rank, step)
-    that completed no later than this one. Recorded values are kept as they are.
-
-    Args:
-        buckets: rows of the ``buckets`` table (``STEP_KEYS``, ``ready_ns``, ``done_ns``).
-
-    Returns:
-        A copy whose ``transfer_ns`` has no nulls (int64); the input when none was null.
-    """
-    missing = buckets["transfer_ns"].isna().to_numpy() if "transfer_ns" in buckets else None
-    if missing is not None and not missing.any():
-        return buckets
-    out = buckets.copy()
-    ready = out["ready_ns"].to_numpy(np.int64)
-    done = out["done_ns"].to_numpy(np.int64)
-    start = ready.copy()
-    for group in out.groupby(STEP_KEYS, sort=False).indices.values():
-        rows = np.asarray(group)[np.argsort(ready[group], kind="stable")]
-        r, d = ready[rows], done[rows]
-        # Bucket j shortens bucket i's service time when j became ready earlier (j < i in
-        # order of readiness) and completed no later than i: i then waited for it.
-        before = np.tri(len(rows), k=-1, dtype=bool) & (d[None, :] <= d[:, None])
-        waited = np.where(before, d[None, :], np.iinfo(np.int64).min).max(axis=1)
-        start[rows] = np.maximum(r, waited)
-    derived = done - start
-    if missing is None:
-        out["transfer_ns"] = derived
-    else:
-        recorded = out["transfer_ns"].to_numpy(np.float64)
-        out["transfer_ns"] = np.where(missing, derived, recorded).astype(np.int64)
-    return out
+    return buckets.merge(measured, on=STEP_KEYS, how="inner")
 
 
 def cell_summary(
