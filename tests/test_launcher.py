@@ -1,12 +1,20 @@
-"""Launcher: rank errors grouped by text, and a cell that fails in every rank."""
+"""Launcher: rank errors grouped by text, a cell that fails in every rank, a rank that dies."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 import torch
 
 from commprof.matrix import Cell
-from commprof.training.launcher import RankFailure, group_errors, run_local
+from commprof.training.launcher import (
+    RankFailure,
+    group_errors,
+    run_local,
+    spawn_ranks,
+)
 
 
 def test_group_errors_groups_by_first_line() -> None:
@@ -40,3 +48,22 @@ def test_every_rank_failing_gives_one_group() -> None:
     assert "asks for device 'cuda'" in message
     assert message.count("ranks [") == 1
     assert "Traceback" not in message  # one line per group, not the whole traceback
+
+
+def _dies_or_hangs(rank: int, world_size: int, store_path: str) -> None:  # pragma: no cover
+    if rank == 0:
+        os._exit(3)  # dies without reporting, as a segfault or an OOM kill does
+    time.sleep(600)
+
+
+def test_rank_dying_silently_stops_the_others_after_the_grace() -> None:
+    limit_s = 300.0
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn_ranks(_dies_or_hangs, 2, limit_s=limit_s)
+    # The hanging rank is stopped ERROR_GRACE_S after the death is seen, not at limit_s.
+    assert time.monotonic() - started < limit_s / 3
+    assert info.value.errors == {
+        0: "process exited with code 3",
+        1: "gave no result in time; stopped",
+    }

@@ -267,17 +267,18 @@ def spawn_ranks(
         while len(results) + len(errors) < world_size:
             had_errors = bool(errors)
             drain()
-            if errors and not had_errors:  # the others fail fast or hang: a moment only
-                deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
             dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             drain()  # a rank may report and then die between the two looks
             for r in dead:
                 if r not in results and r not in errors:
                     errors[r] = f"process exited with code {procs[r].exitcode}"
+            if errors and not had_errors:  # the others fail fast or hang: a moment only
+                deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
             if time.monotonic() > deadline:
-                for r in range(world_size):
-                    if r not in results and r not in errors:
-                        errors[r] = "gave no result in time; stopped"
+                stopped = [r for r in range(world_size) if r not in results and r not in errors]
+                for r in stopped:
+                    errors[r] = "gave no result in time; stopped"
+                    procs[r].kill()
                 break
             time.sleep(0.01)
         for proc in procs:
