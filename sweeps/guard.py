@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict
 from functools import cache
 from typing import Any
 
@@ -100,8 +99,9 @@ PROBE_TIMEOUT_S = 60.0
 """How long a budget probe task on a cluster node may take."""
 
 
-def _node_budgets(include_cuda: bool) -> dict[str, int]:
-    return asdict(memory_guard.detect_budgets(include_cuda=include_cuda))
+def _node_budgets(include_cuda: bool) -> memory_guard.Budgets:
+    # positional: Ray's typed .remote() does not take keyword-only arguments
+    return memory_guard.detect_budgets(include_cuda=include_cuda)
 
 
 def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budgets]:
@@ -132,7 +132,7 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
         refs["cuda"] = probe.options(num_cpus=0, num_gpus=1).remote(True)
     try:
         found = ray.get(list(refs.values()), timeout=PROBE_TIMEOUT_S)
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as err:
+    except ray.exceptions.RayError as err:  # GetTimeoutError included
         for ref in refs.values():
             ray.cancel(ref, force=True)
         log.warning(
@@ -141,7 +141,7 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
             type(err).__name__,
         )
         return {}
-    return {kind: memory_guard.Budgets(**values) for kind, values in zip(refs, found, strict=True)}
+    return dict(zip(refs, found, strict=True))
 
 
 @cache
