@@ -64,10 +64,9 @@ def _run(cell: Cell, out: Path) -> float:
     """Run a cell locally into ``out``; return its median measured step time in ms."""
     per_rank = run_local(cell, timeout_s=120)
     row = results.cell_row(cell, sweep="bucket-advice", attempt=1, status="ok")
-    results.write_attempt(out, row, merge_rank_records(per_rank))
-    steps = results.load(out)["steps"]
-    steps = steps[(steps["cell_id"] == cell.cell_id) & steps["measured"]]
-    return float(steps["step_ns"].median() / 1e6)
+    records = merge_rank_records(per_rank)
+    results.write_attempt(out, row, records)
+    return statistics.median(s["step_ns"] for s in records["steps"] if s["measured"]) / 1e6
 
 
 def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, Any]]:
