@@ -126,7 +126,7 @@ def _keep_busy(stop: threading.Event) -> None:
         a.add_(b)
 
 
-def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[list[int]] | None:
+def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[tuple[int, int, int, int]]:
     store = dist.FileStore(store_path, world_size)
     with process_group(
         backend="gloo", rank=rank, world_size=world_size, store=store, timeout_s=PG_TIMEOUT_S
@@ -144,25 +144,23 @@ def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[list[int]] 
             timing.step = step
             model(torch.randn(32, widths[0], generator=gen)).sum().backward()
             rows_local.extend(timing.resolve())
-        # the bucket's own service time: what the ring model predicts (comm_hooks docstring)
-        records = sorted(
-            (r["step"], r["bucket_index"], r["num_bytes"], r["transfer_ns"]) for r in rows_local
-        )
-        local = torch.tensor(records, dtype=torch.int64)
-        gathered = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(gathered, local)
-    if rank != 0:
-        return None
-    stacked = torch.stack(gathered)
-    latency = stacked[:, :, 3].max(dim=0).values
-    return [
-        [int(s), int(b), int(n), int(t)]
-        for (s, b, n, _), t in zip(stacked[0].tolist(), latency.tolist(), strict=True)
-        if s >= 1
-    ]
+    # the bucket's own service time: what the ring model predicts (comm_hooks docstring)
+    return sorted(
+        (r["step"], r["bucket_index"], r["num_bytes"], r["transfer_ns"]) for r in rows_local
+    )
 
 
-def _heldout(records: list[dict[str, Any]], column: str, world_size: int) -> dict[str, Any]:
+def _slowest_rank(per_rank: list[list[tuple[int, int, int, int]]]) -> list[list[int]]:
+    """(step, bucket, bytes, service time) rows, the time the longest over the ranks."""
+    keys = [row[:3] for row in per_rank[0]]
+    if any([row[:3] for row in rows] != keys for rows in per_rank):
+        raise RuntimeError("the ranks recorded different buckets")
+    return [[*key, max(rows[i][3] for rows in per_rank)] for i, key in enumerate(keys)]
+
+
+def _heldout(
+    records: list[dict[str, Any]], column: str, world_size: int, fits: dict[str, Any]
+) -> dict[str, Any]:
     """Every fit on the even sizes, with its MAPE on the odd ones and leave-one-out MAPE.
 
     Even and odd sizes are the powers of two and the sqrt-2 points between them. On loopback
@@ -176,7 +174,7 @@ def _heldout(records: list[dict[str, Any]], column: str, world_size: int) -> dic
     out: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        for name, make in FITS.items():
+        for name, make in fits.items():
             fit = make(n[fit_mask], t[fit_mask], world_size)
             loo = 100 * float(np.abs(leave_one_out_errors(n, t, world_size, make)).mean())
             out[name] = (fit, mape(fit.predict_ns(n[held], world_size), t[held]), loo)
@@ -187,6 +185,11 @@ def main() -> int:
     """Run the benchmark, print the tables, write the JSON."""
     start = time.time()
     nvlink = get_interconnect("nvlink4")
+
+    def seed(n: np.ndarray, t: np.ndarray, p: int) -> Fit:
+        """The seed's fit: alpha only, beta from NVLink 4's published bandwidth."""
+        return fit_alpha_only(n, t, p, beta_ns_per_byte=1e9 / nvlink.per_direction_bytes_per_s)
+
     result: dict[str, Any] = {
         "environment": environment("start"),
         "microbench": {
@@ -207,19 +210,7 @@ def main() -> int:
         # time_p50_ns: max over ranks per iteration (the collective as the slowest rank saw it);
         # transfer_p50_ns: min over ranks (no barrier-exit waiting: what a link model predicts)
         for column, key in (("time_p50_ns", "fits"), ("transfer_p50_ns", "transfer_fits")):
-            fits = _heldout(records, column, ws)
-            n = np.array([r["num_bytes"] for r in records], dtype=np.float64)
-            t = np.array([r[column] for r in records], dtype=np.float64)
-            fit_mask, held = holdout_split(n)
-
-            def seed(n: np.ndarray, t: np.ndarray, p: int) -> Fit:
-                beta = 1e9 / nvlink.per_direction_bytes_per_s
-                return fit_alpha_only(n, t, p, beta_ns_per_byte=beta)
-
-            seed_fit = seed(n[fit_mask], t[fit_mask], ws)
-            seed_err = mape(seed_fit.predict_ns(n[held], ws), t[held])
-            seed_loo = 100 * float(np.abs(leave_one_out_errors(n, t, ws, seed)).mean())
-            fits["alpha-only-nvlink4"] = (seed_fit, seed_err, seed_loo)
+            fits = _heldout(records, column, ws, {**FITS, "alpha-only-nvlink4": seed})
             for name, (fit, err, loo) in fits.items():
                 entry[key][name] = {
                     "mape_heldout_pct": err,
@@ -235,7 +226,7 @@ def main() -> int:
                 idle_2 = {name: fit for name, (fit, _, _) in fits.items() if name in FITS}
         result["world_sizes"][str(ws)] = entry
     result["contended"] = _contended(result["world_sizes"]["2"]["records"], idle_2)
-    (rows, _) = spawn_ranks(_ddp_worker, 2)
+    rows = _slowest_rank(spawn_ranks(_ddp_worker, 2))
     result["in_training"] = _in_training(rows, idle_2, result["contended"].pop("fit_objects"))
     result["environment"]["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["elapsed_s"] = time.time() - start
@@ -304,7 +295,7 @@ def _contended(idle: list[dict[str, Any]], idle_fits: dict[str, Fit]) -> dict[st
     n = np.array([r["num_bytes"] for r in records], dtype=np.float64)
     t = np.array([r["transfer_p50_ns"] for r in records], dtype=np.float64)
     slowdown = t / np.array([idle_ns[int(b)] for b in n])
-    fits = _heldout(records, "transfer_p50_ns", 2)
+    fits = _heldout(records, "transfer_p50_ns", 2, FITS)
     out: dict[str, Any] = {
         "records": records,
         "slowdown_vs_idle": slowdown.tolist(),
