@@ -6,9 +6,9 @@ starts with ``ray.init(num_cpus=N)``. Three measurements, one run:
 
 a. Overhead per cell with gang reuse (20 cells, one gang). For every finished attempt the
    driver's attempt wall time (``cells.wall_s``: from ``CellExecution`` start to the driver
-   seeing the outcome) is paired with the ranks' own wall time (``RankActor.run`` puts
-   ``wall_s`` in its result: TCPStore, process group, training, microbenchmark, barrier and
-   destroy). overhead = driver wall - max over ranks of the rank wall. The end-to-end share,
+   seeing the outcome) is paired with the slowest rank's own wall time (``cells.rank_wall_s``,
+   from the ``wall_s`` that ``RankActor.run`` returns: TCPStore, process group, training,
+   microbenchmark, barrier and destroy). overhead = driver wall - rank wall. The end-to-end share,
    (driver ``run()`` wall - sum of rank walls) / cells, adds what happens between attempts
    (writing Parquet, planning, the first gang's start). For comparison, the same cells run
    directly with ``commprof.training.launcher.run_local``, which starts fresh processes (and
@@ -22,10 +22,8 @@ c. 100 cells with the driver's resident memory sampled from ``/proc/self/status`
 
 Also recorded per part: the driver process's CPU time (``getrusage``), which on a small machine
 competes with the ranks, and how often the driver called ``ray.cluster_resources()`` (a GCS
-round trip), counted by a pass-through wrapper. Then a counterfactual: part c again with that
-wrapper answering from a copy at most 1 s old, which is what the driver would cost if it asked
-once per loop instead of once per queued cell (``--skip-counterfactual`` leaves it out). The
-driver's own code is not changed by this script.
+round trip), counted by a pass-through wrapper. The driver's own code is not changed by this
+script.
 
 Usage::
 
@@ -72,8 +70,6 @@ GOAL_MAKESPAN_RATIO = 1.15
 """Makespan / ideal, at most."""
 RSS_EVERY_CELLS = 5
 """Sample the driver's RSS after every this many finished cells."""
-COUNTERFACTUAL_CACHE_S = 1.0
-"""Counterfactual run: ``ray.cluster_resources()`` answered from a copy at most this old."""
 OBJECT_STORE_BYTES = 256 * 1024**2
 """A small object store: records are kilobytes, and the machine is shared."""
 
@@ -93,43 +89,30 @@ def cpu_s() -> float:
 
 
 class CallCounter:
-    """Counts calls of ``ray.cluster_resources`` and the wall time spent in them.
+    """Counts calls of ``ray.cluster_resources`` and the wall time spent in them."""
 
-    With ``cache_s`` > 0 it also answers from a copy at most that old (the counterfactual run:
-    what the driver would cost if it asked the GCS once per loop instead of once per queued
-    cell); with 0 every call goes through.
-    """
-
-    def __init__(self, fn: Any, cache_s: float = 0.0) -> None:
+    def __init__(self, fn: Any) -> None:
         self.fn = fn
-        self.cache_s = cache_s
         self.calls = 0
-        self.rpcs = 0
         self.seconds = 0.0
-        self._cached: tuple[float, dict[str, float]] | None = None
         functools.update_wrapper(self, fn)
 
     def __call__(self) -> dict[str, float]:
         t0 = time.perf_counter()
         try:
-            if self._cached is not None and t0 - self._cached[0] < self.cache_s:
-                return dict(self._cached[1])
-            self.rpcs += 1
-            value = self.fn()
-            self._cached = (t0, value)
-            return dict(value)
+            return self.fn()
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - t0
 
 
 class InstrumentedDriver(Driver):
-    """The real driver; after each finished attempt it also keeps the ranks' own wall times
-    (which the dataset does not store) and, every few cells, the driver's RSS."""
+    """The real driver; after each finished attempt it also times the attempt's write and,
+    every few cells, samples the driver's RSS."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.attempts: list[dict[str, Any]] = []
+        self.finish_s: dict[str, float] = {}
         self.rss_samples: list[tuple[int, int]] = []
 
     def _finish(
@@ -137,30 +120,20 @@ class InstrumentedDriver(Driver):
     ) -> None:
         t0 = time.perf_counter()
         super()._finish(cell, gang, started, outcome, attempt, queue)
-        self.attempts.append(
-            {
-                "cell_id": cell.cell_id,
-                "status": outcome.status,
-                "driver_wall_s": outcome.wall_s,
-                "rank_wall_s": [r["wall_s"] for r in outcome.results],
-                "finish_s": time.perf_counter() - t0,
-            }
-        )
-        done = len(self.attempts)
+        self.finish_s[cell.cell_id] = time.perf_counter() - t0
+        done = len(self.finish_s)
         if done == 1 or done % RSS_EVERY_CELLS == 0:
             self.rss_samples.append((done, rss_kib()))
 
 
-def run_driver(
-    matrix_file: Path, out_dir: Path, limit: int | None, cache_s: float = 0.0
-) -> dict[str, Any]:
+def run_driver(matrix_file: Path, out_dir: Path, limit: int | None) -> dict[str, Any]:
     """Run a matrix through the instrumented driver into a fresh dataset folder."""
     matrix = matrix_mod.load(matrix_file)
     only: tuple[str, ...] = ()
     if limit is not None:  # smoke: the first `limit` cells, by id prefix
         only = tuple(c.cell_id for c in matrix.cells[:limit])
     driver = InstrumentedDriver(matrix, DriverOptions(out=out_dir, only=only), stream=io.StringIO())
-    counter = CallCounter(ray.cluster_resources, cache_s)
+    counter = CallCounter(ray.cluster_resources)
     ray.cluster_resources = counter  # type: ignore[assignment]  # counted, passed through
     rss_start = rss_kib()
     cpu0, t0 = cpu_s(), time.monotonic()
@@ -170,8 +143,20 @@ def run_driver(
         ray.cluster_resources = counter.fn  # type: ignore[assignment]
     wall_s, driver_cpu_s = time.monotonic() - t0, cpu_s() - cpu0
     cells = results.load(out_dir)["cells"]
-    if summary.failed or len(cells) != len(driver.attempts):
+    if summary.failed or len(cells) != len(driver.finish_s):
         raise RuntimeError(f"{matrix_file.name}: {summary.failed} failed cells; see {out_dir}")
+    # per attempt, in the order they finished: the driver's and the slowest rank's wall time
+    driver_wall_s = dict(zip(cells["cell_id"], cells["wall_s"].astype(float), strict=True))
+    rank_wall_s = dict(zip(cells["cell_id"], cells["rank_wall_s"].astype(float), strict=True))
+    attempts = [
+        {
+            "cell_id": cell_id,
+            "driver_wall_s": driver_wall_s[cell_id],
+            "rank_wall_s": rank_wall_s[cell_id],
+            "finish_s": finish_s,
+        }
+        for cell_id, finish_s in driver.finish_s.items()
+    ]
     return {
         "matrix": str(matrix_file.relative_to(HERE.parent)),
         "num_cells": summary.ok,
@@ -180,11 +165,10 @@ def run_driver(
         "first_cell_started_unix_s": float(cells["started_unix_s"].min()),
         "last_cell_ended_unix_s": float((cells["started_unix_s"] + cells["wall_s"]).max()),
         "cluster_resources_calls": counter.calls,
-        "cluster_resources_rpcs": counter.rpcs,
         "cluster_resources_s": counter.seconds,
         "rss_start_kib": rss_start,
         "rss_samples": driver.rss_samples,
-        "attempts": driver.attempts,
+        "attempts": attempts,
     }
 
 
@@ -201,7 +185,7 @@ def describe(values: list[float]) -> dict[str, float]:
 def part_overhead(run: dict[str, Any], direct_s: list[float]) -> dict[str, Any]:
     """Part a: driver attempt wall vs the ranks' own wall, and vs ``run_local``."""
     attempts = run["attempts"]
-    rank_s = [max(a["rank_wall_s"]) for a in attempts]
+    rank_s = [a["rank_wall_s"] for a in attempts]
     in_attempt = [a["driver_wall_s"] - r for a, r in zip(attempts, rank_s, strict=True)]
     between = (run["wall_s"] - sum(a["driver_wall_s"] for a in attempts)) / len(attempts)
     end_to_end = (run["wall_s"] - sum(rank_s)) / len(attempts)
@@ -225,7 +209,7 @@ def part_overhead(run: dict[str, Any], direct_s: list[float]) -> dict[str, Any]:
 
 def part_makespan(run: dict[str, Any], concurrency: int) -> dict[str, Any]:
     """Part b: makespan against sum(rank cell time) / concurrency."""
-    rank_s = [max(a["rank_wall_s"]) for a in run["attempts"]]
+    rank_s = [a["rank_wall_s"] for a in run["attempts"]]
     attempt_s = [a["driver_wall_s"] for a in run["attempts"]]
     ideal = sum(rank_s) / concurrency
     after_gang = run["last_cell_ended_unix_s"] - run["first_cell_started_unix_s"]
@@ -259,41 +243,12 @@ def part_memory(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def counterfactual(
-    as_is: dict[str, Any], cached: dict[str, Any], concurrency: int
-) -> dict[str, Any]:
-    """Part c as the driver runs it vs with ``ray.cluster_resources()`` cached (see CallCounter).
-
-    The sum of the ranks' own cell times is compared too: on a small machine the driver's CPU
-    time is taken from the ranks, so it changes the measured cells, not only the makespan.
-    """
-    out: dict[str, Any] = {}
-    for name, run in (("as_is", as_is), ("cached", cached)):
-        rank_s = [max(a["rank_wall_s"]) for a in run["attempts"]]
-        out[name] = {
-            "wall_s": run["wall_s"],
-            "sum_rank_wall_s": sum(rank_s),
-            "median_rank_wall_s": statistics.median(rank_s),
-            "driver_cpu_s": run["driver_cpu_s"],
-            "cluster_resources_rpcs": run["cluster_resources_rpcs"],
-            "cluster_resources_s": run["cluster_resources_s"],
-            "makespan_ratio": part_makespan(run, concurrency)["ratio"],
-        }
-    out["cache_s"] = COUNTERFACTUAL_CACHE_S
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the three parts once and write the result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray")
     parser.add_argument("--direct-cells", type=int, default=5, help="cells run with run_local")
     parser.add_argument("--smoke", action="store_true", help="4 cells a part, no file written")
-    parser.add_argument(
-        "--skip-counterfactual",
-        action="store_true",
-        help="skip the rerun of part c with ray.cluster_resources cached for 1 s",
-    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     limit = 4 if args.smoke else None
@@ -312,15 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="commprof-bench-orch-") as tmp:
-            parts = [("overhead", "overhead", 0.0), ("makespan", "makespan", 0.0)]
-            parts.append(("memory", "memory", 0.0))
-            if not args.skip_counterfactual:
-                parts.append(("memory_cached", "memory", COUNTERFACTUAL_CACHE_S))
-            for name, matrix_name, cache_s in parts:
+            for name in ("overhead", "makespan", "memory"):
                 t0_unix = time.time()
                 print(f"driver: {name} ...", file=sys.stderr, flush=True)
-                matrix_file = MATRICES / f"orchestration_{matrix_name}.yaml"
-                run = run_driver(matrix_file, Path(tmp) / name, limit, cache_s)
+                matrix_file = MATRICES / f"orchestration_{name}.yaml"
+                run = run_driver(matrix_file, Path(tmp) / name, limit)
                 run["t0_unix_s"] = t0_unix
                 runs[name] = run
                 print(f"  {run['num_cells']} cells in {run['wall_s']:.1f} s", file=sys.stderr)
@@ -350,18 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": part_overhead(runs["overhead"], direct_s),
         "makespan": part_makespan(runs["makespan"], concurrency),
         "memory": part_memory(runs["memory"]),
-        "counterfactual_cached_cluster_resources": (
-            counterfactual(runs["memory"], runs["memory_cached"], concurrency)
-            if "memory_cached" in runs
-            else None
-        ),
         "driver": {
             name: {
                 "num_cells": r["num_cells"],
                 "wall_s": r["wall_s"],
                 "driver_cpu_s": r["driver_cpu_s"],
                 "cluster_resources_calls": r["cluster_resources_calls"],
-                "cluster_resources_rpcs": r["cluster_resources_rpcs"],
                 "cluster_resources_s": r["cluster_resources_s"],
             }
             for name, r in runs.items()
