@@ -8,10 +8,11 @@ Checks (each runs in its own spawned processes and is reported, pass or fail, on
 2. ``nccl1-fp16``: the same with the fp16 compression hook inside the timing wrapper.
 3. ``cuda-gloo2``: gloo over CUDA tensors, 2 ranks sharing GPU 0 (the cuda-gloo regime): the
    same record checks.
-4. ``golden-cuda-nccl1`` and ``golden-cuda-gloo2``: DDP steps under commprof's profiler harness
-   (CPU and CUDA activities), one ``.json.gz`` trace per rank plus the timing hook's rows
-   (``hook_buckets_rank{r}.json``) and, when analysis works, ``expected_metrics.json``, in the
-   layout of ``tests/data/golden_gloo2``. The trace must hold CUDA kernels; the trace parser's
+4. ``golden-cuda-nccl1`` and ``golden-cuda-gloo2``: a profiled cell (``profile: true``) through
+   ``run_local``, the trainer's own profiled path (steps 2 to 4 traced, trace metrics computed
+   in the ranks, which must give rows): one ``.json.gz`` trace per rank plus the timing hook's
+   rows (``hook_buckets_rank{r}.json``) and, when analysis works, ``expected_metrics.json``, in
+   the layout of ``tests/data/golden_gloo2``. The trace must hold CUDA kernels; the trace parser's
    detected regime must be the one the run used. NCCL kernels in the nccl1 trace are recorded
    but not required: with one rank NCCL may reduce by a local copy, or not at all.
 
@@ -42,7 +43,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script from a checkout without installing
@@ -51,9 +51,8 @@ if str(_ROOT) not in sys.path:  # run as a script from a checkout without instal
 from commprof.matrix import Cell  # noqa: E402
 from commprof.training.launcher import (  # noqa: E402
     merge_rank_records,
-    process_group,
+    merge_rank_traces,
     run_local,
-    spawn_ranks,
 )
 
 MODEL = "srn-10m"
@@ -61,9 +60,8 @@ MODEL = "srn-10m"
 TRACE_MODEL = "srn-1m"
 """Model of the golden traces: small traces, still several buckets at TRACE_BUCKET_CAP_MB."""
 TRACE_BUCKET_CAP_MB = 1.0
-WAIT, WARMUP, ACTIVE = 1, 1, 3
-"""Profiler schedule of the golden traces: steps 2, 3 and 4 are recorded."""
-TRACE_STEPS = WAIT + WARMUP + ACTIVE + 1
+TRACE_FIRST_STEP, TRACE_STEPS = 2, 5
+"""Golden traces: the trainer profiles its measured steps, 2, 3 and 4."""
 PG_TIMEOUT_S = 60.0
 MICROBENCH_SIZES_BYTES = (1 << 10, 1 << 20, 1 << 26)
 """1 KiB (latency), 1 MiB, 64 MiB (bandwidth)."""
@@ -138,45 +136,6 @@ def _cell_check(cell: Cell) -> Callable[[Path], tuple[list[str], dict[str, Any]]
 # Golden traces
 
 
-def _trace_rank(rank: int, world_size: int, store_path: str, backend: str, out_dir: str) -> None:
-    """One rank: DDP with the timing hook under the profiler harness (``spawn_ranks``)."""
-    from commprof.profiling.comm_hooks import register_timing_hook
-    from commprof.profiling.harness import profiled
-    from commprof.training.data import loss_fn, make_batch
-    from commprof.training.models import build_model
-
-    device = torch.device("cuda", 0)  # every rank on GPU 0 (nccl: world size 1)
-    torch.cuda.set_device(device)
-    store = dist.FileStore(store_path, world_size)
-    with process_group(
-        backend=backend, rank=rank, world_size=world_size, store=store, timeout_s=PG_TIMEOUT_S
-    ):
-        torch.manual_seed(0)
-        ddp = DistributedDataParallel(
-            build_model(TRACE_MODEL).to(device),
-            device_ids=[0],
-            bucket_cap_mb=TRACE_BUCKET_CAP_MB,
-        )
-        state = register_timing_hook(ddp, inner="allreduce")
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        criterion = loss_fn(TRACE_MODEL)
-        rows: list[dict[str, Any]] = []
-        with profiled(out_dir, rank=rank, wait=WAIT, warmup=WARMUP, active=ACTIVE) as prof:
-            for step in range(TRACE_STEPS):
-                inputs, targets = make_batch(
-                    TRACE_MODEL, 32, rank=rank, seed=0, step=step, device=device
-                )
-                state.step = step
-                optimizer.zero_grad(set_to_none=True)
-                criterion(ddp(inputs), targets).backward()
-                optimizer.step()
-                torch.cuda.synchronize(device)  # sync point: the step's device work is done
-                rows.extend({"rank": rank, **row} for row in state.resolve())
-                prof.step()
-        path = Path(out_dir) / f"hook_buckets_rank{rank}.json"
-        path.write_text(json.dumps(rows, indent=1) + "\n")
-
-
 def _kernel_summary(path: Path) -> dict[str, Any]:
     with gzip.open(path, "rt") as f:
         events = json.load(f).get("traceEvents", [])
@@ -246,17 +205,39 @@ def inspect_golden(
 
 
 def _golden_check(
-    name: str, backend: str, world_size: int, regime: str
+    name: str, backend: str, world_size: int, regime: str, device: str = "cuda"
 ) -> Callable[[Path], tuple[list[str], dict[str, Any]]]:
+    """A profiled cell through ``run_local`` (the trainer's own profiled path), its traces and
+    hook rows written in the layout of ``tests/data/golden_gloo2`` and inspected there."""
+
     def check(out: Path) -> tuple[list[str], dict[str, Any]]:
         trace_dir = out / name
         trace_dir.mkdir(parents=True, exist_ok=True)
         for old in trace_dir.glob("*.json*"):
             old.unlink()
-        spawn_ranks(
-            _trace_rank, world_size, args=(backend, str(trace_dir)), limit_s=4 * PG_TIMEOUT_S
+        cell = Cell(
+            model=TRACE_MODEL,
+            world_size=world_size,
+            backend=backend,
+            device=device,
+            bucket_cap_mb=TRACE_BUCKET_CAP_MB,
+            steps=TRACE_STEPS,
+            warmup_steps=TRACE_FIRST_STEP,
+            profile=True,
         )
-        return inspect_golden(trace_dir, world_size=world_size, regime=regime)
+        per_rank = run_local(cell, timeout_s=PG_TIMEOUT_S)
+        for file_name, data in merge_rank_traces(per_rank).items():
+            (trace_dir / file_name).write_bytes(data)
+        records = merge_rank_records(per_rank)
+        for rank in range(world_size):
+            rows = [r for r in records["buckets"] if r["rank"] == rank]
+            path = trace_dir / f"hook_buckets_rank{rank}.json"
+            path.write_text(json.dumps(rows, indent=1) + "\n")
+        problems, figures = inspect_golden(trace_dir, world_size=world_size, regime=regime)
+        figures["trace_metrics"] = records.get("trace_metrics", [])
+        if not figures["trace_metrics"]:
+            problems.append("the profiled cell gave no trace_metrics rows")
+        return problems, figures
 
     return check
 
