@@ -1,1 +1,1 @@
-"""actors."""
+"""Ray actors: rank actors, gangs of them, and one cell's execution (``commprof.actors``)."""

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from commprof.actors.gang import Gang
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from actors.gang import Gang
 from commprof.matrix import Cell
-from commprof.training.launcher import classify_error_texts, group_errors
+from commprof.outcomes import classify_error_texts, group_errors
 
 PEER_ERROR_GRACE_S = 2.0
 """After the first rank failed, how long the others may take to report before the kill."""
@@ -126,7 +126,6 @@ class CellExecution:
         now = time.monotonic()
         wall_s = now - self.started
         if len(self.results) == self.cell.world_size:
-            self.gang.cells_run += 1
             return Outcome(
                 status="ok", results=[self.results[r] for r in range(len(self.refs))], wall_s=wall_s
             )

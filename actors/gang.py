@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from commprof.actors.rank_actor import RankActor
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-from actors.rank_actor import RankActor
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,6 @@ class Gang:
     """Sequence number of the gang in this driver (names its actors)."""
     nodes: list[tuple[str, str]] = field(default_factory=list)
     """(node id, IP) of each rank, filled in by :meth:`locate`."""
-    cells_run: int = 0
-    """Cells this gang has completed."""
 
     @property
     def world_size(self) -> int:
@@ -93,7 +90,7 @@ class Gang:
 
 
 def bundle_for(device: str) -> dict[str, float]:
-    """Resources of one rank (DESIGN.md: ``num_gpus=1`` on GPU cells, a CPU otherwise)."""
+    """Resources of one rank: one GPU on GPU cells, a CPU otherwise (docs/design.md, Data flow)."""
     return {"CPU": 1.0, "GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
 
 

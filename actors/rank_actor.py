@@ -1,8 +1,9 @@
 """The Ray actor that is one rank of a gang: it joins a process group per cell and trains.
 
 An actor outlives cells: the driver reuses a gang of them for the next cell of the same shape,
-which saves the process start and ``import torch`` (about 2 s a cell, FACTS.md). Each cell gets
-a new TCPStore port from rank 0 and a fresh process group, destroyed after a barrier.
+which saves the process start and ``import torch`` (about 2 s a cell; docs/design.md, Measured
+facts). Each cell gets a new TCPStore port from rank 0 and a fresh process group, destroyed after
+a barrier.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import ray
 
 
 class RankActor:
-    """One rank. Created by :class:`actors.gang.Gang` inside a placement-group bundle."""
+    """One rank. Created by :class:`commprof.actors.gang.Gang` inside a placement-group bundle."""
 
     def __init__(self, num_threads: int = 1) -> None:
         import torch
@@ -58,7 +59,8 @@ class RankActor:
             master_addr: rank 0's address for the TCPStore.
             master_port: the port rank 0 picked.
             timeout_s: the process-group timeout.
-            loopback: all ranks on one node: gloo talks over ``lo`` (FACTS.md).
+            loopback: all ranks on one node: gloo talks over ``lo`` (docs/design.md, Measured
+                facts).
             fault: test-only fault injection, ``{"rank": R, "kind": "raise" | "hang"}``: rank R
                 raises (a RuntimeError, or the builtin named by ``fault["error"]``), or stops
                 taking part, before it joins the group.

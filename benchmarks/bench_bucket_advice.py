@@ -52,7 +52,8 @@ from commprof.modeling.estimate import (  # noqa: E402
     recommend_bucket_cap,
 )
 from commprof.modeling.timeline import load_parameter_ready_ns  # noqa: E402
-from commprof.training.launcher import merge_rank_records, run_local  # noqa: E402
+from commprof.outcomes import merge_rank_records  # noqa: E402
+from commprof.training.launcher import run_local  # noqa: E402
 
 DEFAULT_CAP_MB = 25.0
 """DDP's default ``bucket_cap_mb``."""

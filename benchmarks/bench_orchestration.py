@@ -1,6 +1,6 @@
 """Benchmark: what the sweep driver itself costs, per cell, over a whole matrix, in memory.
 
-The real driver (``sweeps.driver.Driver``) runs tiny cells (srn-100k, 2 gloo ranks on CPU,
+The real driver (``commprof.sweeps.driver.Driver``) runs tiny cells (srn-100k, 2 gloo ranks on CPU,
 3 steps, ``benchmarks/matrices/orchestration_*.yaml``) on a real local Ray that this script
 starts with ``ray.init(num_cpus=N)``. Three measurements, one run:
 
@@ -52,15 +52,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: gloo over loopback (FACTS.md)
+# one machine: gloo over loopback (docs/design.md, Measured facts)
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import ray  # noqa: E402
+from commprof.actors.gang import ACTOR_NAMESPACE  # noqa: E402
+from commprof.sweeps.driver import Driver, DriverOptions  # noqa: E402
 
-from actors.gang import ACTOR_NAMESPACE  # noqa: E402
 from commprof import matrix as matrix_mod  # noqa: E402
 from commprof import results  # noqa: E402
 from commprof.training.launcher import run_local  # noqa: E402
-from sweeps.driver import Driver, DriverOptions  # noqa: E402
 
 MATRICES = HERE / "matrices"
 DEFAULT_OUT = HERE / "results" / "orchestration.json"

@@ -49,11 +49,8 @@ if str(_ROOT) not in sys.path:  # run as a script from a checkout without instal
     sys.path.insert(0, str(_ROOT))
 
 from commprof.matrix import Cell  # noqa: E402
-from commprof.training.launcher import (  # noqa: E402
-    merge_rank_records,
-    merge_rank_traces,
-    run_local,
-)
+from commprof.outcomes import merge_rank_records, merge_rank_traces  # noqa: E402
+from commprof.training.launcher import run_local  # noqa: E402
 
 MODEL = "srn-10m"
 """Model of the record checks: 40 MB of gradients, three buckets at DDP's default cap."""

@@ -22,6 +22,10 @@ from commprof import __version__
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commprof`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    # The command is the first word that is no option (the top-level options take no value);
+    # only its own module is imported to add its flags, so `commprof --help` loads no pandas.
+    chosen = next((word for word in argv if not word.startswith("-")), None)
     parser = argparse.ArgumentParser(
         prog="commprof",
         description="Where the gradient-communication time of data-parallel training goes.",
@@ -30,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check = sub.add_parser("check", help="versions, backends, devices, Ray, a matrix's cells")
-    check.add_argument("matrix", nargs="?", type=Path, help="a matrix YAML file to validate")
+    check.add_argument(
+        "matrix", nargs="?", help="a matrix YAML file, or a bundled one's name (smoke), to validate"
+    )
     check.add_argument("--json", action="store_true", help="print one JSON document")
     check.set_defaults(func=_check)
 
@@ -55,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=_run)
 
     sweep = sub.add_parser("sweep", help="run a matrix on Ray (same as sweeps/run_matrix.py)")
-    _optional("sweeps.run_matrix", "add_arguments", sweep)
+    _optional(chosen == "sweep", "commprof.sweeps.run_matrix", sweep)
     sweep.set_defaults(func=_sweep)
 
     estimate = sub.add_parser("estimate", help="predict all-reduce and exposed communication")
-    _optional("commprof.modeling.estimate", "add_arguments", estimate)
+    _optional(chosen == "estimate", "commprof.modeling.estimate", estimate)
     estimate.set_defaults(func=_estimate)
 
     analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
@@ -88,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _optional(module: str, attr: str, parser: argparse.ArgumentParser) -> None:
-    """Let a module add its flags (it owns them); the import is deferred to parse time."""
-    getattr(importlib.import_module(module), attr)(parser)
+def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> None:
+    """Let a module add its flags (it owns them), only where its command was chosen."""
+    if chosen:
+        importlib.import_module(module).add_arguments(parser)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -111,9 +118,10 @@ def _check(args: argparse.Namespace) -> int:
     report["ray_cluster"] = _ray_resources()
     if args.matrix is not None:
         from commprof.matrix import load
-        from sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
+        from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
+        from commprof.sweeps.run_matrix import matrix_path
 
-        matrix = load(args.matrix)
+        matrix = load(matrix_path(args.matrix))
         guard = GuardPlan(matrix)
         cells = []
         for cell in matrix.cells:
@@ -189,12 +197,9 @@ def _run(args: argparse.Namespace) -> int:
     from commprof import results
     from commprof.catalog import count_parameters
     from commprof.matrix import Cell
-    from commprof.training.launcher import (
-        RankFailure,
-        merge_rank_records,
-        merge_rank_traces,
-        run_local,
-    )
+    from commprof.outcomes import RankFailure
+    from commprof.sweeps.guard import GuardPlan
+    from commprof.training.launcher import run_local
 
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     if device == "cuda":
@@ -233,26 +238,20 @@ def _run(args: argparse.Namespace) -> int:
         "sweep": "run",
         "attempt": attempt,
         "num_params": count_parameters(cell.model),
+        "guard": GuardPlan().decide(cell).to_record(),
+        "nodes": [platform.node()],
         "started_unix_s": started,
     }
     try:
         per_rank = run_local(cell, timeout_s=args.pg_timeout_s, limit_s=args.run_timeout_s)
     except RankFailure as err:
-        row = results.cell_row(
-            cell,
-            status="failed",
-            error=str(err),
-            error_kind=err.kind,
-            wall_s=time.monotonic() - t0,
-            **common,
-        )
-        results.write_attempt(args.out, row, {})
+        common["wall_s"] = time.monotonic() - t0
+        results.commit_attempt(args.out, cell, error=str(err), error_kind=err.kind, **common)
         print(f"error: cell {cell.cell_id} failed: {err}", file=sys.stderr)
         return 1
-    wall_s = time.monotonic() - t0
-    row = results.cell_row(cell, status="ok", env=per_rank[0]["env"], wall_s=wall_s, **common)
-    results.write_attempt(args.out, row, merge_rank_records(per_rank), merge_rank_traces(per_rank))
-    from sweeps.run_matrix import summary_table
+    wall_s = common["wall_s"] = time.monotonic() - t0
+    results.commit_attempt(args.out, cell, per_rank=per_rank, **common)
+    from commprof.sweeps.run_matrix import summary_table
 
     print(summary_table(results.load(args.out), [cell.cell_id]))
     print(f"cell {cell.cell_id} done in {wall_s:.2f} s; dataset: {args.out}")
@@ -260,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from sweeps.run_matrix import run
+    from commprof.sweeps.run_matrix import run
 
     return run(args)
 
@@ -282,13 +281,13 @@ def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple
 
 
 def _figures(args: argparse.Namespace) -> int:
-    from reporting.build import figures_main
+    from commprof.reporting.build import figures_main
 
     return figures_main(args.results, args.out)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from reporting.build import report_main
+    from commprof.reporting.build import report_main
 
     return report_main(args.results, args.out)
 

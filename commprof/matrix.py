@@ -16,7 +16,7 @@ Example::
     run:
       max_attempts: 2
 
-This module imports no torch and no ray (DESIGN.md, "Imports go one way").
+This module imports no torch and no ray (docs/design.md, "Layers").
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ REGIMES = {
     "cuda-nccl": ("nccl", "cuda"),
     "cuda-gloo": ("gloo", "cuda"),
 }
-"""A ``regime`` axis value sets backend and device together (DESIGN.md, "Regimes")."""
+"""A ``regime`` axis value sets backend and device together (docs/design.md, "Regimes")."""
 OPTIMIZERS = ("sgd", "adam")
 
 # Cell fields that are identity: two cells with equal values here are the same measurement.
@@ -148,13 +148,13 @@ class Cell:
         return config_hash(self.config())
 
     @property
-    def shape(self) -> tuple[int, str, str]:
+    def gang_shape(self) -> tuple[int, str, str]:
         """What a gang of rank actors must match to be reused: (world size, device, placement)."""
         return (self.world_size, self.device, self.placement)
 
     @property
     def regime(self) -> str:
-        """The trace regime of DESIGN.md: cpu-gloo, cuda-nccl or cuda-gloo."""
+        """The trace regime of docs/design.md, Regimes: cpu-gloo, cuda-nccl or cuda-gloo."""
         return f"{self.device}-{self.backend}"
 
     def config(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The collected dataset: schema, atomic writes, loading (pandas and Ray Data).
 
-Layout of a dataset folder (DESIGN.md, "Data flow" step 4)::
+Layout of a dataset folder (docs/design.md, "The dataset")::
 
     DIR/<table>/<cell_id>-a<attempt>.parquet     one file per table per cell attempt
 
@@ -304,6 +304,48 @@ def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:
     ].itertuples(index=False):
         out[str(cell_id)] = (str(status), int(attempt), kind if isinstance(kind, str) else None)
     return out
+
+
+def commit_attempt(
+    root: str | Path,
+    cell: Any,
+    *,
+    per_rank: list[dict[str, Any]] | None = None,
+    error: str | None = None,
+    error_kind: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Commit one attempt that ran: the one path of the sweep driver and ``commprof run``.
+
+    Args:
+        root: the dataset folder.
+        cell: the cell.
+        per_rank: the ranks' results in rank order (a success), or None with ``error`` (a
+            failure). The slowest rank's own ``wall_s`` becomes the row's ``rank_wall_s``.
+        error: the grouped failure text.
+        error_kind: transient, deterministic or timeout.
+        fields: the rest of :func:`cell_row` (sweep, attempt, num_params, guard, nodes,
+            started_unix_s, wall_s).
+
+    Returns:
+        The committed ``cells`` row.
+    """
+    from commprof.outcomes import merge_rank_records, merge_rank_traces
+
+    if per_rank is None:
+        row = cell_row(cell, status="failed", error=error, error_kind=error_kind, **fields)
+        write_attempt(root, row, {})
+        return row
+    rank_walls = [float(r["wall_s"]) for r in per_rank if "wall_s" in r]
+    row = cell_row(
+        cell,
+        status="ok",
+        env=per_rank[0]["env"],
+        rank_wall_s=max(rank_walls) if rank_walls else None,
+        **fields,
+    )
+    write_attempt(root, row, merge_rank_records(per_rank), merge_rank_traces(per_rank))
+    return row
 
 
 def cell_row(

@@ -1,1 +1,1 @@
-"""reporting."""
+"""Figures, LaTeX tables and the PDF reports (``commprof.reporting``)."""

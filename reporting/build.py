@@ -2,11 +2,11 @@
 
 Output folder (default ``RESULTS/report/``)::
 
-    figures/<name>.pdf        every figure of ``reporting.figures.FIGURES``
-    tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_tables``)
+    figures/<name>.pdf        every figure of ``commprof.reporting.figures.FIGURES``
+    tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_csv_tables``)
     generated/macros.tex      one macro per quoted number (and macros.json beside it)
     generated/tab_<name>.tex  booktabs fragments
-    main.tex, postmortem.tex  the two reports (from ``reporting/templates``)
+    main.tex, postmortem.tex  the two reports (from ``commprof.reporting.templates``)
     main.pdf, postmortem.pdf  built with latexmk + pdflatex when they are installed
 
 Without LaTeX the figures and .tex files are still written and the command says how to get the
@@ -18,14 +18,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
-from commprof.analysis.dataset import Processed, process, write_tables
-from commprof.results import load
-from reporting import figures, report_tables
+from commprof.reporting import figures, report_tables
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
-"""Folder of the report templates."""
+from commprof.analysis.dataset import Processed, process, write_csv_tables
+from commprof.results import load
+
+TEMPLATES = resources.files("commprof.reporting.templates")
+"""The report templates (package data: present in a checkout and in an installed wheel)."""
 REPORTS = ("main", "postmortem")
 """The two PDFs, by template stem."""
 LATEX_TIMEOUT_S = 300
@@ -65,7 +67,7 @@ def _load(results_dir: Path) -> Processed | None:
 def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:
     """Figures and processed CSV tables into ``out``; prints one line per figure."""
     results = figures.make_all(data, out / "figures")
-    write_tables(data, out / "tables")
+    write_csv_tables(data, out / "tables")
     for result in results:
         extra = f"  ({result.note})" if result.note else ""
         print(f"figure {result.path}{extra}")
@@ -95,9 +97,9 @@ def write_latex(data: Processed, out: Path, notes: dict[str, str], dataset_name:
     generated.mkdir(parents=True, exist_ok=True)
     macros = report_tables.build_macros(data, figure_notes=notes, dataset_name=dataset_name)
     macros.write(generated / "macros.tex", out / "macros.json")
-    report_tables.write_tables(data, generated)
+    report_tables.write_latex_tables(data, generated)
     for stem in REPORTS:
-        shutil.copyfile(TEMPLATES / f"{stem}.tex", out / f"{stem}.tex")
+        (out / f"{stem}.tex").write_bytes(TEMPLATES.joinpath(f"{stem}.tex").read_bytes())
 
 
 def latex_available() -> bool:
@@ -171,10 +173,10 @@ def report_main(results_dir: Path, out_dir: Path | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reporting.build report|figures RESULTS [--out DIR]``."""
+    """``python -m commprof.reporting.build report|figures RESULTS [--out DIR]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m reporting.build")
+    parser = argparse.ArgumentParser(prog="python -m commprof.reporting.build")
     parser.add_argument("what", choices=("report", "figures"))
     parser.add_argument("results", type=Path, help="dataset folder")
     parser.add_argument("--out", type=Path, help="output folder (default RESULTS/report/)")

@@ -1,8 +1,8 @@
 """The report figures, each from the processed dataset only (``commprof.analysis.dataset``).
 
-Every figure follows ``reporting.viz``. A figure whose data the dataset lacks is still written,
-with the reason printed in its panel, and its :class:`FigureResult` carries the same note, so
-the report can say why. This module imports no torch and no ray.
+Every figure follows ``commprof.reporting.viz``. A figure whose data the dataset lacks is still
+written, with the reason printed in its panel, and its :class:`FigureResult` carries the same
+note, so the report can say why. This module imports no torch and no ray.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from commprof.reporting import viz
 from matplotlib.ticker import NullFormatter
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
-from reporting import viz
 
 TOP_MODULES = 10
 """Modules shown per panel of the attribution figure."""
@@ -34,7 +34,7 @@ class FigureResult:
     """Why (part of) the figure is empty, or an empty string."""
 
 
-def step_breakdown(data: Processed, path: Path) -> str:
+def plot_step_breakdown(data: Processed, path: Path) -> str:
     """Stacked bars per configuration: compute, exposed communication, optimizer, idle/other.
 
     Bars are means over measured steps, ranks and repeats, so they add up to the mean step time
@@ -81,7 +81,7 @@ def step_breakdown(data: Processed, path: Path) -> str:
     return ""
 
 
-def overlap_vs_cap(data: Processed, path: Path) -> str:
+def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
     """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
     merged = data.merged.dropna(subset=["overlap_efficiency_median"])
     models = sorted(merged["model"].unique())
@@ -120,7 +120,7 @@ def overlap_vs_cap(data: Processed, path: Path) -> str:
     return ""
 
 
-def allreduce_vs_size(data: Processed, path: Path) -> str:
+def plot_allreduce_vs_size(data: Processed, path: Path) -> str:
     """All-reduce time and bus bandwidth against message size, measured and modelled."""
     points = data.microbench
     sizes = sorted(points["world_size"].unique()) if not points.empty else []
@@ -174,7 +174,7 @@ def allreduce_vs_size(data: Processed, path: Path) -> str:
     return ""
 
 
-def layer_attribution(data: Processed, path: Path) -> str:
+def plot_layer_attribution(data: Processed, path: Path) -> str:
     """Communication time attributed to each module, for one cell per model (most buckets)."""
     attr = data.attribution
     with viz.style():
@@ -224,7 +224,7 @@ def layer_attribution(data: Processed, path: Path) -> str:
     return ""
 
 
-def scaling(data: Processed, path: Path) -> str:
+def plot_scaling(data: Processed, path: Path) -> str:
     """Step time, exposed and all-reduce time per step against world size, per model."""
     merged = data.merged
     models = sorted(merged["model"].unique())
@@ -264,7 +264,7 @@ def scaling(data: Processed, path: Path) -> str:
     return ""
 
 
-def memory_guard(data: Processed, path: Path) -> str:
+def plot_memory_guard(data: Processed, path: Path) -> str:
     """The memory guard: need / budget per pool, per (model, world size), worst cap."""
     guard = data.guard
     with viz.style():
@@ -323,7 +323,7 @@ def memory_guard(data: Processed, path: Path) -> str:
     return ""
 
 
-def model_accuracy(data: Processed, path: Path) -> str:
+def plot_model_accuracy(data: Processed, path: Path) -> str:
     """Modelled against measured all-reduce time, per bucket in training and per microbench."""
     with viz.style():
         fig, axes = viz.new_figure(1, 2, height_in=2.6)
@@ -360,7 +360,7 @@ def model_accuracy(data: Processed, path: Path) -> str:
     return note
 
 
-def trace_overlap(data: Processed, path: Path) -> str:
+def plot_trace_overlap(data: Processed, path: Path) -> str:
     """Trace-derived overlap efficiency per profiled cell (when a cell was profiled)."""
     trace = data.trace
     with viz.style():
@@ -389,14 +389,14 @@ def trace_overlap(data: Processed, path: Path) -> str:
 
 
 FIGURES: dict[str, Callable[[Processed, Path], str]] = {
-    "step_breakdown": step_breakdown,
-    "overlap_vs_cap": overlap_vs_cap,
-    "allreduce_vs_size": allreduce_vs_size,
-    "layer_attribution": layer_attribution,
-    "scaling": scaling,
-    "memory_guard": memory_guard,
-    "model_accuracy": model_accuracy,
-    "trace_overlap": trace_overlap,
+    "step_breakdown": plot_step_breakdown,
+    "overlap_vs_cap": plot_overlap_vs_cap,
+    "allreduce_vs_size": plot_allreduce_vs_size,
+    "layer_attribution": plot_layer_attribution,
+    "scaling": plot_scaling,
+    "memory_guard": plot_memory_guard,
+    "model_accuracy": plot_model_accuracy,
+    "trace_overlap": plot_trace_overlap,
 }
 """Every report figure by file stem."""
 

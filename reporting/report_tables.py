@@ -368,7 +368,7 @@ TABLES = {
 """Every generated fragment by name (``generated/tab_<name>.tex``)."""
 
 
-def write_tables(data: Processed, out_dir: Path) -> list[Path]:
+def write_latex_tables(data: Processed, out_dir: Path) -> list[Path]:
     """Write every fragment of ``TABLES`` into ``out_dir``.
 
     Args:

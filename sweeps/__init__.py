@@ -1,1 +1,1 @@
-"""sweeps."""
+"""The run-matrix driver and its memory guard (``commprof.sweeps``)."""

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ray
+from commprof.actors.execution import CellExecution, Outcome
+from commprof.actors.gang import Gang, PlacementTimeout, bundle_for, create_gang
+from commprof.sweeps.guard import GuardPlan, probe_budgets
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.execution import CellExecution, Outcome
-from actors.gang import Gang, PlacementTimeout, bundle_for, create_gang
 from commprof import results
 from commprof.matrix import Cell, Matrix
-from commprof.training.launcher import merge_rank_records, merge_rank_traces
-from sweeps.guard import GuardPlan, probe_budgets
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ class Driver:
             self._budget_base[cell.cell_id] = attempt if fresh else 0
         # Cells of one shape together (stable otherwise): a gang serves them all in a row
         # instead of being dropped and rebuilt when shapes alternate on a full cluster.
-        todo.sort(key=lambda item: item[0].shape)
+        todo.sort(key=lambda item: item[0].gang_shape)
         return todo, rejected
 
     # -- running -----------------------------------------------------------------------------
@@ -252,7 +251,7 @@ class Driver:
         total = ray.cluster_resources()  # one control-plane round trip per pass, not per cell
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
-            skip = cell.shape in blocked or cell.shape in self._unplaceable
+            skip = cell.gang_shape in blocked or cell.gang_shape in self._unplaceable
             gang = None if skip else self._acquire(cell, total)
             if gang is None and not running:
                 # Nothing runs and no idle gang is left to drop: the cluster cannot place it.
@@ -263,10 +262,10 @@ class Driver:
                     f"cannot be placed: needs {need} in one {cell.placement} placement group; "
                     f"the cluster has {dict(total)}. Add nodes or resources, or --exclude it.",
                 )
-                self._unplaceable.add(cell.shape)  # the same shape would wait in vain again
+                self._unplaceable.add(cell.gang_shape)  # the same shape would wait in vain again
                 continue
             if gang is None:
-                blocked.add(cell.shape)
+                blocked.add(cell.gang_shape)
                 deferred.append((cell, attempt))
                 continue
             fault = self.options.faults.get(cell.cell_id)
@@ -302,7 +301,7 @@ class Driver:
             total: the cluster's resources (``ray.cluster_resources()``).
         """
         for gang in self.gangs:
-            if gang.shape == cell.shape and id(gang) not in self.busy:
+            if gang.shape == cell.gang_shape and id(gang) not in self.busy:
                 return gang
         need = bundle_for(cell.device)
         for key, amount in need.items():
@@ -315,12 +314,14 @@ class Driver:
                 held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
         for attempt in range(1, GANG_START_TRIES + 1):
             try:
-                gang = create_gang(cell.shape, ready_timeout_s=self.options.gang_ready_timeout_s)
+                gang = create_gang(
+                    cell.gang_shape, ready_timeout_s=self.options.gang_ready_timeout_s
+                )
                 break
             except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
                 log.warning(
                     "starting a gang of shape %s failed (try %d): %s",
-                    cell.shape,
+                    cell.gang_shape,
                     attempt,
                     str(err).splitlines()[0],
                 )
@@ -333,7 +334,7 @@ class Driver:
                     self._drop(gang)
         else:
             raise RuntimeError(
-                f"could not start a gang of shape {cell.shape} in {GANG_START_TRIES} tries; "
+                f"could not start a gang of shape {cell.gang_shape} in {GANG_START_TRIES} tries; "
                 "see the warnings above"
             )
         self.gangs.append(gang)
@@ -367,25 +368,15 @@ class Driver:
             "wall_s": outcome.wall_s,
         }
         if outcome.status == "ok":
-            rank_wall_s = max(float(r.get("wall_s", 0.0)) for r in outcome.results)
-            row = results.cell_row(
-                cell, status="ok", env=outcome.results[0]["env"], rank_wall_s=rank_wall_s, **common
-            )
-            results.write_attempt(
-                self.options.out,
-                row,
-                merge_rank_records(outcome.results),
-                merge_rank_traces(outcome.results),
-            )
+            results.commit_attempt(self.options.out, cell, per_rank=outcome.results, **common)
             self.summary.ok += 1
             self.summary.statuses[cell.cell_id] = "ok"
             self._walls.append(outcome.wall_s)
             return
         self._drop(gang)
-        row = results.cell_row(
-            cell, status="failed", error=outcome.error, error_kind=outcome.error_kind, **common
+        results.commit_attempt(
+            self.options.out, cell, error=outcome.error, error_kind=outcome.error_kind, **common
         )
-        results.write_attempt(self.options.out, row, {})
         used = attempt - self._budget_base.get(cell.cell_id, 0)
         retry = outcome.error_kind != "deterministic" and used < self.matrix.run.max_attempts
         log.warning(

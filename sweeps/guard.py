@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 # finishes. Rough by design (a planning aid, not a measurement): constants measured on a 2-core
 # machine with torch 2.13 CPU, gloo over loopback.
 GANG_START_S = 2.5
-"""New rank processes and `import torch` (FACTS.md: about 2.4 s for 2 ranks)."""
+"""New rank processes and `import torch` (2.4 s for 2 ranks; docs/design.md, Measured facts)."""
 CELL_SETUP_S = 0.5
 """Process group, model build and DDP wrap on a reused gang."""
 CPU_FLOPS_PER_S = 2e10
@@ -42,7 +42,8 @@ class GuardPlan:
     """Guard decisions for the cells of one matrix, cached by cell id.
 
     Args:
-        matrix: the matrix (its ``budget`` section overrides detected budgets).
+        matrix: the matrix (its ``budget`` section overrides detected budgets); None for one
+            cell run outside a matrix (``commprof run``).
         num_nodes: nodes the cluster has (SPREAD cells put ceil(world size / nodes) on each).
         node_budgets: budgets of the nodes that hold ranks, by device kind (``cpu``, ``cuda``),
             as probed on the cluster; default: this machine's.
@@ -50,14 +51,15 @@ class GuardPlan:
 
     def __init__(
         self,
-        matrix: Matrix,
+        matrix: Matrix | None = None,
         *,
         num_nodes: int = 1,
         node_budgets: dict[str, memory_guard.Budgets] | None = None,
     ) -> None:
         local = memory_guard.detect_budgets()
+        overrides = matrix.budget_bytes if matrix is not None else {}
         self.budgets_by_device = {
-            device: (node_budgets or {}).get(device, local).with_overrides(matrix.budget_bytes)
+            device: (node_budgets or {}).get(device, local).with_overrides(overrides)
             for device in ("cpu", "cuda")
         }
         self.num_nodes = num_nodes

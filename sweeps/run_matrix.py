@@ -20,7 +20,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IN_SOURCE_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file()
 """Run from a checkout (not from site-packages after a plain ``pip install .``)."""
-DEFAULT_MATRIX = REPO_ROOT / "sweeps" / "matrix.yaml"
+BUNDLED = Path(__file__).resolve().parent
+"""Folder of the matrices that ship with the package (``smoke.yaml``, ``matrix.yaml``)."""
+DEFAULT_MATRIX = BUNDLED / "matrix.yaml"
 RUNTIME_ENV_EXCLUDES = [".git", ".venv", "results", "reports", "*.parquet", "*.json.gz", "*.pdf"]
 """Left out of the working_dir shipped to cluster nodes."""
 
@@ -29,7 +31,12 @@ log = logging.getLogger("commprof.sweep")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The driver's flags (shared by this script and ``commprof sweep``)."""
-    parser.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix YAML file")
+    parser.add_argument(
+        "--matrix",
+        type=matrix_path,
+        default=DEFAULT_MATRIX,
+        help="matrix YAML file, or the name of a bundled one (smoke, matrix)",
+    )
     parser.add_argument("--out", type=Path, help="dataset folder (default results/<name>/)")
     parser.add_argument(
         "--retry-failed", action="store_true", help="rerun only the cells whose last attempt failed"
@@ -54,6 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
+def matrix_path(value: str) -> Path:
+    """``--matrix``: a file, or the name of a matrix bundled with the package (``smoke``).
+
+    A path that exists wins; a bare name without one resolves to ``<name>.yaml`` beside this
+    module, so an installed wheel runs ``commprof sweep --matrix smoke`` from any folder.
+    """
+    path = Path(value)
+    bundled = BUNDLED / f"{value}.yaml"
+    if not path.exists() and path.name == value and bundled.is_file():
+        return bundled
+    return path
+
+
 def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
     """Connect to a Ray cluster or start an embedded one.
 
@@ -65,8 +85,7 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
         (whether Ray was started here, the dashboard URL if there is one).
     """
     import ray
-
-    from actors.gang import ACTOR_NAMESPACE
+    from commprof.actors.gang import ACTOR_NAMESPACE
 
     address = address or os.environ.get("RAY_ADDRESS")
     runtime_env: dict[str, Any] = {}
@@ -123,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("results") / matrix.name  # relative to where the user runs it
     import ray
-
-    from sweeps.driver import Driver, DriverOptions, select
+    from commprof.sweeps.driver import Driver, DriverOptions, select
 
     try:
         selected = select(matrix.cells, tuple(args.only), tuple(args.exclude))

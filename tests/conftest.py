@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-# gloo on one machine talks over loopback (FACTS.md); set before any process group starts.
+# gloo on one machine talks over loopback (docs/design.md, Measured facts); set before any
+# process group starts.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 RAY_TEST_CPUS = 4
@@ -19,8 +20,7 @@ RAY_TEST_CPUS = 4
 def ray_cluster() -> Iterator[str]:
     """A real local Ray, started once per session; yields its GCS address."""
     import ray
-
-    from actors.gang import ACTOR_NAMESPACE
+    from commprof.actors.gang import ACTOR_NAMESPACE
 
     ctx = ray.init(
         num_cpus=RAY_TEST_CPUS,

@@ -115,7 +115,7 @@ def test_breakdown_without_communication_has_undefined_overlap() -> None:
     )
     row = step_breakdown(steps, buckets.astype({"attempt": int, "rank": int, "step": int})).iloc[0]
     assert row["comm_ns"] == 0 and row["exposed_ns"] == 0
-    assert np.isnan(row["overlap_efficiency"])  # undefined, not 0 (DESIGN.md)
+    assert np.isnan(row["overlap_efficiency"])  # undefined, not 0 (docs/design.md, Definitions)
 
 
 def test_repeatability_cv_and_ratio_closed_form() -> None:
@@ -265,7 +265,7 @@ def test_analysis_imports_no_torch_or_ray() -> None:
     import subprocess
 
     code = (
-        "import sys, commprof.analysis.dataset, reporting.build; "
+        "import sys, commprof.analysis.dataset, commprof.reporting.build; "
         "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -37,9 +37,9 @@ SCRIPT = """
 import json, sys
 import ray
 from ray.cluster_utils import Cluster
-from actors.gang import ACTOR_NAMESPACE
+from commprof.actors.gang import ACTOR_NAMESPACE
 from commprof import matrix
-from sweeps.driver import Driver, DriverOptions
+from commprof.sweeps.driver import Driver, DriverOptions
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
 cluster.add_node(num_cpus=1)

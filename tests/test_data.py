@@ -9,9 +9,7 @@ import torch
 
 from commprof.training.data import (
     GPT_SEQ_LEN,
-    SyntheticData,
     batch_seed,
-    example_input,
     loss_fn,
     make_batch,
 )
@@ -67,23 +65,6 @@ def test_gpt_targets_are_next_tokens() -> None:
     assert int(x.min()) >= 0 and int(x.max()) < 50257
     with pytest.raises(ValueError, match="seq_len=1025"):
         make_batch("gpt2-small", 1, rank=0, seed=0, step=0, seq_len=1025)
-
-
-def test_synthetic_data_matches_make_batch() -> None:
-    data = SyntheticData(model_name="srn-100k", batch_size=4, rank=3, seed=11)
-    x, y = data.batch(2)
-    x2, y2 = make_batch("srn-100k", 4, rank=3, seed=11, step=2)
-    assert torch.equal(x, x2) and torch.equal(y, y2)
-    with pytest.raises(ValueError, match="unknown model"):
-        SyntheticData(model_name="vgg16", batch_size=4, rank=0, seed=0)
-    with pytest.raises(ValueError, match="batch_size=0"):
-        SyntheticData(model_name="srn-1m", batch_size=0, rank=0, seed=0)
-
-
-def test_example_input_depends_only_on_generator_state() -> None:
-    a = example_input("srn-100k", 2, torch.Generator().manual_seed(5))
-    b = example_input("srn-100k", 2, torch.Generator().manual_seed(5))
-    assert torch.equal(a, b)
 
 
 def test_classifier_loss_is_cross_entropy() -> None:

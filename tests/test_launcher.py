@@ -9,12 +9,8 @@ import pytest
 import torch
 
 from commprof.matrix import Cell
-from commprof.training.launcher import (
-    RankFailure,
-    group_errors,
-    run_local,
-    spawn_ranks,
-)
+from commprof.outcomes import RankFailure, group_errors
+from commprof.training.launcher import run_local, spawn_ranks
 
 
 def test_group_errors_groups_by_first_line() -> None:

@@ -132,7 +132,7 @@ def test_shipped_matrices_are_valid(name: str) -> None:
 
 
 def test_only_and_exclude_filters(tmp_path: Path) -> None:
-    from sweeps.driver import select
+    from commprof.sweeps.driver import select
 
     cells = _load(tmp_path, GOOD).cells
     only_1m = select(cells, ("model=srn-1m",), ())
@@ -150,8 +150,9 @@ def test_only_and_exclude_filters(tmp_path: Path) -> None:
 
 
 def test_rejected_cells_are_decided_again_when_budgets_change(tmp_path: Path) -> None:
+    from commprof.sweeps.driver import Driver, DriverOptions
+
     from commprof import results
-    from sweeps.driver import Driver, DriverOptions
 
     text = GOOD.replace("repeats: 2", "repeats: 1")
     small = _load(tmp_path, text + "budget:\n  host_ram_bytes: 1000\n")
@@ -171,7 +172,7 @@ def test_rejected_cells_are_decided_again_when_budgets_change(tmp_path: Path) ->
 
 
 def test_max_concurrent_must_be_positive(tmp_path: Path) -> None:
-    from sweeps.driver import DriverOptions
+    from commprof.sweeps.driver import DriverOptions
 
     with pytest.raises(ValueError, match="--max-concurrent must be >= 1"):
         DriverOptions(out=tmp_path, max_concurrent=0)

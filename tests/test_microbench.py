@@ -14,7 +14,6 @@ from commprof.training.microbench import (
     geometric_sizes,
     run_allreduce_bench,
     size_record,
-    with_bucket_sizes,
 )
 
 CONFIG = MicrobenchConfig(sizes_bytes=(1024, 4096, 65536, 1002), warmup_iters=1, timed_iters=3)
@@ -106,14 +105,13 @@ def test_wrong_elements_are_counted() -> None:
 
 
 def test_guard_counts_the_trainers_warmup_iterations() -> None:
-    from sweeps.guard import MICROBENCH_WARMUP_ITERS
+    from commprof.sweeps.guard import MICROBENCH_WARMUP_ITERS
 
     assert MicrobenchConfig(sizes_bytes=(8,)).warmup_iters == MICROBENCH_WARMUP_ITERS
 
 
 def test_config_and_sizes() -> None:
     assert geometric_sizes(1024, 8192) == (1024, 2048, 4096, 8192)
-    assert with_bucket_sizes((1024,), [("a", 10), ("b", 20)], None) == (120, 1024)
     with pytest.raises(ValueError, match="timed_iters"):
         MicrobenchConfig(sizes_bytes=(8,), timed_iters=0)
     for bad in ({"passes": 0}, {"large_timed_iters": 0}, {"large_warmup_iters": -1}):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from commprof.reporting import build, figures, report_tables, viz
 
 from commprof.analysis.dataset import Processed, load_processed
 from commprof.results import load
-from reporting import build, figures, report_tables, viz
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
 TEMPLATES = Path(build.__file__).parent / "templates"
@@ -63,7 +63,7 @@ def test_escape_and_number_format() -> None:
 
 
 def test_tables_are_booktabs(processed: Processed, tmp_path: Path) -> None:
-    paths = report_tables.write_tables(processed, tmp_path)
+    paths = report_tables.write_latex_tables(processed, tmp_path)
     assert {p.name for p in paths} == {f"tab_{n}.tex" for n in report_tables.TABLES}
     for path in paths:
         text = path.read_text(encoding="ascii")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from commprof.sweeps.driver import Driver, DriverOptions
 
 from commprof import matrix, results
 from commprof.catalog import count_parameters
-from sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -84,7 +84,7 @@ def test_profiled_cells_have_trace_metrics_and_traces(smoke: tuple[Path, object]
         assert set(rows["rank"]) == set(range(cell.world_size))
         traces = sorted((out / "traces" / f"{cell.cell_id}-a1").glob("*.json.gz"))
         assert len(traces) == cell.world_size
-    # DESIGN.md: compute + exposed + idle + other = window, exactly
+    # docs/design.md, Definitions: compute + exposed + idle + other = window, exactly
     total = metrics["compute_ns"] + metrics["exposed_ns"] + metrics["idle_ns"] + metrics["other_ns"]
     assert (total == metrics["window_ns"]).all()
     assert (metrics["overlap_ns"] <= metrics["comm_ns"]).all()

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from commprof.matrix import Cell
-from commprof.training.launcher import merge_rank_records, run_local
+from commprof.outcomes import merge_rank_records
+from commprof.training.launcher import run_local
 from commprof.training.models import build_model, count_parameters
 
 MODEL_BYTES = count_parameters("srn-100k") * 4  # float32

@@ -6,13 +6,13 @@ hook was called), ``launch_ns`` (the collective was enqueued) and ``done_ns`` (i
 From them, per (rank, step), with ``compute_end = max(ready_ns)`` (the last bucket becomes
 ready when autograd produces the last gradient, i.e. when backward compute ends):
 
-- ``comm_ns`` = |union of [ready_ns, done_ns)| over the step's buckets (DESIGN.md, C; the
-  hook's latency interval, see ``comm_hooks``);
+- ``comm_ns`` = |union of [ready_ns, done_ns)| over the step's buckets (C of docs/design.md,
+  Definitions; the hook's latency interval, see ``comm_hooks``);
 - ``exposed_ns`` = |union of [max(ready_ns, compute_end), done_ns)|: communication that
   nothing overlapped (the hook's per-bucket ``exposed_ns`` intervals, merged, so buckets that
   run concurrently on several gloo threads are not counted twice);
 - ``overlap_ns`` = ``comm_ns - exposed_ns``; ``overlap_efficiency`` = overlap / comm (NaN, not
-  0, where comm is 0); ``comm_overhead_fraction`` = exposed / ``step_ns`` (DESIGN.md,
+  0, where comm is 0); ``comm_overhead_fraction`` = exposed / ``step_ns`` (docs/design.md,
   Definitions);
 - ``compute_ns`` = forward + backward - exposed (DDP's backward returns only after every bucket
   is reduced, so backward time holds the exposed communication);

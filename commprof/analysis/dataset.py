@@ -121,7 +121,7 @@ def load_processed(results_dir: str | Path) -> Processed:
     return process(load(results_dir))
 
 
-def write_tables(data: Processed, out_dir: str | Path) -> list[Path]:
+def write_csv_tables(data: Processed, out_dir: str | Path) -> list[Path]:
     """Write the processed tables as CSV files (one per table) for other tools.
 
     Args:
@@ -162,4 +162,4 @@ def rows(frame: pd.DataFrame) -> list[Any]:
     return list(frame.itertuples(index=False))
 
 
-__all__ = ["STEP_KEYS", "Processed", "load_processed", "process", "rows", "write_tables"]
+__all__ = ["STEP_KEYS", "Processed", "load_processed", "process", "rows", "write_csv_tables"]

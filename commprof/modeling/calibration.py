@@ -16,7 +16,7 @@ Three fits of T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan
   algorithm or protocol by size (NCCL, and gloo on loopback).
 
 Dataset helpers fit per (backend, regime, world size) from the ``microbench``
-and ``buckets`` tables (pandas DataFrames; see DESIGN.md for columns).
+and ``buckets`` tables (pandas DataFrames; see docs/design.md, "The dataset").
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def holdout_split(num_bytes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def regime_of(backend: str, device: str) -> str:
-    """Regime label (DESIGN.md): ``cpu-gloo``, ``cuda-nccl`` or ``cuda-gloo``."""
+    """Regime label (docs/design.md, Regimes): ``cpu-gloo``, ``cuda-nccl`` or ``cuda-gloo``."""
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     return f"{kind}-{backend}"
 

@@ -16,7 +16,7 @@ order, and with one communication stream the all-reduces serialise):
     exposed  = max(0, done_last - backward_end).
 
 This module imports no torch: the CLI resolves a model name to parameter
-sizes (``commprof.training.models.parameter_sizes``) and passes them in.
+sizes (``commprof.catalog.parameter_sizes``, closed form) and passes them in.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ JSON_FIELDS = (
     "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
     "idle_ns", "overlap_efficiency", "comm_overhead_fraction",
 )  # fmt: skip
-"""Fields of each ``analyze --json`` record (DESIGN.md, Interfaces)."""
+"""Fields of each ``analyze --json`` record (docs/design.md, Definitions)."""
 SUM_COLUMNS = (
     "window_ns",
     "comm_ns",

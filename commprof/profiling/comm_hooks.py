@@ -21,7 +21,7 @@ host ``done_ns`` marks the enqueue there, not the end of the transfer. The hot p
 device sync, no lock and no blocking call: a ``perf_counter_ns``, a list append, and on CUDA
 two ``Event.record``.
 
-Definitions (DESIGN.md): ``latency_ns = done_ns - ready_ns``, from the hand-over to the
+Definitions (docs/design.md): ``latency_ns = done_ns - ready_ns``, from the hand-over to the
 backend until the reduced gradients are there, the enqueue included. It is measured from hook
 entry, not from ``launch_ns``: a collective can complete on a gloo worker thread while the
 launching thread is descheduled between the enqueue and its next clock read, which made
@@ -245,7 +245,8 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
         state.raw.append(rec)
 
         # Runs on the backend's completion thread (gloo worker / CUDA callback): only reads a
-        # clock and records an event; never blocks, never starts a collective (FACTS.md).
+        # clock and records an event; never blocks, never starts a collective (docs/design.md,
+        # Measured facts).
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             rec[_DONE] = time.perf_counter_ns()
             if rec[_EV_READY] is not None:

@@ -1,7 +1,7 @@
 """Interval sets over int64 nanoseconds: merge, union, intersection, difference, length.
 
 An interval set is a pair of sorted, merged int64 arrays (starts, ends) of
-half-open intervals [start, end) (DESIGN.md, Definitions). Every function here is
+half-open intervals [start, end) (docs/design.md, Definitions). Every function here is
 pure: inputs are never mutated, outputs are new read-only arrays, and the work is
 vectorised with numpy (sort, ``maximum.accumulate``, ``cumsum``, ``searchsorted``);
 there is no Python loop over intervals.

@@ -1,6 +1,6 @@
 """Overlap metrics of parsed traces: per step, per bucket, across ranks.
 
-Definitions (DESIGN.md, Definitions): in a step window W, C is the union of
+Definitions (docs/design.md): in a step window W, C is the union of
 communication intervals and K the union of compute intervals;
 comm = |C|, overlap = |C and K|, exposed = |C minus K|,
 overlap efficiency = overlap / comm (undefined where comm = 0),

@@ -2,7 +2,7 @@
 
 :class:`ColumnBuilder` keeps of each complete (``ph == "X"``) event only compact
 columns: ts and dur (float microseconds, converted once to int64 ns with
-``np.rint(us * 1000)``; DESIGN.md), interned category, name, pid and tid codes,
+``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
 the CUPTI correlation id, and the collective ``args`` keys of the few events a
 rule table may count as collectives or test with ``has_arg``. About 40 bytes an
 event, against about 1.5 KiB for the event as a Python dict.
@@ -201,7 +201,8 @@ class ColumnBuilder:
                 f"(first: {first[1]!r} ts={first[2]!r} dur={first[3]!r}); "
                 "the trace is corrupt, re-export it"
             )
-        start_ns = np.rint(ts * 1000.0).astype(np.int64)  # us -> ns, rounded (DESIGN.md)
+        # us -> ns, rounded (docs/design.md, Definitions)
+        start_ns = np.rint(ts * 1000.0).astype(np.int64)
         end_ns = start_ns + np.rint(dur * 1000.0).astype(np.int64)
         pid = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
         tid = np.frombuffer(self.tid_code, dtype=np.int32).astype(np.int64)

@@ -7,7 +7,7 @@ classified by the first matching rule of its regime's :class:`RuleTable`
 collective metadata in the event args (``Collective name``, ``Process Group Name``,
 ``Seq``) comes before name patterns, which are only a fallback. Timestamps are float
 microseconds in the file and are converted once, at the reader, to int64
-nanoseconds (``np.rint(ts * 1000)``; DESIGN.md).
+nanoseconds (``np.rint(ts * 1000)``; docs/design.md, Definitions).
 
 Files are streamed (:mod:`commprof.profiling.trace_reader`): peak memory stays at
 a few compact columns per event however large the trace; no event dict outlives
@@ -266,7 +266,7 @@ def parse_trace(
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
 
-    A file is streamed (bounded memory, :func:`commprof.profiling.trace_reader.read_columns`);
+    A file is streamed (bounded memory, :func:`commprof.profiling.trace_columns.read_columns`);
     a dict is read in place. Both give the same result.
 
     Args:

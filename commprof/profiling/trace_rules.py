@@ -1,10 +1,10 @@
-"""Rule tables that classify Kineto trace events, one per regime (DESIGN.md, Regimes).
+"""Rule tables that classify Kineto trace events, one per regime (docs/design.md, Regimes).
 
 Each complete event (``ph == "X"``) of a trace is classified by the first matching
 rule of its regime's :class:`RuleTable`; collective metadata in the event args
 (``Collective name``) comes before kernel-name patterns, which are only a
 fallback. The parser (:mod:`commprof.profiling.trace_parser`) applies the tables;
-the streaming reader (:mod:`commprof.profiling.trace_reader`) reads them to know
+the column reader (:mod:`commprof.profiling.trace_columns`) reads them to know
 which events' ``args`` it must keep.
 """
 

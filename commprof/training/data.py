@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +32,8 @@ __all__ = [
     "GPT_SEQ_LEN",
     "RESNET_IMAGE_SIZE",
     "LossFn",
-    "SyntheticData",
     "batch_seed",
     "example_batch",
-    "example_input",
     "loss_fn",
     "make_batch",
 ]
@@ -108,22 +105,6 @@ def example_batch(
     return inputs.to(device), targets.to(device)
 
 
-def example_input(
-    model_name: str,
-    batch_size: int,
-    generator: torch.Generator,
-    *,
-    device: str | torch.device = "cpu",
-    image_size: int = RESNET_IMAGE_SIZE,
-    seq_len: int = GPT_SEQ_LEN,
-) -> torch.Tensor:
-    """The inputs half of :func:`example_batch` (for tracing or shape checks)."""
-    inputs, _ = example_batch(
-        model_name, batch_size, generator, device=device, image_size=image_size, seq_len=seq_len
-    )
-    return inputs
-
-
 def make_batch(
     model_name: str,
     batch_size: int,
@@ -154,45 +135,6 @@ def make_batch(
     return example_batch(
         model_name, batch_size, generator, device=device, image_size=image_size, seq_len=seq_len
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SyntheticData:
-    """The stream of batches one rank sees: ``data.batch(step)``."""
-
-    model_name: str
-    """Model name (decides shapes)."""
-    batch_size: int
-    """Per-rank batch size."""
-    rank: int
-    """Global rank."""
-    seed: int
-    """The run's seed."""
-    device: str = "cpu"
-    """Where batches are placed, e.g. ``cpu`` or ``cuda:0``."""
-    image_size: int = RESNET_IMAGE_SIZE
-    """Image side for ResNet models."""
-    seq_len: int = GPT_SEQ_LEN
-    """Tokens per sequence for GPT models."""
-
-    def __post_init__(self) -> None:
-        model_spec(self.model_name)  # raises ValueError naming the valid models
-        if self.batch_size < 1:
-            raise ValueError(f"SyntheticData.batch_size={self.batch_size!r}: must be >= 1")
-        batch_seed(self.seed, self.rank, 0)  # validates seed and rank
-
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) for ``step``; see :func:`make_batch`."""
-        return make_batch(
-            self.model_name,
-            self.batch_size,
-            rank=self.rank,
-            seed=self.seed,
-            step=step,
-            device=self.device,
-            image_size=self.image_size,
-            seq_len=self.seq_len,
-        )
 
 
 def _token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

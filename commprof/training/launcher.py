@@ -3,7 +3,7 @@
 :func:`process_group` is the one way a rank joins and leaves a group, used by the local launcher
 here and by the Ray rank actors alike: a short timeout always (a lost peer then fails fast
 instead of hanging for 30 minutes), and a barrier before ``destroy_process_group`` (without it
-about 15 % of gloo runs aborted at exit, FACTS.md).
+about 15 % of gloo runs aborted at exit, docs/design.md, Measured facts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commprof.matrix import Cell
+from commprof.outcomes import RankFailure
 
 DEFAULT_PG_TIMEOUT_S = 60.0
 ERROR_GRACE_S = 5.0
@@ -156,49 +157,11 @@ def _spawned_rank(
 def _cell_rank(
     rank: int, world_size: int, store_path: str, cell: Cell, timeout_s: float
 ) -> dict[str, Any]:  # pragma: no cover - runs in a child process
+    started = time.time()
     store = dist.FileStore(store_path, world_size)
-    return run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
-
-
-class RankFailure(RuntimeError):
-    """One or more ranks of a cell failed; the message groups their errors by text.
-
-    Args:
-        errors: each failed rank's error text.
-    """
-
-    def __init__(self, errors: dict[int, str]) -> None:
-        super().__init__(group_errors(errors))
-        self.errors = errors
-        self.kind = classify_error_texts(errors.values())
-
-
-DETERMINISTIC_ERRORS = ("ValueError", "TypeError", "KeyError", "ConfigError", "OutOfMemoryError")
-"""Exception types raised in a rank that mean the configuration itself is at fault."""
-OOM_MARKERS = ("out of memory", "CUDA out of memory", "DefaultCPUAllocator: can't allocate")
-"""Texts of an out-of-memory, which repeats at the same step when the cell runs again."""
-
-
-def classify_error_texts(texts: Iterable[str]) -> str:
-    """``deterministic`` (running again gives the same error) or ``transient``.
-
-    Args:
-        texts: the ranks' errors, each starting ``TypeName: message``.
-    """
-    for text in texts:
-        type_name = text.strip().partition(":")[0].rpartition(".")[2]
-        if type_name in DETERMINISTIC_ERRORS or any(m in text for m in OOM_MARKERS):
-            return "deterministic"
-    return "transient"
-
-
-def group_errors(errors: dict[int, str]) -> str:
-    """``{rank: text}`` -> one message, ranks with the same first line grouped together."""
-    by_text: dict[str, list[int]] = {}
-    for rank, text in sorted(errors.items()):
-        by_text.setdefault(text.strip().splitlines()[0] if text.strip() else "?", []).append(rank)
-    parts = [f"ranks {ranks}: {text}" for text, ranks in by_text.items()]
-    return f"{len(errors)} rank(s) failed; " + "; ".join(parts)
+    result = run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
+    result["wall_s"] = time.time() - started
+    return result
 
 
 def run_local(
@@ -288,17 +251,3 @@ def spawn_ranks(
     if errors:
         raise RankFailure(errors)
     return [results[r] for r in range(world_size)]
-
-
-def merge_rank_records(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Concatenate the ranks' records table by table."""
-    merged: dict[str, list[dict[str, Any]]] = {}
-    for result in per_rank:
-        for table, rows in result["records"].items():
-            merged.setdefault(table, []).extend(rows)
-    return merged
-
-
-def merge_rank_traces(per_rank: list[dict[str, Any]]) -> dict[str, bytes]:
-    """The ranks' compressed traces by file name (names carry the rank)."""
-    return {name: data for result in per_rank for name, data in result.get("traces", {}).items()}

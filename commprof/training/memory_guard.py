@@ -70,10 +70,11 @@ OPTIMIZER_STATE_COPIES = {"sgd": 1, "adam": 2, "adamw": 2}
 """Parameter-sized state tensors per optimizer: SGD momentum buffer; Adam exp_avg, exp_avg_sq."""
 PROCESS_BASELINE_BYTES = 512 * MIB
 """Host memory of one rank process before the model: ``import torch`` measured 268 MiB peak
-RSS (torch 2.13 CPU, 2-core machine of FACTS.md); Ray worker runtime and gloo threads on top;
-rounded up to 512 MiB."""
+RSS (torch 2.13 CPU, the 2-core machine of docs/design.md, Measured facts); Ray worker runtime
+and gloo threads on top; rounded up to 512 MiB."""
 RAY_NODE_OVERHEAD_BYTES = 1 * GIB
-"""Raylet, GCS, dashboard (about 200 MB, FACTS.md) and the driver process, per node."""
+"""Raylet, GCS, dashboard (about 200 MB; docs/design.md, Measured facts) and the driver process,
+per node."""
 CUDA_CONTEXT_BYTES = 512 * MIB
 """Device memory of a CUDA context with cuBLAS/cuDNN workspaces and NCCL buffers (estimate)."""
 NCCL_SHM_BYTES_PER_RANK = 16 * MIB

@@ -35,14 +35,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from commprof.matrix import geometric_sizes as geometric_sizes  # torch-free home; re-exported
-from commprof.modeling.buckets import ParamSize, assign_buckets
 from commprof.modeling.cost_model import bus_bandwidth_factor
 
 DTYPES: dict[str, torch.dtype] = {
@@ -114,25 +113,6 @@ class MicrobenchConfig:
         return order
 
 
-def with_bucket_sizes(
-    sizes_bytes: Iterable[int],
-    param_sizes: Sequence[ParamSize],
-    bucket_cap_mb: float | None,
-) -> tuple[int, ...]:
-    """Add the exact DDP bucket sizes of a model to a list of sizes.
-
-    Args:
-        sizes_bytes: Sizes from a list or ``geometric_sizes``.
-        param_sizes: The model's ``(name, numel)`` in registration order.
-        bucket_cap_mb: The cell's DDP bucket cap (MiB; None = DDP default).
-
-    Returns:
-        Sorted unique sizes.
-    """
-    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
-    return tuple(sorted(set(sizes_bytes) | {b.num_bytes for b in buckets}))
-
-
 def _fill(buf: torch.Tensor, rank: int) -> None:
     pattern = torch.arange(buf.numel(), device=buf.device) % FILL_PERIOD + 1
     buf.copy_(pattern.to(buf.dtype) * (rank + 1))
@@ -185,8 +165,8 @@ def size_record(
     nccl-tests doc/PERFORMANCE.md), in decimal GB/s. ``transfer_p50_ns`` is the median over
     iterations of the SHORTEST duration across ranks: the rank that left the barrier last
     waited for nobody, so its time is the collective's transfer and the others' excess is
-    waiting (DESIGN.md's transfer vs wait, as for trace collectives); it is what a link model
-    predicts without the barrier-exit skew a busy host adds.
+    waiting (transfer vs wait, as for trace collectives; docs/design.md, Definitions); it is what
+    a link model predicts without the barrier-exit skew a busy host adds.
 
     Args:
         per_rank_ns: ``[rank][iteration]`` durations in ns, all ranks the same length.

@@ -25,8 +25,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 import ray  # noqa: E402
 
 from commprof import matrix  # noqa: E402
-from sweeps.driver import Driver, DriverOptions  # noqa: E402
-from sweeps.run_matrix import connect  # noqa: E402
+from commprof.sweeps.driver import Driver, DriverOptions  # noqa: E402
+from commprof.sweeps.run_matrix import connect  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -1,0 +1,1 @@
+"""The LaTeX report templates, read with importlib.resources."""

@@ -1,0 +1,71 @@
+"""The installed shape of the package: what each entry point loads, and the one commit path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commprof import cli, results
+
+REPO = Path(__file__).resolve().parent.parent
+HELP = "from commprof.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+
+
+def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter holds after running ``code`` (from outside)."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {modules!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/"
+    )
+    return eval(out.stdout.strip().splitlines()[-1])  # a list of names printed just above
+
+
+@pytest.mark.parametrize(
+    ("code", "absent"),
+    [
+        ("import commprof.analysis.dataset, commprof.reporting.build", ("torch", "ray")),
+        ("import commprof.sweeps.driver", ("torch",)),
+        (HELP, ("torch", "ray", "pandas", "scipy")),
+    ],
+    ids=["analysis-and-reporting", "sweep-driver", "commprof-help"],
+)
+def test_entry_points_leave_heavy_modules_out(code: str, absent: tuple[str, ...]) -> None:
+    assert _loaded(code, absent) == []
+
+
+def test_subpackages_resolve_to_the_repository_folders() -> None:
+    import commprof.actors.gang
+    import commprof.reporting.build
+    import commprof.sweeps.driver
+
+    assert Path(commprof.sweeps.driver.__file__).parent == REPO / "sweeps"
+    assert Path(commprof.actors.gang.__file__).parent == REPO / "actors"
+    assert commprof.reporting.build.TEMPLATES.joinpath("main.tex").is_file()
+
+
+def test_bundled_matrix_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from commprof.sweeps.run_matrix import BUNDLED, matrix_path
+
+    monkeypatch.chdir(tmp_path)
+    assert matrix_path("smoke") == BUNDLED / "smoke.yaml"
+    (tmp_path / "smoke").write_text("name: mine\n")
+    assert matrix_path("smoke") == Path("smoke")  # a file of that name wins
+    assert matrix_path("nosuch") == Path("nosuch")  # left for the loader to name
+
+
+def test_run_commits_like_the_driver(tmp_path: Path) -> None:
+    """``commprof run`` writes the cells columns the driver writes (one commit path)."""
+    out = tmp_path / "ds"
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "3", "--out", str(out)]
+    assert cli.main(argv) == 0
+    cells = results.load(out)["cells"]
+    assert len(cells) == 1
+    row = cells.iloc[0]
+    assert row["status"] == "ok"
+    assert 0 < row["rank_wall_s"] <= row["wall_s"]
+    assert row["nodes"] and row["guard_json"] and row["env_json"]
+    assert cli.main(argv) == 0  # complete: not run again
+    assert len(results.load(out)["cells"]) == 1
