@@ -144,7 +144,7 @@ def _check(args: argparse.Namespace) -> int:
             # the cells one at a time, plus starting one gang per shape
             "estimate_s": round(
                 sum(c["estimate_s"] for c in cells if c["feasible"])
-                + GANG_START_S * len({cell.shape for cell in matrix.cells}),
+                + GANG_START_S * len({cell.gang_shape for cell in matrix.cells}),
                 1,
             ),
             "cells": cells,
