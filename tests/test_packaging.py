@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,11 @@ HELP = "from commprof.cli import main\ntry:\n    main(['--help'])\nexcept System
 
 def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
     """Which of ``modules`` a fresh interpreter holds after running ``code`` (from outside)."""
-    probe = f"{code}\nimport sys\nprint(sorted(m for m in {modules!r} if m in sys.modules))"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {modules!r} if m in sys.modules]))"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/"
     )
-    return eval(out.stdout.strip().splitlines()[-1])  # a list of names printed just above
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize(
@@ -69,3 +70,17 @@ def test_run_commits_like_the_driver(tmp_path: Path) -> None:
     assert row["nodes"] and row["guard_json"] and row["env_json"]
     assert cli.main(argv) == 0  # complete: not run again
     assert len(results.load(out)["cells"]) == 1
+
+
+def test_check_reads_a_bundled_matrix_from_any_folder() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "commprof", "check", "smoke", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
+    report = json.loads(out.stdout)
+    assert report["matrix"]["name"] == "smoke"
+    assert report["matrix"]["num_cells"] == 4 == len(report["matrix"]["cells"])
+    assert report["matrix"]["estimate_s"] > 0
