@@ -17,7 +17,8 @@ HELP = "from commprof.cli import main\ntry:\n    main(['--help'])\nexcept System
 
 def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
     """Which of ``modules`` a fresh interpreter holds after running ``code`` (from outside)."""
-    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {modules!r} if m in sys.modules]))"
+    found = f"[m for m in {modules!r} if m in sys.modules]"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({found}))"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/"
     )
