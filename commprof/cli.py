@@ -7,6 +7,7 @@ torch or Ray and ``commprof --help`` is instant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -41,18 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     check.set_defaults(func=_check)
 
     run = sub.add_parser("run", help="run one cell on this machine, without Ray")
-    run.add_argument("--model", required=True, help="model name (see `commprof check`)")
-    run.add_argument("--world-size", type=int, required=True, help="number of ranks")
-    run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    run.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda for nccl, else cpu")
-    run.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap (MiB)")
-    run.add_argument("--steps", type=int, default=6, help="training steps, warm-up included")
-    run.add_argument("--warmup-steps", type=int, default=1, help="steps not measured")
-    run.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
-    run.add_argument("--hook", choices=("allreduce", "fp16"), default="allreduce")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--profile", action="store_true", help="also record and analyse traces")
-    run.add_argument("--repeat", type=int, default=0, help="repetition index (a new cell id)")
+    _cell_flags(run)
     run.add_argument("--pg-timeout-s", type=float, default=60.0, help="process-group timeout")
     run.add_argument(
         "--run-timeout-s", type=float, help="limit of the whole run (default 4 x pg timeout + 60)"
@@ -92,6 +82,36 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+RUN_FLAG_DEFAULTS: dict[str, Any] = {"device": None, "bucket_cap_mb": 25.0}
+"""``commprof run`` defaults that differ from the cell's: the device follows the backend, and
+the cap (which a matrix must give) is DDP's usual 25 MiB."""
+
+
+def _cell_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per cell field declared ``flag`` (``commprof.matrix.FieldSpec``)."""
+    from commprof.matrix import CELL_FIELDS, Cell, field_types
+
+    defaults = {f.name: f.default for f in dataclasses.fields(Cell)}
+    for name, spec in CELL_FIELDS.items():
+        if not spec.flag:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = RUN_FLAG_DEFAULTS.get(name, defaults[name])
+        unit = f" ({spec.unit})" if spec.unit else ""
+        if field_types(name) == (bool,):
+            parser.add_argument(flag, action="store_true", help=spec.help)
+            continue
+        kwargs: dict[str, Any] = {"type": field_types(name)[-1], "help": spec.help + unit}
+        if default is dataclasses.MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = default
+            kwargs["help"] += " (default: cuda for nccl, else cpu)" if name == "device" else ""
+        if spec.choices and name != "model":  # a wrong model gets the list from the Cell
+            kwargs["choices"] = spec.choices
+        parser.add_argument(flag, **kwargs)
 
 
 def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> None:
@@ -196,7 +216,7 @@ def _ray_resources() -> dict[str, float] | None:
 def _run(args: argparse.Namespace) -> int:
     from commprof import results
     from commprof.catalog import count_parameters
-    from commprof.matrix import Cell
+    from commprof.matrix import CELL_FIELDS, Cell
     from commprof.outcomes import RankFailure
     from commprof.sweeps.guard import GuardPlan
     from commprof.training.launcher import run_local
@@ -210,20 +230,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"--device cuda (or --backend nccl) needs a GPU, and torch {torch.__version__} "
                 "sees none here; use --backend gloo --device cpu"
             )
-    cell = Cell(
-        model=args.model,
-        world_size=args.world_size,
-        bucket_cap_mb=args.bucket_cap_mb,
-        backend=args.backend,
-        device=device,
-        hook=args.hook,
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        repeat=args.repeat,
-        profile=args.profile,
-    )
+    flagged = {name: getattr(args, name) for name, spec in CELL_FIELDS.items() if spec.flag}
+    cell = Cell(**{**flagged, "device": device})
     status = results.latest_status(args.out).get(cell.cell_id)
     if status is not None and status[0] == "ok":
         print(

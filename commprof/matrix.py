@@ -47,83 +47,166 @@ REGIMES = {
 """A ``regime`` axis value sets backend and device together (docs/design.md, "Regimes")."""
 OPTIMIZERS = ("sgd", "adam")
 
-# Cell fields that are identity: two cells with equal values here are the same measurement.
-_ID_FIELDS = (
-    "model",
-    "world_size",
-    "bucket_cap_mb",
-    "backend",
-    "device",
-    "placement",
-    "hook",
-    "optimizer",
-    "steps",
-    "warmup_steps",
-    "batch_size",
-    "seed",
-    "repeat",
-    "microbench_sizes_bytes",
-    "microbench_iters",
-    "microbench_passes",
-    "profile",
-)
-# Identity fields added after datasets existed, with the value every earlier cell had:
-# config_hash leaves them out at that value, so earlier cells keep their ids (and resume).
-_LATER_ID_DEFAULTS: dict[str, Any] = {"microbench_passes": 1}
-
 
 class MatrixError(ValueError):
     """A matrix file or value the user must change; the message names file and key."""
+
+
+_NOT_LATER = object()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FieldSpec:
+    """The one declaration of a cell field; everything else that lists the fields derives from it.
+
+    Derived: the identity fields of the cell id (:func:`config_hash`), the keys a matrix file
+    accepts in ``axes`` and ``defaults`` with their YAML types, the configuration columns of the
+    ``cells`` table (``commprof.results.SCHEMAS``), and the flags of ``commprof run``
+    (:func:`cell_flags`).
+    """
+
+    help: str
+    """What the field means, for docstrings, ``--help`` and error messages."""
+    unit: str = ""
+    """Unit of a number (``MiB``, ``bytes``); empty for counts and names."""
+    identity: bool = True
+    """Enters the cell id: two cells equal in every identity field are one measurement."""
+    axis: bool = False
+    """May be an axis of a matrix file (else only a ``defaults`` key)."""
+    setting: bool = True
+    """May be set in a matrix file at all (``microbench_sizes_bytes`` has its own section)."""
+    column: str | None = None
+    """Arrow type of its column in the ``cells`` table (a ``pyarrow`` factory name); None keeps
+    it in ``config_json`` only."""
+    flag: bool = False
+    """A flag of ``commprof run``."""
+    choices: tuple[str, ...] = ()
+    """The allowed values of a name, checked when a cell is made."""
+    since: Any = _NOT_LATER
+    """For an identity field added after datasets existed: the value every earlier cell had.
+    :func:`config_hash` leaves the field out at that value, so earlier cells keep their ids."""
+
+
+def _spec(default: Any = dataclasses.MISSING, **spec: Any) -> Any:
+    return field(default=default, metadata={"spec": FieldSpec(**spec)})
+
+
+_YAML_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+}
+"""The YAML value types of a field, by its annotation (YAML has no float-only integers)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cell:
     """One configuration to measure: a point of the matrix."""
 
-    model: str
-    """Model name from ``commprof.catalog.MODEL_NAMES``."""
-    world_size: int
-    """Number of ranks (processes) in the process group."""
-    bucket_cap_mb: float
-    """DDP ``bucket_cap_mb`` (MiB, as DDP reads it)."""
-    backend: str = "gloo"
-    """torch.distributed backend: gloo or nccl."""
-    device: str = "cpu"
-    """Where tensors live: cpu or cuda (gloo over cuda tensors is the cuda-gloo regime)."""
-    placement: str = "PACK"
-    """Ray placement-group strategy for the gang of ranks."""
-    hook: str = "allreduce"
-    """Inner communication hook the timing wrapper composes with: allreduce or fp16."""
-    optimizer: str = "sgd"
-    """Optimizer: sgd (with momentum) or adam."""
-    steps: int = 6
-    """Training steps in total, warm-up included."""
-    warmup_steps: int = 1
-    """Steps excluded from statistics at the start (step 0 is always excluded)."""
-    batch_size: int = 8
-    """Per-rank batch size."""
-    seed: int = 0
-    """Seed of the synthetic data and the model initialisation."""
-    repeat: int = 0
-    """Index of the repetition of an otherwise identical configuration."""
-    microbench_sizes_bytes: tuple[int, ...] = ()
-    """All-reduce microbenchmark message sizes (bytes); the model's bucket sizes are added."""
-    microbench_iters: int = 5
-    """Timed iterations per microbenchmark size in each pass."""
-    microbench_passes: int = 1
-    """Rounds over the microbenchmark sizes, each in a shuffled order (``MicrobenchConfig``)."""
-    profile: bool = False
-    """Also record a torch.profiler trace per rank and derive trace metrics from it."""
+    model: str = _spec(
+        help="model name from commprof.catalog.MODEL_NAMES",
+        axis=True,
+        column="string",
+        flag=True,
+        choices=MODEL_NAMES,
+    )
+    world_size: int = _spec(
+        help="number of ranks (processes) in the process group",
+        axis=True,
+        column="int32",
+        flag=True,
+    )
+    bucket_cap_mb: float = _spec(
+        help="DDP bucket_cap_mb, as DDP reads it",
+        unit="MiB",
+        axis=True,
+        column="float64",
+        flag=True,
+    )
+    backend: str = _spec(
+        "gloo",
+        help="torch.distributed backend",
+        axis=True,
+        column="string",
+        flag=True,
+        choices=BACKENDS,
+    )
+    device: str = _spec(
+        "cpu",
+        help="where tensors live (gloo over cuda tensors is the cuda-gloo regime)",
+        axis=True,
+        column="string",
+        flag=True,
+        choices=DEVICES,
+    )
+    placement: str = _spec(
+        "PACK",
+        help="Ray placement-group strategy of the gang of ranks",
+        axis=True,
+        column="string",
+        choices=PLACEMENTS,
+    )
+    hook: str = _spec(
+        "allreduce",
+        help="inner communication hook the timing wrapper composes with",
+        axis=True,
+        column="string",
+        flag=True,
+        choices=HOOKS,
+    )
+    optimizer: str = _spec(
+        "sgd",
+        help="optimizer: sgd (with momentum) or adam",
+        axis=True,
+        column="string",
+        choices=OPTIMIZERS,
+    )
+    steps: int = _spec(
+        6, help="training steps in total, warm-up included", axis=True, column="int32", flag=True
+    )
+    warmup_steps: int = _spec(
+        1,
+        help="steps not measured at the start (step 0 never is)",
+        column="int32",
+        flag=True,
+    )
+    batch_size: int = _spec(8, help="per-rank batch size", axis=True, column="int32", flag=True)
+    seed: int = _spec(
+        0, help="seed of the synthetic data and the model initialisation", column="int64", flag=True
+    )
+    repeat: int = _spec(
+        0,
+        help="repetition index of an otherwise identical configuration (a new cell id)",
+        setting=False,
+        column="int32",
+        flag=True,
+    )
+    microbench_sizes_bytes: tuple[int, ...] = _spec(
+        (),
+        help="all-reduce microbenchmark message sizes; the model's bucket sizes are added",
+        unit="bytes",
+        setting=False,
+    )
+    microbench_iters: int = _spec(5, help="timed microbenchmark iterations per size and pass")
+    microbench_passes: int = _spec(
+        1, help="rounds over the microbenchmark sizes, each in a shuffled order", since=1
+    )
+    profile: bool = _spec(
+        False,
+        help="also record a torch.profiler trace per rank and derive trace metrics from it",
+        column="bool_",
+        flag=True,
+    )
 
     def __post_init__(self) -> None:
         # 25 and 25.0 MiB are one configuration: one id (frozen, so set through object).
         object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
-        _check_choice("model", self.model, MODEL_NAMES)
-        _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("placement", self.placement, PLACEMENTS)
-        _check_choice("hook", self.hook, HOOKS)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        for name, spec in CELL_FIELDS.items():
+            if spec.choices and getattr(self, name) not in spec.choices:
+                raise MatrixError(
+                    f"{name} {getattr(self, name)!r} is not one of: {', '.join(spec.choices)}"
+                )
         if self.backend == "nccl" and self.device != "cuda":
             raise MatrixError("backend 'nccl' needs device 'cuda'; use backend 'gloo' on cpu")
         for name in ("world_size", "steps", "batch_size", "microbench_iters", "microbench_passes"):
@@ -159,7 +242,24 @@ class Cell:
 
     def config(self) -> dict[str, Any]:
         """The identity fields as plain JSON-able values."""
-        return {name: _plain(getattr(self, name)) for name in _ID_FIELDS}
+        return {name: _plain(getattr(self, name)) for name in ID_FIELDS}
+
+
+CELL_FIELDS: dict[str, FieldSpec] = {f.name: f.metadata["spec"] for f in dataclasses.fields(Cell)}
+"""Every field of :class:`Cell` with its declaration, in field order."""
+ID_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.identity)
+"""Fields that enter the cell id."""
+_LATER_ID_DEFAULTS = {
+    name: spec.since for name, spec in CELL_FIELDS.items() if spec.since is not _NOT_LATER
+}
+CELL_COLUMNS = tuple((name, spec.column) for name, spec in CELL_FIELDS.items() if spec.column)
+"""(name, Arrow type name) of the configuration columns of the ``cells`` table."""
+
+
+def field_types(name: str) -> tuple[type, ...]:
+    """The YAML (and command-line) value types a cell field accepts."""
+    annotation = str(next(f.type for f in dataclasses.fields(Cell) if f.name == name))
+    return _YAML_TYPES[annotation]
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -217,25 +317,12 @@ class Matrix:
 
 # Allowed keys per section, with the type each value must have.
 _AXES: dict[str, tuple[type, ...]] = {
-    "model": (str,),
-    "regime": (str,),
-    "world_size": (int,),
-    "bucket_cap_mb": (int, float),
-    "backend": (str,),
-    "device": (str,),
-    "placement": (str,),
-    "hook": (str,),
-    "optimizer": (str,),
-    "batch_size": (int,),
-    "steps": (int,),
+    "regime": (str,),  # not a field: it sets backend and device together
+    **{name: field_types(name) for name, spec in CELL_FIELDS.items() if spec.axis},
 }
 _DEFAULTS: dict[str, tuple[type, ...]] = {
     **_AXES,
-    "warmup_steps": (int,),
-    "seed": (int,),
-    "microbench_iters": (int,),
-    "microbench_passes": (int,),
-    "profile": (bool,),
+    **{name: field_types(name) for name, spec in CELL_FIELDS.items() if spec.setting},
 }
 _RUN: dict[str, tuple[type, ...]] = {
     "max_attempts": (int,),
@@ -436,11 +523,6 @@ def geometric_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> tuple[in
         sizes.append(size)
         size *= factor
     return tuple(sizes)
-
-
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise MatrixError(f"{name} {value!r} is not one of: {', '.join(allowed)}")
 
 
 def _plain(value: Any) -> Any:

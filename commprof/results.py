@@ -28,6 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from commprof.matrix import CELL_COLUMNS
+
 if TYPE_CHECKING:
     import ray.data
 
@@ -41,22 +43,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("error", pa.string()),
             ("error_kind", pa.string()),  # transient | deterministic | timeout | None
             ("sweep", pa.string()),
-            ("model", pa.string()),
+            # the configuration: the cell fields that have a column (commprof.matrix.Cell)
+            *((name, getattr(pa, arrow_type)()) for name, arrow_type in CELL_COLUMNS),
             ("num_params", pa.int64()),
-            ("world_size", pa.int32()),
-            ("bucket_cap_mb", pa.float64()),
-            ("backend", pa.string()),
-            ("device", pa.string()),
             ("regime", pa.string()),
-            ("placement", pa.string()),
-            ("hook", pa.string()),
-            ("optimizer", pa.string()),
-            ("steps", pa.int32()),
-            ("warmup_steps", pa.int32()),
-            ("batch_size", pa.int32()),
-            ("seed", pa.int64()),
-            ("repeat", pa.int32()),
-            ("profile", pa.bool_()),
             ("config_json", pa.string()),
             ("guard_json", pa.string()),
             ("env_json", pa.string()),

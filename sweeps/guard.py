@@ -6,12 +6,13 @@ of this machine, overridden by the matrix file's ``budget`` section.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from functools import cache
 from typing import Any
 
-from commprof.matrix import Cell, Matrix
+from commprof.matrix import CELL_FIELDS, Cell, Matrix
 from commprof.training import memory_guard
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ MICROBENCH_ITER_S = 0.01
 """A rough all-reduce time per microbenchmark iteration, averaged over the sizes."""
 TRAIN_FLOPS_PER_PARAM_SAMPLE = 6
 """Forward + backward FLOPs per parameter per sample (Kaplan et al. 2020, C = 6 N D)."""
+
+
+_SHARED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(memory_guard.CellShape) if f.name in CELL_FIELDS
+)
+"""What the guard's :class:`~commprof.training.memory_guard.CellShape` takes from a cell as is."""
 
 
 class GuardPlan:
@@ -76,14 +83,8 @@ class GuardPlan:
         decision = self._decisions.get(cell.cell_id)
         if decision is None:
             shape = memory_guard.CellShape(
-                model=cell.model,
-                world_size=cell.world_size,
+                **{name: getattr(cell, name) for name in _SHARED_FIELDS},
                 ranks_per_node=self.ranks_per_node(cell),
-                backend=cell.backend,
-                device=cell.device,
-                batch_size=cell.batch_size,
-                bucket_cap_mb=cell.bucket_cap_mb,
-                optimizer=cell.optimizer,
                 num_steps=cell.steps,
             )
             budgets = self.budgets_by_device[cell.device]

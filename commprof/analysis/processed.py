@@ -21,24 +21,15 @@ import numpy as np
 import pandas as pd
 
 from commprof.analysis.breakdown import BREAKDOWN_COLUMNS, STEP_KEYS
-from commprof.matrix import config_hash
+from commprof.matrix import CELL_COLUMNS, config_hash
 
 CONFIG_COLUMNS = [
-    "model",
+    *(name for name, _ in CELL_COLUMNS if name != "repeat"),
     "num_params",
-    "world_size",
-    "bucket_cap_mb",
-    "backend",
-    "device",
     "regime",
-    "placement",
-    "hook",
-    "optimizer",
-    "batch_size",
-    "steps",
-    "profile",
 ]
-"""Configuration columns carried into every processed per-cell table (``repeat`` aside)."""
+"""Configuration columns carried into every processed per-cell table (``repeat`` aside): the
+cell fields with a ``cells`` column, the model's parameter count and the regime."""
 
 STATS = ("median", "p25", "p75", "min", "max")
 """Statistics of each metric, as column suffixes ``<metric>_<stat>``."""
