@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -411,7 +412,27 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
         The macros.
     """
     m = Macros()
-    status, summary, merged = data.status, data.summary, data.merged
+    _dataset_macros(m, data, dataset_name)
+    _config_macros(m, data)
+    _model_macros(m, data)
+    _overhead_macros(m, data)
+    _guard_macros(m, data)
+    m.add("NumTraceSteps", fmt_int(len(data.trace)))
+    for stem, note in figure_notes.items():
+        name = "Note" + "".join(part.capitalize() for part in stem.split("_"))
+        m.add(name, escape(note) if note else "")
+    m.add("Notes", escape("; ".join(data.notes)) if data.notes else "none")
+    return m
+
+
+def _config_label(r: Any) -> str:
+    """``model, p=N, cap X MiB`` of a configuration row, escaped for LaTeX."""
+    return escape(f"{r.model}, p={int(r.world_size)}, cap {_cap(r.bucket_cap_mb)} MiB")
+
+
+def _dataset_macros(m: Macros, data: Processed, dataset_name: str) -> None:
+    """What the dataset holds: sweeps, cells by status, configurations, environment."""
+    status, merged = data.status, data.merged
     counts = status["status"].value_counts()
     m.add("DatasetName", escape(dataset_name))
     sweeps = sorted(status["sweep"].unique())
@@ -440,41 +461,34 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
     m.add("TorchVersion", escape(env0.get("torch", MISSING)))
     m.add("PythonVersion", escape(env0.get("python", MISSING)))
     m.add("HostCpus", fmt_int(env0.get("cpu_count")))
-    if len(merged):
-        by_step = records(merged.sort_values("step_ns_median"))
-        fast, slow = by_step[0], by_step[-1]
-        m.add(
-            "FastestConfig",
-            escape(f"{fast.model}, p={int(fast.world_size)}, cap {_cap(fast.bucket_cap_mb)} MiB"),
-        )
-        m.add("FastestStepMs", _ms(fast.step_ns_median))
-        m.add(
-            "SlowestConfig",
-            escape(f"{slow.model}, p={int(slow.world_size)}, cap {_cap(slow.bucket_cap_mb)} MiB"),
-        )
-        m.add("SlowestStepMs", _ms(slow.step_ns_median))
-        worst = records(merged.sort_values("comm_overhead_fraction_median"))[-1]
-        m.add(
-            "WorstOverheadConfig",
-            escape(
-                f"{worst.model}, p={int(worst.world_size)}, cap {_cap(worst.bucket_cap_mb)} MiB"
-            ),
-        )
-        m.add("WorstOverheadPct", fmt(100.0 * worst.comm_overhead_fraction_median, 1))
-        ov = merged.dropna(subset=["overlap_efficiency_median"])
-        best = records(ov.sort_values("overlap_efficiency_median"))[-1] if len(ov) else None
-        m.add(
-            "BestOverlapConfig",
-            escape(f"{best.model}, p={int(best.world_size)}, cap {_cap(best.bucket_cap_mb)} MiB")
-            if best is not None
-            else MISSING,
-        )
-        m.add(
-            "BestOverlap", fmt(best.overlap_efficiency_median, 2) if best is not None else MISSING
-        )
-        m.add(
-            "MedianOverheadPct", fmt(100.0 * _median(summary["comm_overhead_fraction_median"]), 1)
-        )
+
+
+def _config_macros(m: Macros, data: Processed) -> None:
+    """The fastest, slowest, most exposed and best-overlapped configurations."""
+    merged = data.merged
+    if not len(merged):
+        return
+    by_step = records(merged.sort_values("step_ns_median"))
+    fast, slow = by_step[0], by_step[-1]
+    m.add("FastestConfig", _config_label(fast))
+    m.add("FastestStepMs", _ms(fast.step_ns_median))
+    m.add("SlowestConfig", _config_label(slow))
+    m.add("SlowestStepMs", _ms(slow.step_ns_median))
+    worst = records(merged.sort_values("comm_overhead_fraction_median"))[-1]
+    m.add("WorstOverheadConfig", _config_label(worst))
+    m.add("WorstOverheadPct", fmt(100.0 * worst.comm_overhead_fraction_median, 1))
+    ov = merged.dropna(subset=["overlap_efficiency_median"])
+    best = records(ov.sort_values("overlap_efficiency_median"))[-1] if len(ov) else None
+    m.add("BestOverlapConfig", _config_label(best) if best is not None else MISSING)
+    m.add("BestOverlap", fmt(best.overlap_efficiency_median, 2) if best is not None else MISSING)
+    m.add(
+        "MedianOverheadPct",
+        fmt(100.0 * _median(data.summary["comm_overhead_fraction_median"]), 1),
+    )
+
+
+def _model_macros(m: Macros, data: Processed) -> None:
+    """The calibrated fits and how well they predict (microbenchmark and in-training buckets)."""
     for r in records(data.fit_params):
         p = number_word(int(r.world_size))
         m.add(f"FitAlphaUsP{p}", fmt(r.alpha_ns / 1e3, 1))
@@ -485,7 +499,12 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
         m.add(f"BucketMapeP{p}", fmt(r.bucket_mape_pct, 1))
         m.add(f"BucketMedianErrP{p}", fmt(r.bucket_median_error_pct, 1))
     _extremes(m, data)
-    m.add("CellMedianAbsErrPct", fmt(_median(summary["allreduce_error_pct"].abs()), 1))
+    m.add("CellMedianAbsErrPct", fmt(_median(data.summary["allreduce_error_pct"].abs()), 1))
+
+
+def _overhead_macros(m: Macros, data: Processed) -> None:
+    """Repeatability, and what the timing hook and the profiler cost."""
+    summary = data.summary
     rep = data.repeatability
     step_rep = rep[rep["metric"] == "step_ns"]
     m.add("MaxStepCvPct", fmt(100.0 * step_rep["cv"].max(), 1) if len(step_rep) else MISSING)
@@ -507,6 +526,10 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
         else "No configuration ran both with and without the profiler, so the profiler's "
         "overhead is not measured in this dataset.",
     )
+
+
+def _guard_macros(m: Macros, data: Processed) -> None:
+    """The first cell the memory guard rejected, with its pool and arithmetic."""
     rejected = data.guard[(data.guard["status"] == "rejected") & (~data.guard["ok"])]
     if len(rejected):
         first = records(rejected)[0]
@@ -517,12 +540,6 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
     else:
         for name in ("RejectedExample", "RejectedPool", "RejectedNeedGB", "RejectedBudgetGB"):
             m.add(name, MISSING)
-    m.add("NumTraceSteps", fmt_int(len(data.trace)))
-    for stem, note in figure_notes.items():
-        name = "Note" + "".join(part.capitalize() for part in stem.split("_"))
-        m.add(name, escape(note) if note else "")
-    m.add("Notes", escape("; ".join(data.notes)) if data.notes else "none")
-    return m
 
 
 def _extremes(m: Macros, data: Processed) -> None:

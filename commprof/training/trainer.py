@@ -14,6 +14,7 @@ between phases, never inside a hook, and backward's collectives have completed b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 import warnings
@@ -89,17 +90,7 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
                 cell.model, cell.batch_size, rank=rank, seed=cell.seed, step=step, device=device
             )
             state.step = step
-            t0 = time.perf_counter_ns()
-            loss = criterion(ddp(inputs), targets)
-            _sync(device)
-            t1 = time.perf_counter_ns()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            _sync(device)
-            t2 = time.perf_counter_ns()
-            optimizer.step()
-            _sync(device)
-            t3 = time.perf_counter_ns()
+            t0, t1, t2, t3 = _timed_step(ddp, optimizer, criterion, inputs, targets, device)
             if harness is not None:
                 harness.step()
             steps.append(
@@ -121,21 +112,38 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
     if trace_dir is not None:
         records["trace_metrics"], traces = _trace_records(trace_dir, buckets)
     if rank == 0:
-        records["bucket_params"] = [
-            {
-                "bucket_index": p.bucket_index,
-                "position": p.position,
-                "param_name": p.param_name,
-                "module": p.module,
-                "numel": p.numel,
-                "num_bytes": p.num_bytes,
-            }
-            for p in state.composition
-        ]
+        records["bucket_params"] = [dataclasses.asdict(p) for p in state.composition]
     bucket_sizes = sorted({int(row["num_bytes"]) for row in buckets if row["step"] >= 1})
     microbench = _microbench(cell, rank=rank, device=device, bucket_sizes=bucket_sizes)
     records["microbench"] = microbench if rank == 0 else []
     return {"records": records, "traces": traces}
+
+
+def _timed_step(
+    ddp: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    criterion: Any,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    device: torch.device,
+) -> tuple[int, int, int, int]:
+    """One training step; host clock at its start and after forward, backward and optimizer.
+
+    The device is synchronised at each phase boundary (a step's phases are what this times; the
+    timing hook inside backward never synchronises).
+    """
+    t0 = time.perf_counter_ns()
+    loss = criterion(ddp(inputs), targets)
+    _sync(device)
+    t1 = time.perf_counter_ns()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    _sync(device)
+    t2 = time.perf_counter_ns()
+    optimizer.step()
+    _sync(device)
+    t3 = time.perf_counter_ns()
+    return t0, t1, t2, t3
 
 
 @contextlib.contextmanager
