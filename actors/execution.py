@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from commprof.actors.gang import Gang
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from commprof.actors.gang import Gang
 from commprof.matrix import Cell
 from commprof.outcomes import classify_error_texts, group_errors
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from commprof.actors.rank_actor import RankActor
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from commprof.actors.rank_actor import RankActor
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Gang:
     """Sequence number of the gang in this driver (names its actors)."""
     nodes: list[tuple[str, str]] = field(default_factory=list)
     """(node id, IP) of each rank, filled in by :meth:`locate`."""
+    busy: bool = False
+    """Running a cell (set and cleared by the driver's gang pool)."""
 
     @property
     def world_size(self) -> int:

@@ -56,11 +56,11 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import ray  # noqa: E402
-from commprof.actors.gang import ACTOR_NAMESPACE  # noqa: E402
-from commprof.sweeps.driver import Driver, DriverOptions  # noqa: E402
 
 from commprof import matrix as matrix_mod  # noqa: E402
 from commprof import results  # noqa: E402
+from commprof.actors.gang import ACTOR_NAMESPACE  # noqa: E402
+from commprof.sweeps.driver import Driver, DriverOptions  # noqa: E402
 from commprof.training.launcher import run_local  # noqa: E402
 
 MATRICES = HERE / "matrices"

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     # The command is the first word that is no option (the top-level options take no value);
     # only its own module is imported to add its flags, so `commprof --help` loads no pandas.
     chosen = next((word for word in argv if not word.startswith("-")), None)
+    from commprof.matrix import REGIMES
+
     parser = argparse.ArgumentParser(
         prog="commprof",
         description="Where the gradient-communication time of data-parallel training goes.",
@@ -62,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("trace_dir", type=Path, help="folder of Kineto/chrome traces")
     analyze.add_argument("--out", type=Path, help="write the tables as Parquet here")
     analyze.add_argument("--json", action="store_true", help="print per-(rank, step) records")
-    analyze.add_argument(
-        "--regime", choices=("cpu-gloo", "cuda-nccl", "cuda-gloo"), help="force the rule table"
-    )
+    analyze.add_argument("--regime", choices=tuple(REGIMES), help="force the rule table")
     analyze.set_defaults(func=_analyze)
 
     for name, help_text in (

@@ -44,7 +44,16 @@ REGIMES = {
     "cuda-nccl": ("nccl", "cuda"),
     "cuda-gloo": ("gloo", "cuda"),
 }
-"""A ``regime`` axis value sets backend and device together (docs/design.md, "Regimes")."""
+"""The regimes by name, each with its (backend, device): how a trace's events are classified
+(one rule table each), and a matrix axis that sets backend and device together (docs/design.md,
+Regimes). The one definition; :func:`regime_of` names the regime of a backend and device."""
+
+
+def regime_of(backend: str, device: str) -> str:
+    """The regime of a backend and a device (``cuda:1`` is ``cuda``), e.g. ``cuda-gloo``."""
+    return f"{'cuda' if str(device).startswith('cuda') else 'cpu'}-{backend}"
+
+
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -237,8 +246,8 @@ class Cell:
 
     @property
     def regime(self) -> str:
-        """The trace regime of docs/design.md, Regimes: cpu-gloo, cuda-nccl or cuda-gloo."""
-        return f"{self.device}-{self.backend}"
+        """The cell's regime (:data:`REGIMES`)."""
+        return regime_of(self.backend, self.device)
 
     def config(self) -> dict[str, Any]:
         """The identity fields as plain JSON-able values."""

@@ -21,9 +21,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from commprof.reporting import figures, report_tables
-
 from commprof.analysis.dataset import Processed, process, write_csv_tables
+from commprof.reporting import figures, report_tables
 from commprof.results import load
 
 TEMPLATES = resources.files("commprof.reporting.templates")

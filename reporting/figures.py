@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from commprof.reporting import viz
 from matplotlib.ticker import NullFormatter
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.reporting import viz
 
 TOP_MODULES = 10
 """Modules shown per panel of the attribution figure."""

@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import ray
-from commprof.actors.execution import CellExecution, Outcome
-from commprof.actors.gang import Gang, PlacementTimeout, bundle_for, create_gang
-from commprof.sweeps.guard import GuardPlan, probe_budgets
-from ray.exceptions import GetTimeoutError, RayActorError
 
 from commprof import results
+from commprof.actors.execution import CellExecution, Outcome
+from commprof.actors.gang import Gang, bundle_for
 from commprof.matrix import Cell, Matrix
+from commprof.sweeps.guard import GuardPlan, probe_budgets
+from commprof.sweeps.plan import FailurePolicy, Plan, plan_cells, select
+from commprof.sweeps.pool import GangPool
+from commprof.sweeps.progress import Progress
 
 log = logging.getLogger(__name__)
 
-GANG_START_TRIES = 3
-"""Starts of a gang whose actors die while starting before the driver gives up."""
 POLL_INTERVAL_S = 0.05
 """How long the loop waits for any rank to report before it looks at timeouts again."""
 
@@ -84,25 +84,16 @@ class Summary:
     """Final status by cell id."""
 
 
-def matches(cell: Cell, term: str) -> bool:
-    """Does ``cell`` match a filter term: ``key=value`` on its config, else a cell-id prefix."""
-    if "=" in term:
-        key, _, value = term.partition("=")
-        config = cell.config()
-        if key not in config:
-            raise ValueError(f"filter {term!r}: no cell key {key!r}; keys: {', '.join(config)}")
-        return str(config[key]) == value
-    return cell.cell_id.startswith(term)
-
-
-def select(cells: tuple[Cell, ...], only: tuple[str, ...], exclude: tuple[str, ...]) -> list[Cell]:
-    """Apply the --only / --exclude filters."""
-    chosen = [c for c in cells if not only or any(matches(c, t) for t in only)]
-    return [c for c in chosen if not any(matches(c, t) for t in exclude)]
+__all__ = ["Driver", "DriverOptions", "Summary", "select"]
 
 
 class Driver:
     """Runs the cells of a matrix into a dataset folder.
+
+    The jobs are split: :func:`~commprof.sweeps.plan.plan_cells` decides what runs,
+    :class:`~commprof.sweeps.plan.FailurePolicy` whether a failure runs again,
+    :class:`~commprof.sweeps.pool.GangPool` holds the gangs, :class:`Progress` draws the line;
+    this class runs the loop and commits every attempt (``commprof.results``).
 
     Args:
         matrix: the validated matrix.
@@ -113,11 +104,10 @@ class Driver:
     def __init__(self, matrix: Matrix, options: DriverOptions, stream: TextIO | None = None):
         self.matrix = matrix
         self.options = options
-        self.stream = stream or sys.stderr
-        self.gangs: list[Gang] = []
-        self.busy: set[int] = set()
+        self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s)
+        self.policy = FailurePolicy(max_attempts=matrix.run.max_attempts)
+        self.progress = Progress(stream or sys.stderr)
         self.summary = Summary()
-        self._walls: list[float] = []
         self._guard: GuardPlan | None = None
         self._budget_base: dict[str, int] = {}
         self._unplaceable: set[tuple[int, str, str]] = set()
@@ -134,59 +124,32 @@ class Driver:
             )
         return self._guard
 
-    # -- planning ----------------------------------------------------------------------------
-
-    def plan(self) -> tuple[list[tuple[Cell, int]], list[tuple[Cell, int]]]:
-        """Which cells run now and which the guard rejects, each with its next attempt number.
-
-        Complete cells are skipped. Rejected cells are decided again (budgets may have changed:
-        a bigger cluster, a ``budget`` section); one still rejected is not written again.
-        """
-        cells = select(self.matrix.cells, self.options.only, self.options.exclude)
-        latest = results.latest_status(self.options.out)
-        guard = self.guard
-        todo: list[tuple[Cell, int]] = []
-        rejected: list[tuple[Cell, int]] = []
-        policy = self.matrix.run
-        for cell in dict.fromkeys(cells):  # a repeated cell id runs once
-            status, attempt, kind = latest.get(cell.cell_id, ("", 0, None))
-            feasible = guard.decide(cell).feasible
-            if status == "ok" or (status == "rejected" and not feasible):
-                self.summary.skipped += 1
-                self.summary.statuses[cell.cell_id] = status
-                continue
-            if status == "failed":
-                retry = self.options.retry_failed or (
-                    kind != "deterministic" and attempt < policy.max_attempts
-                )
-                if not retry:
-                    self.summary.failed_earlier += 1
-                    self.summary.statuses[cell.cell_id] = status
-                    continue
-            elif self.options.retry_failed:
-                continue  # --retry-failed touches failed cells only
-            (todo if feasible else rejected).append((cell, attempt + 1))
-            # --retry-failed gives a fresh attempt budget counted from here, and earlier
-            # rejections (the cell never ran) use none of it
-            fresh = self.options.retry_failed or status == "rejected"
-            self._budget_base[cell.cell_id] = attempt if fresh else 0
-        # Cells of one shape together (stable otherwise): a gang serves them all in a row
-        # instead of being dropped and rebuilt when shapes alternate on a full cluster.
-        todo.sort(key=lambda item: item[0].gang_shape)
-        return todo, rejected
+    def plan(self) -> Plan:
+        """What this run does with each selected cell, from the dataset as it is now."""
+        return plan_cells(
+            select(self.matrix.cells, self.options.only, self.options.exclude),
+            results.latest_status(self.options.out),
+            lambda cell: self.guard.decide(cell).feasible,
+            self.policy,
+            retry_failed=self.options.retry_failed,
+        )
 
     # -- running -----------------------------------------------------------------------------
 
     def run(self) -> Summary:
         """Run every planned cell to completion (or its attempt limit)."""
         started = time.monotonic()
-        todo, rejected = self.plan()
-        guard = self.guard
-        for cell, attempt in rejected:
-            decision = guard.decide(cell)
+        plan = self.plan()
+        self._budget_base = plan.budget_base
+        self.summary.skipped = len(plan.skipped)
+        self.summary.failed_earlier = len(plan.failed_earlier)
+        self.summary.statuses.update(plan.skipped)
+        self.summary.statuses.update(plan.failed_earlier)
+        for cell, attempt in plan.rejected:
+            decision = self.guard.decide(cell)
             self._reject(cell, attempt, decision.explain(), decision.to_record())
-        self.summary.planned = len(todo) + len(rejected)
-        queue = collections.deque(todo)
+        self.summary.planned = len(plan.todo) + len(plan.rejected)
+        queue = collections.deque(plan.todo)
         running: list[CellExecution] = []
         attempts: dict[str, int] = {}
         changed = True  # replan only when a cell finished: placing is a control-plane call
@@ -207,33 +170,15 @@ class Driver:
                     attempt = attempts[ex.cell.cell_id]
                     self._finish(ex.cell, ex.gang, ex.started_unix_s, outcome, attempt, queue)
                     changed = True
-                self._progress(len(queue), len(running))
+                self.progress.show(self.summary, len(queue), len(running))
         finally:
             for ex in running:
                 ex.gang.kill()
-            for gang in self.gangs:
-                gang.kill()
-            self.gangs.clear()
+            self.pool.close()
+        self.summary.gangs_created = self.pool.created
         self.summary.wall_s = time.monotonic() - started
-        self._progress(0, 0, final=True)
+        self.progress.show(self.summary, 0, 0, final=True)
         return self.summary
-
-    def _reject(
-        self, cell: Cell, attempt: int, why: str, guard: dict[str, Any] | None = None
-    ) -> None:
-        """Record a cell that is not run, with the arithmetic of why."""
-        row = results.cell_row(
-            cell,
-            sweep=self.matrix.name,
-            attempt=attempt,
-            status="rejected",
-            num_params=self.guard.num_params(cell),
-            error=why,
-            guard=guard,
-        )
-        results.write_attempt(self.options.out, row, {})
-        self.summary.rejected += 1
-        self.summary.statuses[cell.cell_id] = "rejected"
 
     def _limit(self) -> int:
         if self.matrix.run.exclusive:
@@ -252,7 +197,7 @@ class Driver:
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
             skip = cell.gang_shape in blocked or cell.gang_shape in self._unplaceable
-            gang = None if skip else self._acquire(cell, total)
+            gang = None if skip else self.pool.acquire(cell, total)
             if gang is None and not running:
                 # Nothing runs and no idle gang is left to drop: the cluster cannot place it.
                 need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
@@ -283,7 +228,6 @@ class Driver:
                         fault=fault,
                     )
                 )
-                self.busy.add(id(gang))
             except Exception as err:  # the gang broke before the cell started: a failed attempt
                 failed = Outcome(
                     status="failed",
@@ -293,59 +237,24 @@ class Driver:
                 self._finish(cell, gang, time.time(), failed, attempt, queue)
         queue.extendleft(reversed(deferred))
 
-    def _acquire(self, cell: Cell, total: dict[str, float]) -> Gang | None:
-        """An idle gang of the cell's shape: reused, or newly created if resources allow.
+    # -- committing --------------------------------------------------------------------------
 
-        Args:
-            cell: the cell to run.
-            total: the cluster's resources (``ray.cluster_resources()``).
-        """
-        for gang in self.gangs:
-            if gang.shape == cell.gang_shape and id(gang) not in self.busy:
-                return gang
-        need = bundle_for(cell.device)
-        for key, amount in need.items():
-            held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
-            while held + amount * cell.world_size > total.get(key, 0):
-                idle = [g for g in self.gangs if id(g) not in self.busy]
-                if not idle:
-                    return None
-                self._drop(idle[0])  # make room: an idle gang of another shape goes
-                held = sum(g.bundle().get(key, 0) * g.world_size for g in self.gangs)
-        for attempt in range(1, GANG_START_TRIES + 1):
-            try:
-                gang = create_gang(
-                    cell.gang_shape, ready_timeout_s=self.options.gang_ready_timeout_s
-                )
-                break
-            except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
-                log.warning(
-                    "starting a gang of shape %s failed (try %d): %s",
-                    cell.gang_shape,
-                    attempt,
-                    str(err).splitlines()[0],
-                )
-            except PlacementTimeout as err:
-                idle = [g for g in self.gangs if id(g) not in self.busy]
-                if not idle:  # cannot be placed now: wait for running cells (or give up)
-                    log.warning("%s", err)
-                    return None
-                for gang in idle:  # their bundles may fragment what a STRICT placement needs
-                    self._drop(gang)
-        else:
-            raise RuntimeError(
-                f"could not start a gang of shape {cell.gang_shape} in {GANG_START_TRIES} tries; "
-                "see the warnings above"
-            )
-        self.gangs.append(gang)
-        self.summary.gangs_created += 1
-        return gang
-
-    def _drop(self, gang: Gang) -> None:
-        gang.kill()
-        self.busy.discard(id(gang))
-        if gang in self.gangs:
-            self.gangs.remove(gang)
+    def _reject(
+        self, cell: Cell, attempt: int, why: str, guard: dict[str, Any] | None = None
+    ) -> None:
+        """Record a cell that is not run, with the arithmetic of why."""
+        row = results.cell_row(
+            cell,
+            sweep=self.matrix.name,
+            attempt=attempt,
+            status="rejected",
+            num_params=self.guard.num_params(cell),
+            error=why,
+            guard=guard,
+        )
+        results.write_attempt(self.options.out, row, {})
+        self.summary.rejected += 1
+        self.summary.statuses[cell.cell_id] = "rejected"
 
     def _finish(
         self,
@@ -356,8 +265,7 @@ class Driver:
         attempt: int,
         queue: collections.deque[tuple[Cell, int]],
     ) -> None:
-        """Write an attempt's outcome; keep the gang if it succeeded, resubmit if allowed."""
-        self.busy.discard(id(gang))
+        """Commit an attempt's outcome; keep the gang if it succeeded, resubmit if allowed."""
         common: dict[str, Any] = {
             "sweep": self.matrix.name,
             "attempt": attempt,
@@ -368,17 +276,18 @@ class Driver:
             "wall_s": outcome.wall_s,
         }
         if outcome.status == "ok":
+            self.pool.release(gang)
             results.commit_attempt(self.options.out, cell, per_rank=outcome.results, **common)
             self.summary.ok += 1
             self.summary.statuses[cell.cell_id] = "ok"
-            self._walls.append(outcome.wall_s)
+            self.progress.cell_done(outcome.wall_s)
             return
-        self._drop(gang)
+        self.pool.drop(gang)
         results.commit_attempt(
             self.options.out, cell, error=outcome.error, error_kind=outcome.error_kind, **common
         )
         used = attempt - self._budget_base.get(cell.cell_id, 0)
-        retry = outcome.error_kind != "deterministic" and used < self.matrix.run.max_attempts
+        retry = self.policy.retry(outcome.error_kind, used)
         log.warning(
             "cell %s attempt %d failed (%s)%s: %s",
             cell.cell_id,
@@ -392,28 +301,3 @@ class Driver:
             return
         self.summary.failed += 1
         self.summary.statuses[cell.cell_id] = "failed"
-
-    # -- progress ----------------------------------------------------------------------------
-
-    def _progress(self, queued: int, running: int, final: bool = False) -> None:
-        s = self.summary
-        done = s.ok + s.failed + s.rejected
-        total = s.planned
-        eta = ""
-        if self._walls and (queued or running):
-            per_cell = sum(self._walls) / len(self._walls)
-            eta = f" ETA {per_cell * (queued + running) / max(1, running):.0f}s"
-        width = 24
-        filled = width * done // total if total else width
-        line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-            f"ok {s.ok} failed {s.failed} rejected {s.rejected} running {running}{eta}"
-        )
-        key = (done, running, s.failed)
-        if self.stream.isatty():
-            self.stream.write("\r" + line + ("\n" if final else ""))
-            self.stream.flush()
-        elif final or key != getattr(self, "_last_key", None):
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        self._last_key = key

@@ -85,6 +85,7 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
         (whether Ray was started here, the dashboard URL if there is one).
     """
     import ray
+
     from commprof.actors.gang import ACTOR_NAMESPACE
 
     address = address or os.environ.get("RAY_ADDRESS")
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("results") / matrix.name  # relative to where the user runs it
     import ray
+
     from commprof.sweeps.driver import Driver, DriverOptions, select
 
     try:

@@ -20,6 +20,7 @@ RAY_TEST_CPUS = 4
 def ray_cluster() -> Iterator[str]:
     """A real local Ray, started once per session; yields its GCS address."""
     import ray
+
     from commprof.actors.gang import ACTOR_NAMESPACE
 
     ctx = ray.init(

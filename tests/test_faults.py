@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import ray
-from commprof.actors.gang import ACTOR_NAMESPACE
-from commprof.sweeps.driver import Driver, DriverOptions
 
 from commprof import matrix, results
+from commprof.actors.gang import ACTOR_NAMESPACE
+from commprof.sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray

@@ -150,24 +150,25 @@ def test_only_and_exclude_filters(tmp_path: Path) -> None:
 
 
 def test_rejected_cells_are_decided_again_when_budgets_change(tmp_path: Path) -> None:
-    from commprof.sweeps.driver import Driver, DriverOptions
-
     from commprof import results
+    from commprof.sweeps.driver import Driver, DriverOptions
 
     text = GOOD.replace("repeats: 2", "repeats: 1")
     small = _load(tmp_path, text + "budget:\n  host_ram_bytes: 1000\n")
     out = tmp_path / "out"
-    todo, rejected = Driver(small, DriverOptions(out=out)).plan()
+    plan = Driver(small, DriverOptions(out=out)).plan()
+    todo, rejected = plan.todo, plan.rejected
     assert not todo and len(rejected) == len(small.cells)
     cell, attempt = rejected[0]
     row = results.cell_row(cell, sweep="t", attempt=attempt, status="rejected", error="host")
     results.write_attempt(out, row, {})
     # the same budget: still rejected, not written again
-    todo, rejected = Driver(small, DriverOptions(out=out)).plan()
+    plan = Driver(small, DriverOptions(out=out)).plan()
+    todo, rejected = plan.todo, plan.rejected
     assert cell.cell_id not in {c.cell_id for c, _ in todo + rejected}
     # a budget that fits: planned to run, as the next attempt
     roomy = _load(tmp_path, text)
-    todo, _ = Driver(roomy, DriverOptions(out=out)).plan()
+    todo = Driver(roomy, DriverOptions(out=out)).plan().todo
     assert (cell, attempt + 1) in todo
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from commprof.reporting import build, figures, report_tables, viz
 
 from commprof.analysis.dataset import Processed, load_processed
+from commprof.reporting import build, figures, report_tables, viz
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from commprof.sweeps.driver import Driver, DriverOptions
 
 from commprof import matrix, results
 from commprof.catalog import count_parameters
+from commprof.sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray

@@ -34,6 +34,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy import stats
 
+from commprof.matrix import regime_of
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
 
 CONFIDENCE = 0.95
@@ -362,12 +363,6 @@ def holdout_split(num_bytes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     n = np.asarray(num_bytes)
     rank = np.searchsorted(np.unique(n), n)
     return rank % 2 == 0, rank % 2 == 1
-
-
-def regime_of(backend: str, device: str) -> str:
-    """Regime label (docs/design.md, Regimes): ``cpu-gloo``, ``cuda-nccl`` or ``cuda-gloo``."""
-    kind = "cuda" if str(device).startswith("cuda") else "cpu"
-    return f"{kind}-{backend}"
 
 
 GROUP_KEYS = ("backend", "regime", "world_size")

@@ -15,10 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from commprof.matrix import REGIMES as MATRIX_REGIMES
+
 CLASSES = ("communication", "compute", "memcpy", "memset", "sync", "other")
 """Event classes a rule can assign; ``"ignore"`` drops an event."""
 IGNORE = "ignore"
-REGIMES = ("cpu-gloo", "cuda-nccl", "cuda-gloo")
+REGIMES = tuple(MATRIX_REGIMES)
+"""Every regime has one rule table here (``commprof.matrix.REGIMES`` defines them)."""
 MAX_EVENT_DURATION_US = 86_400e6
 """Longest plausible event (one day, in microseconds); longer ones are rejected as corrupt."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"})
