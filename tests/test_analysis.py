@@ -13,7 +13,7 @@ import pytest
 from commprof.analysis.breakdown import step_breakdown, union_length
 from commprof.analysis.dataset import Processed, load_processed
 from commprof.analysis.modelled import bucket_table, calibrate, cell_model
-from commprof.analysis.processed import cell_status, config_key
+from commprof.analysis.per_cell import cell_status, config_key
 from commprof.analysis.repeatability import repeatability
 from commprof.modeling.calibration import CalibrationWarning, Fit, RingFit, fit_alpha_beta
 from commprof.results import load

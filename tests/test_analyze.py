@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pandas as pd
 import pytest
 
 from commprof.profiling.analyze import analyze_dir, records_from_steps, run
-from commprof.profiling.metrics import bucket_exposure, hook_trace_disagreement
+from commprof.profiling.metrics import bucket_exposure
 from commprof.profiling.trace_parser import parse_trace
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
@@ -60,10 +59,9 @@ def test_hook_records_match_trace_collectives() -> None:
         assert len(matched) == 3 * NUM_BUCKETS
         assert matched["matched_by"].eq("size").all()
         assert (matched["comm_exposed_ns"] <= matched["comm_ns"]).all()
-        d = hook_trace_disagreement(matched)
-        assert d["num_matched"] == 3 * NUM_BUCKETS and math.isfinite(d["relative_diff"])
+        assert matched[["latency_ns", "comm_ns"]].notna().all().all()
         # The hook's span (launch to callback) contains the gloo annotation.
-        assert d["hook_ns"] >= d["trace_ns"]
+        assert matched["latency_ns"].sum() >= matched["comm_ns"].sum()
 
 
 def test_run_json_prints_only_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from commprof.modeling.buckets import (
     assign_buckets,
     assign_buckets_by_size,
     bucket_cap_bytes,
-    initial_bucket,
 )
 from commprof.training import models as ref_models
 from commprof.training.launcher import process_group, spawn_ranks
@@ -45,7 +44,7 @@ def test_hand_computed_example() -> None:
         2000 + 1400000,
         2800 + 840000,
     ]
-    assert initial_bucket(sizes).num_bytes == 2910000
+    assert sum(numel * 4 for _, numel in sizes) == 2910000  # step 0's one bucket
     assert bucket_cap_bytes(None) == (MIB, 25 * MIB)
     assert bucket_cap_bytes(2.5) == (int(2.5 * MIB), int(2.5 * MIB))
     with pytest.raises(ValueError, match="bucket_cap_mb"):
@@ -121,6 +120,11 @@ def _ddp_worker(rank: int, world_size: int, store_path: str) -> list[dict[str, A
     return results
 
 
+def _model_bytes(params: list[tuple[str, int]]) -> int:
+    """Step 0's one bucket under DDP's defaults: the whole model (float32)."""
+    return sum(numel * 4 for _, numel in params)
+
+
 def test_against_real_ddp_buckets() -> None:
     results = spawn_ranks(_ddp_worker, 2, limit_s=600)[0]
     for res in results:
@@ -128,7 +132,7 @@ def test_against_real_ddp_buckets() -> None:
         step0 = [n for s, _, n in res["seen"] if s == 0]
         step1 = [n for s, _, n in sorted(res["seen"]) if s == 1]
         # Step 0: one bucket with the whole model; step 1 on: the rebuilt buckets.
-        assert step0 == [initial_bucket(res["params"]).num_bytes], res["name"]
+        assert step0 == [_model_bytes(res["params"])], res["name"]
         assert [int(x) for x in res["rebuilt"].split(",")] == step1
         if res["name"] in EXECUTION_ORDER_DIFFERS:
             # DDP rebuilds in measured gradient-ready order; ResNet's downsample convs are

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from commprof.analysis.processed import CONFIG_COLUMNS
+from commprof.analysis.per_cell import CONFIG_COLUMNS
 
 
 def layer_attribution(bucket_stats: pd.DataFrame, bucket_params: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +62,7 @@ def hook_overhead(measured_buckets: pd.DataFrame) -> pd.DataFrame:
     """Hook critical-path time per bucket (``launch_ns - ready_ns``), summarised per cell.
 
     Args:
-        measured_buckets: ``processed.bucket_samples`` output.
+        measured_buckets: ``per_cell.bucket_samples`` output.
 
     Returns:
         Columns ``cell_id, attempt, num_buckets, hook_median_ns, hook_p95_ns,
@@ -88,7 +88,7 @@ def profiler_overhead(summary: pd.DataFrame) -> pd.DataFrame:
     """Step-time cost of the profiler, where a configuration ran with and without it.
 
     Args:
-        summary: ``processed.cell_summary`` output.
+        summary: ``per_cell.cell_summary`` output.
 
     Returns:
         Columns ``model, world_size, bucket_cap_mb, step_plain_ns, step_profiled_ns, ratio``;

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from commprof.analysis import attribution, modelled, processed
+from commprof.analysis import attribution, modelled, per_cell
 from commprof.analysis.breakdown import STEP_KEYS, step_breakdown, trace_breakdown
 from commprof.analysis.repeatability import repeatability
 from commprof.modeling.calibration import Fit
@@ -28,13 +28,13 @@ class Processed:
     tables: dict[str, pd.DataFrame]
     """The raw tables as loaded (``commprof.results.load``)."""
     status: pd.DataFrame
-    """Every cell: final status, attempts and why (``processed.cell_status``)."""
+    """Every cell: final status, attempts and why (``per_cell.cell_status``)."""
     breakdown: pd.DataFrame
     """Every measured (cell, attempt, rank, step): the step-time breakdown."""
     summary: pd.DataFrame
     """Per ok cell: configuration, statistics and modelled columns."""
     merged: pd.DataFrame
-    """Per configuration, repeats pooled (``processed.merged_summary``)."""
+    """Per configuration, repeats pooled (``per_cell.merged_summary``)."""
     repeatability: pd.DataFrame
     """Disagreement of repeats (``repeatability.repeatability``)."""
     buckets: pd.DataFrame
@@ -74,17 +74,17 @@ def process(tables: dict[str, pd.DataFrame]) -> Processed:
     if missing:
         raise ValueError(f"dataset lacks tables {missing}; load it with commprof.results.load")
     notes: list[str] = []
-    status = processed.cell_status(tables["cells"])
+    status = per_cell.cell_status(tables["cells"])
     breakdown = step_breakdown(tables["steps"], tables["buckets"])
-    measured = processed.bucket_samples(tables["buckets"], tables["steps"])
-    summary = processed.cell_summary(status, breakdown, measured)
+    measured = per_cell.bucket_samples(tables["buckets"], tables["steps"])
+    summary = per_cell.cell_summary(status, breakdown, measured)
     fits, warnings = modelled.calibrate(status, tables["microbench"])
     notes.extend(f"calibration: {w}" for w in warnings)
     buckets = modelled.bucket_table(summary, measured, fits)
     points = modelled.microbench_points(status, tables["microbench"], fits)
-    per_cell = modelled.cell_model(status, buckets, fits)
-    status = status.merge(per_cell, on="cell_id", how="left")
-    summary = summary.merge(per_cell, on="cell_id", how="left")
+    cell_models = modelled.cell_model(status, buckets, fits)
+    status = status.merge(cell_models, on="cell_id", how="left")
+    summary = summary.merge(cell_models, on="cell_id", how="left")
     trace = trace_breakdown(tables["trace_metrics"])
     if trace.empty:
         notes.append("no trace metrics in this dataset: no cell was profiled")
@@ -93,7 +93,7 @@ def process(tables: dict[str, pd.DataFrame]) -> Processed:
         status=status,
         breakdown=breakdown,
         summary=summary,
-        merged=processed.merged_summary(summary, breakdown, measured),
+        merged=per_cell.merged_summary(summary, breakdown, measured),
         repeatability=repeatability(summary),
         buckets=buckets,
         microbench=points,
@@ -101,7 +101,7 @@ def process(tables: dict[str, pd.DataFrame]) -> Processed:
         fit_params=modelled.fits_frame(fits),
         accuracy=modelled.accuracy(points, buckets),
         attribution=attribution.layer_attribution(buckets, tables["bucket_params"]),
-        guard=processed.guard_pools(tables["cells"]),
+        guard=per_cell.guard_pools(tables["cells"]),
         hook_overhead=attribution.hook_overhead(measured),
         profiler_overhead=attribution.profiler_overhead(summary),
         trace=trace,

@@ -53,7 +53,7 @@ def calibrate(
     :func:`microbench_points` drops them.
 
     Args:
-        status: ``processed.cell_status`` output.
+        status: ``per_cell.cell_status`` output.
         microbench: the dataset's ``microbench`` table.
 
     Returns:
@@ -135,7 +135,7 @@ def microbench_points(
     """Measured all-reduce time and busbw per (group, size) beside the model.
 
     Args:
-        status: ``processed.cell_status`` output.
+        status: ``per_cell.cell_status`` output.
         microbench: the dataset's ``microbench`` table.
         fits: :func:`calibrate` output.
 
@@ -172,8 +172,8 @@ def bucket_table(
     """Per bucket of every ok cell: measured median service time, latency, exposed; modelled.
 
     Args:
-        summary: ``processed.cell_summary`` output.
-        measured_buckets: ``processed.bucket_samples`` output.
+        summary: ``per_cell.cell_summary`` output.
+        measured_buckets: ``per_cell.bucket_samples`` output.
         fits: :func:`calibrate` output.
 
     Returns:
@@ -207,7 +207,7 @@ def cell_model(
     """Modelled columns of every cell, with the measured sum and the prediction error.
 
     Args:
-        status: ``processed.cell_status`` output (every cell, whatever its status).
+        status: ``per_cell.cell_status`` output (every cell, whatever its status).
         buckets: :func:`bucket_table` output.
         fits: :func:`calibrate` output.
 

@@ -34,7 +34,7 @@ def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
     """Disagreement of repeats, per configuration and metric.
 
     Args:
-        summary: ``processed.cell_summary`` output (one row per ok cell, with ``config_key``
+        summary: ``per_cell.cell_summary`` output (one row per ok cell, with ``config_key``
             and ``<metric>_median`` columns).
 
     Returns:

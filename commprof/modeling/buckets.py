@@ -185,26 +185,3 @@ def assign_buckets(
         )
         for b, (indices, limit) in enumerate(groups)
     ]
-
-
-def initial_bucket(param_sizes: Sequence[ParamSize]) -> Bucket:
-    """Step 0's single bucket (whole model) under DDP's defaults.
-
-    Args:
-        param_sizes: ``(name, numel[, element_size_bytes])`` in registration order.
-
-    Returns:
-        One bucket holding every parameter.
-    """
-    params = _normalise(param_sizes)
-    if len({elem for _, _, elem in params}) > 1:
-        raise ValueError("mixed element sizes give one initial bucket per dtype; not modelled")
-    indices = tuple(range(len(params)))
-    total = sum(numel * elem for _, numel, elem in params)
-    return Bucket(
-        index=0,
-        param_indices=indices,
-        param_names=tuple(p[0] for p in params),
-        num_bytes=total,
-        size_limit_bytes=2**63 - 1,
-    )

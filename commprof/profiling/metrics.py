@@ -118,7 +118,7 @@ def bucket_exposure(parsed: ParsedTrace, bucket_records: pd.DataFrame) -> pd.Dat
     Args:
         parsed: One rank's parsed trace.
         bucket_records: Hook records with at least step, bucket_index, num_bytes
-            (and latency_ns for :func:`hook_trace_disagreement`); rows of other
+            (and latency_ns, to compare the hook with the trace); rows of other
             ranks are ignored.
 
     Returns:
@@ -222,30 +222,3 @@ def transfer_wait(per_rank_collectives: list[pd.DataFrame]) -> pd.DataFrame:
     both["wait_ns"] = both["duration_ns"] - both["transfer_ns"]
     cols = [*key, "rank", "name", "duration_ns", "transfer_ns", "wait_ns"]
     return both[cols].sort_values([*key, "rank"]).reset_index(drop=True)
-
-
-def hook_trace_disagreement(matched: pd.DataFrame) -> dict[str, float]:
-    """How far hook-measured bucket latencies are from the trace's collective durations.
-
-    Args:
-        matched: Output of :func:`bucket_exposure` (needs latency_ns and comm_ns).
-
-    Returns:
-        num_matched; hook_ns and trace_ns (sums); relative_diff = (hook - trace) / trace
-        over the sums; median_abs_relative_diff over buckets. NaN where nothing matched.
-    """
-    if not {"latency_ns", "comm_ns"} <= set(matched.columns):
-        raise ValueError("matched needs latency_ns and comm_ns columns (from bucket_exposure)")
-    ok = matched[matched["comm_ns"].notna() & matched["latency_ns"].notna()]
-    hook = ok["latency_ns"].to_numpy(np.float64)
-    trace = ok["comm_ns"].to_numpy(np.float64)
-    per_bucket = np.abs(hook - trace) / np.where(trace > 0, trace, np.nan)
-    return {
-        "num_matched": float(len(ok)),
-        "hook_ns": float(hook.sum()),
-        "trace_ns": float(trace.sum()),
-        "relative_diff": ratio(hook.sum() - trace.sum(), trace.sum()),
-        "median_abs_relative_diff": float(np.nanmedian(per_bucket))
-        if np.isfinite(per_bucket).any()
-        else float("nan"),
-    }

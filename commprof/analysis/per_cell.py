@@ -1,4 +1,4 @@
-"""Raw runs -> processed tables: cell status, per-cell statistics, merged repeats.
+"""Raw runs -> per-cell tables: cell status, per-cell statistics, merged repeats.
 
 Statistics are over measured steps and ranks: a cell's sample of a metric holds one value per
 (rank, measured step); its summary is the median with the 25th and 75th percentile, min and max
