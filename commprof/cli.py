@@ -186,9 +186,10 @@ def _check(args: argparse.Namespace) -> int:
         )
         for c in m["cells"]:
             mark = "ok      " if c["feasible"] else "REJECTED"
+            cap = "default" if c["bucket_cap_mb"] is None else f"{c['bucket_cap_mb']}MiB"
             print(
                 f"  {c['cell_id']} {mark} {c['model']:>10} ws={c['world_size']} "
-                f"cap={c['bucket_cap_mb']}MiB {c['backend']}/{c['device']} {c['placement']} "
+                f"cap={cap} {c['backend']}/{c['device']} {c['placement']} "
                 f"r{c['repeat']} ~{c['estimate_s']}s"
             )
             if not c["feasible"]:

@@ -10,7 +10,7 @@ Example::
     axes:
       model: [srn-100k, srn-1m]
       world_size: [2]
-      bucket_cap_mb: [1, 25]
+      bucket_cap_mb: [1, 25, null]  # null: DDP's default cap
     defaults:
       steps: 6
     run:
@@ -105,6 +105,7 @@ _YAML_TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (int, float),
     "bool": (bool,),
+    "float | None": (int, float, type(None)),
 }
 """The YAML value types of a field, by its annotation (YAML has no float-only integers)."""
 
@@ -126,8 +127,9 @@ class Cell:
         column="int32",
         flag=True,
     )
-    bucket_cap_mb: float = _spec(
-        help="DDP bucket_cap_mb, as DDP reads it",
+    bucket_cap_mb: float | None = _spec(
+        help="DDP bucket_cap_mb, as DDP reads it; null leaves it unset: DDP's default of 25 MiB, "
+        "with a first bucket of 1 MiB",
         unit="MiB",
         axis=True,
         column="float64",
@@ -210,7 +212,8 @@ class Cell:
 
     def __post_init__(self) -> None:
         # 25 and 25.0 MiB are one configuration: one id (frozen, so set through object).
-        object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
+        if self.bucket_cap_mb is not None:
+            object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
         for name, spec in CELL_FIELDS.items():
             if spec.choices and getattr(self, name) not in spec.choices:
                 raise MatrixError(
@@ -221,8 +224,11 @@ class Cell:
         for name in ("world_size", "steps", "batch_size", "microbench_iters", "microbench_passes"):
             if getattr(self, name) < 1:
                 raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.bucket_cap_mb <= 0:
-            raise MatrixError(f"bucket_cap_mb must be > 0 (MiB), got {self.bucket_cap_mb!r}")
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise MatrixError(
+                "bucket_cap_mb must be > 0 (MiB) or null (DDP's default), "
+                f"got {self.bucket_cap_mb!r}"
+            )
         # Step 0 is never measured (one bucket, before DDP's rebuild): at least one step after
         # max(1, warmup_steps) must remain.
         if self.warmup_steps < 0 or max(1, self.warmup_steps) > self.steps - 1:
@@ -469,7 +475,7 @@ def _check_type(value: Any, types: tuple[type, ...], key: str, source: str) -> N
     # bool is an int in Python; a YAML `true` is never a valid count or size.
     is_bool = isinstance(value, bool) and bool not in types
     if is_bool or not isinstance(value, types):
-        wanted = " or ".join(t.__name__ for t in types)
+        wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise MatrixError(
             f"{source}: key '{key}': {value!r} is a {type(value).__name__}, expected {wanted}"
         )

@@ -7,6 +7,7 @@ note, so the report can say why. This module imports no torch and no ray.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from matplotlib.ticker import NullFormatter
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB
 from commprof.reporting import viz
 
 TOP_MODULES = 10
@@ -92,23 +94,33 @@ def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
             viz.save(fig, path)
             return "no ok cell with communication"
         for ax, model in zip(axes, models, strict=True):
-            part = merged[merged["model"] == model]
+            # a cap left unset is DDP's 25 MiB (with a 1 MiB first bucket): drawn there, apart
+            part = merged[merged["model"] == model].copy()
+            default = part["bucket_cap_mb"].isna()
+            part["cap_axis_mb"] = part["bucket_cap_mb"].fillna(DEFAULT_BUCKET_CAP_MB)
             for i, (ws, line) in enumerate(part.groupby("world_size")):
-                line = line.sort_values("bucket_cap_mb")
-                med = line["overlap_efficiency_median"].to_numpy()
-                err = np.vstack(
-                    [med - line["overlap_efficiency_p25"], line["overlap_efficiency_p75"] - med]
-                )
-                ax.errorbar(
-                    line["bucket_cap_mb"],
-                    med,
-                    yerr=err,
-                    capsize=2,
-                    label=f"p = {ws} ranks",
-                    **viz.measured(i).kwargs(),
-                )
+                for unset, points in line.groupby(default[line.index]):
+                    points = points.sort_values("cap_axis_mb")
+                    med = points["overlap_efficiency_median"].to_numpy()
+                    err = np.vstack(
+                        [
+                            med - points["overlap_efficiency_p25"],
+                            points["overlap_efficiency_p75"] - med,
+                        ]
+                    )
+                    style = viz.measured(i).kwargs()
+                    if unset:
+                        style.update(linestyle="none", markerfacecolor="white")
+                    ax.errorbar(
+                        points["cap_axis_mb"],
+                        med,
+                        yerr=err,
+                        capsize=2,
+                        label=f"p = {ws} ranks" + (", DDP default cap" if unset else ""),
+                        **style,
+                    )
             ax.set_xscale("log", base=2)
-            caps = sorted(part["bucket_cap_mb"].unique())
+            caps = sorted(part["cap_axis_mb"].unique())
             ax.set_xticks(caps, [f"{c:g}" for c in caps])
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_ylim(-0.02, 1.02)
@@ -241,9 +253,10 @@ def plot_scaling(data: Processed, path: Path) -> str:
         for ax, model in zip(axes, models, strict=True):
             part = merged[merged["model"] == model]
             # the smallest cap run at every world size: the most buckets, so the most overlap
-            counts = part.groupby("bucket_cap_mb")["world_size"].nunique()
-            cap = float(counts[counts == counts.max()].index.min())
-            part = part[part["bucket_cap_mb"] == cap].sort_values("world_size")
+            counts = part.groupby("bucket_cap_mb", dropna=False)["world_size"].nunique()
+            cap = float(counts[counts == counts.max()].index.min())  # NaN (unset) only if alone
+            same = part["bucket_cap_mb"].isna() if math.isnan(cap) else part["bucket_cap_mb"] == cap
+            part = part[same].sort_values("world_size")
             series = [
                 ("step time", "step_ns_median", viz.measured(5)),
                 ("exposed communication", "exposed_ns_median", viz.measured(0)),

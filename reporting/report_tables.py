@@ -20,6 +20,7 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.reporting.viz import cap_label
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -159,7 +160,8 @@ def _ms(ns: float) -> str:
 
 
 def _cap(mb: float) -> str:
-    return f"{float(mb):g}"
+    """A cap in a "cap (MiB)" column: the number, or ``default`` where it was left unset."""
+    return "default" if math.isnan(mb) else f"{float(mb):g}"
 
 
 def table_results(data: Processed) -> str:
@@ -344,7 +346,7 @@ def guard_arithmetic(data: Processed) -> str:
     for r in records(data.status):
         if r.status == "ok" and not r.reason:
             continue
-        head = f"{escape(r.model)}, $p={int(r.world_size)}$, cap {_cap(r.bucket_cap_mb)} MiB"
+        head = f"{escape(r.model)}, $p={int(r.world_size)}$, cap {cap_label(r.bucket_cap_mb)}"
         title = rf"\item[\texttt{{{r.cell_id}}}] {head}: \textbf{{{escape(r.status)}}}"
         title += f" after {int(r.num_attempts)} attempt(s)"
         if r.error_kind:
@@ -427,7 +429,7 @@ def build_macros(data: Processed, *, figure_notes: dict[str, str], dataset_name:
 
 def _config_label(r: Any) -> str:
     """``model, p=N, cap X MiB`` of a configuration row, escaped for LaTeX."""
-    return escape(f"{r.model}, p={int(r.world_size)}, cap {_cap(r.bucket_cap_mb)} MiB")
+    return escape(f"{r.model}, p={int(r.world_size)}, cap {cap_label(r.bucket_cap_mb)}")
 
 
 def _dataset_macros(m: Macros, data: Processed, dataset_name: str) -> None:
@@ -453,7 +455,11 @@ def _dataset_macros(m: Macros, data: Processed, dataset_name: str) -> None:
     m.add("MaxRepeats", fmt_int(int(merged["num_repeats"].max()) if len(merged) else 0))
     m.add("Models", _words(sorted(status["model"].unique())))
     m.add("WorldSizes", _words(str(w) for w in sorted(status["world_size"].unique())))
-    m.add("BucketCaps", _words(_cap(c) for c in sorted(status["bucket_cap_mb"].unique())))
+    caps = status["bucket_cap_mb"]
+    m.add(
+        "BucketCaps",
+        _words(cap_label(c) for c in [*sorted(caps.dropna().unique()), *caps[caps.isna()][:1]]),
+    )
     m.add("NumMeasuredSteps", fmt_int(len(data.breakdown)))
     m.add("SweepWallS", fmt(float(status["wall_s"].sum()), 1))
     env = data.tables["cells"]["env_json"].dropna()

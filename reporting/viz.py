@@ -19,6 +19,7 @@ ray.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -245,11 +246,14 @@ def ms(values_ns: Any) -> Any:
     return values_ns / 1e6
 
 
-def cap_label(bucket_cap_mb: float) -> str:
-    """A bucket cap as it appears in labels: ``0.25 MiB``."""
+def cap_label(bucket_cap_mb: float | None) -> str:
+    """A bucket cap as it appears in labels: ``0.25 MiB``, or ``DDP default`` where the cap was
+    left unset (null in the dataset: 25 MiB with a first bucket of 1 MiB)."""
+    if bucket_cap_mb is None or math.isnan(bucket_cap_mb):
+        return "DDP default"
     return f"{bucket_cap_mb:g} MiB"
 
 
-def cell_label(model: str, world_size: int, bucket_cap_mb: float) -> str:
+def cell_label(model: str, world_size: int, bucket_cap_mb: float | None) -> str:
     """A configuration as it appears in labels: ``srn-1m, p=2, 0.25 MiB``."""
     return f"{model}, p={int(world_size)}, {cap_label(bucket_cap_mb)}"

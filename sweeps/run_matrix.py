@@ -199,6 +199,7 @@ def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
     buckets = tables["buckets"]
     lat_ms = buckets[buckets["step"] >= 1].groupby("cell_id")["latency_ns"].median() / 1e6
     view = latest[["model", "world_size", "bucket_cap_mb", "backend", "status", "attempt"]].copy()
+    view["bucket_cap_mb"] = view["bucket_cap_mb"].astype(object).fillna("default")  # unset
     view["wall_s"] = latest["wall_s"].round(2)
     view["step_ms"] = step_ms.reindex(view.index).round(2)
     view["bucket_ms"] = lat_ms.reindex(view.index).round(3)

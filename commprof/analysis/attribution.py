@@ -98,7 +98,11 @@ def profiler_overhead(summary: pd.DataFrame) -> pd.DataFrame:
     keys = [c for c in CONFIG_COLUMNS if c not in ("profile", "num_params")]
     if summary.empty or summary["profile"].nunique() < 2:
         return pd.DataFrame(columns=[*columns, "ratio"])
-    med = summary.groupby([*keys, "profile"])["step_ns_median"].median().unstack("profile")
+    med = (  # dropna=False: a cap left unset (NaN) is a configuration too
+        summary.groupby([*keys, "profile"], dropna=False)["step_ns_median"]
+        .median()
+        .unstack("profile")
+    )
     med = med.dropna().reset_index()
     out = med.rename(columns={False: "step_plain_ns", True: "step_profiled_ns"})
     out["ratio"] = out["step_profiled_ns"] / out["step_plain_ns"]

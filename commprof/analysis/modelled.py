@@ -30,6 +30,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from commprof.analysis.per_cell import cap_or_default
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.calibration import CalibrationWarning, Fit, RingFit, fit_table
@@ -231,7 +232,7 @@ def cell_model(
         sizes = [
             b.num_bytes
             for b in assign_buckets(
-                parameter_sizes(cell.model), bucket_cap_mb=float(cell.bucket_cap_mb)
+                parameter_sizes(cell.model), bucket_cap_mb=cap_or_default(cell.bucket_cap_mb)
             )
         ]
         frame = pd.DataFrame(

@@ -15,6 +15,7 @@ This module imports no torch and no ray.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,12 @@ STATS = ("median", "p25", "p75", "min", "max")
 
 REASON_CHARS = 90
 """Length of the one-line reason shown in tables (full text stays in ``reason``)."""
+
+
+def cap_or_default(value: float | None) -> float | None:
+    """A ``bucket_cap_mb`` column value as the cell's cap: a null (NaN: the cap was left unset)
+    is None, DDP's default; ``commprof.modeling.buckets`` takes either."""
+    return None if value is None or math.isnan(value) else float(value)
 
 
 def config_key(config_json: str) -> str:

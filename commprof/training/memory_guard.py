@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from commprof.catalog import GPTConfig, ResNetGeometry, model_spec
+from commprof.modeling.buckets import bucket_cap_bytes
 
 __all__ = [
     "MIB",
@@ -226,8 +227,8 @@ class CellShape:
     """``cpu`` or ``cuda``."""
     batch_size: int
     """Per-rank batch size."""
-    bucket_cap_mb: float
-    """DDP bucket cap in MiB."""
+    bucket_cap_mb: float | None
+    """DDP bucket cap in MiB; None: DDP's default."""
     optimizer: str = "sgd"
     """A key of :data:`OPTIMIZER_STATE_COPIES`."""
     dtype_bytes: int = 4
@@ -256,8 +257,10 @@ class CellShape:
                 f"CellShape.optimizer={self.optimizer!r}: "
                 f"use one of {sorted(OPTIMIZER_STATE_COPIES)}"
             )
-        if not self.bucket_cap_mb > 0:
-            raise ValueError(f"CellShape.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (MiB)")
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(
+                f"CellShape.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (MiB) or None"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -410,7 +413,7 @@ def record_rows_per_rank(cell: CellShape, fp: ModelFootprint) -> int:
     it reaches the cap, and the first bucket has its own smaller cap); one
     bucket-parameter row per tensor; microbenchmark rows.
     """
-    cap_bytes = cell.bucket_cap_mb * MIB
+    _, cap_bytes = bucket_cap_bytes(cell.bucket_cap_mb)
     buckets = min(
         fp.num_param_tensors,
         math.ceil(fp.num_parameters * cell.dtype_bytes / cap_bytes) + 2,

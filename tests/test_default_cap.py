@@ -1,0 +1,88 @@
+"""A cell whose DDP bucket cap is left unset (``bucket_cap_mb: null``): DDP's own default.
+
+DDP's default differs from an explicit 25 MiB: its first bucket is capped at 1 MiB, an explicit
+cap caps the first bucket too. One real 2-rank gloo run of srn-1m (about 4 MB of gradients)
+shows it, then the cell goes through the dataset, the analysis and the report's figures and
+macros, where the unset cap must stay visible instead of being dropped as NaN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commprof import matrix, results
+from commprof.analysis.dataset import load_processed
+from commprof.catalog import parameter_sizes
+from commprof.matrix import Cell
+from commprof.modeling.buckets import assign_buckets
+from commprof.reporting import figures, report_tables
+from commprof.sweeps.guard import GuardPlan
+from commprof.training.launcher import run_local
+
+CELL = Cell(
+    model="srn-1m",
+    world_size=2,
+    bucket_cap_mb=None,
+    steps=3,
+    warmup_steps=1,
+    batch_size=2,
+    microbench_sizes_bytes=(4096,),
+    microbench_iters=2,
+)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("default-cap")
+    per_rank = run_local(CELL, timeout_s=120)
+    results.commit_attempt(
+        out, CELL, per_rank=per_rank, sweep="t", attempt=1, num_params=1, wall_s=1.0
+    )
+    return out, per_rank
+
+
+def test_a_matrix_can_leave_the_cap_unset(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(
+        "axes:\n  model: [srn-1m]\n  world_size: [2]\n  bucket_cap_mb: [null, 25]\n"
+    )
+    unset, explicit = matrix.load(tmp_path / "m.yaml").cells
+    assert unset.bucket_cap_mb is None and explicit.bucket_cap_mb == 25.0
+    assert unset.cell_id != explicit.cell_id  # different first-bucket caps: two configurations
+    assert matrix.cell_from_config(unset.config()) == unset
+    assert GuardPlan().decide(unset).feasible
+    (tmp_path / "bad.yaml").write_text(
+        "axes:\n  model: [srn-1m]\n  world_size: [2]\n  bucket_cap_mb: [fast]\n"
+    )
+    with pytest.raises(matrix.MatrixError, match="expected int or float or null"):
+        matrix.load(tmp_path / "bad.yaml")
+    with pytest.raises(matrix.MatrixError, match="or null"):
+        Cell(model="srn-1m", world_size=2, bucket_cap_mb=0)
+
+
+def test_ddp_runs_its_default_cap(dataset: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, per_rank = dataset
+    sizes = parameter_sizes(CELL.model)
+    predicted = [b.num_bytes for b in assign_buckets(sizes, bucket_cap_mb=None)]
+    assert len(predicted) > len(assign_buckets(sizes, bucket_cap_mb=25.0)) == 1
+    for result in per_rank:
+        rebuilt = [b for b in result["records"]["buckets"] if b["step"] == 1]
+        assert sorted(b["num_bytes"] for b in rebuilt) == sorted(predicted)
+
+
+def test_unset_cap_stays_visible_in_analysis_and_report(
+    dataset: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    out, _ = dataset
+    cells = results.load(out)["cells"]
+    assert cells["bucket_cap_mb"].isna().all()  # null in the table, as in the config
+    data = load_processed(out)
+    assert len(data.merged) == 1 and data.merged["bucket_cap_mb"].isna().all()
+    assert data.summary["allreduce_sum_modelled_ns"].notna().all()  # modelled with DDP's caps
+    made = figures.make_all(data, tmp_path)
+    assert [r.path.name for r in made] == [f"{name}.pdf" for name in figures.FIGURES]
+    macros = report_tables.build_macros(data, figure_notes={}, dataset_name="x")
+    assert macros.as_dict()["BucketCaps"] == "DDP default"
+    assert "cap DDP default" in macros.as_dict()["FastestConfig"]
