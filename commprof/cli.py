@@ -84,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-RUN_FLAG_DEFAULTS: dict[str, Any] = {"device": None, "bucket_cap_mb": 25.0}
-"""``commprof run`` defaults that differ from the cell's: the device follows the backend, and
-the cap (which a matrix must give) is DDP's usual 25 MiB."""
+RUN_FLAG_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "device": (None, "default: cuda for nccl, else cpu"),
+    "bucket_cap_mb": (25.0, "default: 25"),
+}
+"""``commprof run`` defaults that differ from the cell's, with what the help says of them: the
+device follows the backend, and the cap (which a matrix must give) is 25 MiB."""
 
 
 def _cell_flags(parser: argparse.ArgumentParser) -> None:
@@ -98,20 +101,33 @@ def _cell_flags(parser: argparse.ArgumentParser) -> None:
         if not spec.flag:
             continue
         flag = "--" + name.replace("_", "-")
-        default = RUN_FLAG_DEFAULTS.get(name, defaults[name])
+        default, said = RUN_FLAG_DEFAULTS.get(name, (defaults[name], ""))
         unit = f" ({spec.unit})" if spec.unit else ""
         if field_types(name) == (bool,):
             parser.add_argument(flag, action="store_true", help=spec.help)
             continue
-        kwargs: dict[str, Any] = {"type": field_types(name)[-1], "help": spec.help + unit}
+        types = field_types(name)
+        value_type = _float_or_default if type(None) in types else types[-1]
+        kwargs: dict[str, Any] = {"type": value_type, "help": spec.help + unit}
+        if said:
+            kwargs["help"] += f"; {said}"
         if default is dataclasses.MISSING:
             kwargs["required"] = True
         else:
             kwargs["default"] = default
-            kwargs["help"] += " (default: cuda for nccl, else cpu)" if name == "device" else ""
         if spec.choices and name != "model":  # a wrong model gets the list from the Cell
             kwargs["choices"] = spec.choices
         parser.add_argument(flag, **kwargs)
+
+
+def _float_or_default(text: str) -> float | None:
+    """A number, or ``default`` (None: the field left unset, as null in a matrix)."""
+    if text == "default":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'default'") from None
 
 
 def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> None:

@@ -128,8 +128,8 @@ class Cell:
         flag=True,
     )
     bucket_cap_mb: float | None = _spec(
-        help="DDP bucket_cap_mb, as DDP reads it; null leaves it unset: DDP's default of 25 MiB, "
-        "with a first bucket of 1 MiB",
+        help="DDP bucket_cap_mb, as DDP reads it; unset (null in a matrix, 'default' on the "
+        "command line) is DDP's default: 25 MiB with a first bucket of 1 MiB",
         unit="MiB",
         axis=True,
         column="float64",

@@ -86,3 +86,14 @@ def test_unset_cap_stays_visible_in_analysis_and_report(
     macros = report_tables.build_macros(data, figure_notes={}, dataset_name="x")
     assert macros.as_dict()["BucketCaps"] == "DDP default"
     assert "cap DDP default" in macros.as_dict()["FastestConfig"]
+
+
+def test_commprof_run_flag_can_leave_the_cap_unset(capsys: pytest.CaptureFixture[str]) -> None:
+    from commprof import cli
+
+    assert cli._float_or_default("default") is None and cli._float_or_default("0.5") == 0.5
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--out", "x"]
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--bucket-cap-mb", "fast"])
+    assert info.value.code == 2
+    assert "'fast' is not a number or 'default'" in capsys.readouterr().err
