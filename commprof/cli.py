@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -45,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run = sub.add_parser("run", help="run one cell on this machine, without Ray")
     _cell_flags(run)
-    run.add_argument("--pg-timeout-s", type=float, default=60.0, help="process-group timeout")
+    run.add_argument("--pg-timeout-s", type=seconds, default=60.0, help="process-group timeout")
     run.add_argument(
-        "--run-timeout-s", type=float, help="limit of the whole run (default 4 x pg timeout + 60)"
+        "--run-timeout-s", type=seconds, help="limit of the whole run (default 4 x pg timeout + 60)"
     )
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
     run.set_defaults(func=_run)
@@ -118,6 +119,30 @@ def _cell_flags(parser: argparse.ArgumentParser) -> None:
         if spec.choices and name != "model":  # a wrong model gets the list from the Cell
             kwargs["choices"] = spec.choices
         parser.add_argument(flag, **kwargs)
+
+
+def seconds(text: str) -> float:
+    """A timeout flag: a finite number of seconds in (0, a week]; NaN would disable the limit."""
+    from commprof.matrix import MAX_TIMEOUT_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count flag: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return value
 
 
 def _float_or_default(text: str) -> float | None:
@@ -249,6 +274,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     flagged = {name: getattr(args, name) for name, spec in CELL_FIELDS.items() if spec.flag}
     cell = Cell(**{**flagged, "device": device})
+    results.check_writable(args.out)  # before any rank starts
     status = results.latest_status(args.out).get(cell.cell_id)
     if status is not None and status[0] == "ok":
         print(

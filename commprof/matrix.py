@@ -25,15 +25,15 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from commprof.catalog import MODEL_NAMES
+from commprof.yamlio import load_yaml, read_text
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -99,6 +99,13 @@ class FieldSpec:
 def _spec(default: Any = dataclasses.MISSING, **spec: Any) -> Any:
     return field(default=default, metadata={"spec": FieldSpec(**spec)})
 
+
+_INT_LIMITS = {"int32": 2**31 - 1, "int64": 2**63 - 1}
+"""Largest magnitude of an integer field, by its ``cells`` column type (int32 where it has none)."""
+MAX_TIMEOUT_S = 7 * 86_400.0
+"""Longest timeout a matrix or flag may set (a week): past it, a typo, not a plan."""
+MAX_ATTEMPTS = 100
+"""Most attempts ``run.max_attempts`` may allow a cell."""
 
 _YAML_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -215,16 +222,19 @@ class Cell:
         if self.bucket_cap_mb is not None:
             object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
         for name, spec in CELL_FIELDS.items():
-            if spec.choices and getattr(self, name) not in spec.choices:
-                raise MatrixError(
-                    f"{name} {getattr(self, name)!r} is not one of: {', '.join(spec.choices)}"
-                )
+            value = getattr(self, name)
+            if spec.choices and value not in spec.choices:
+                raise MatrixError(f"{name} {value!r} is not one of: {', '.join(spec.choices)}")
+            limit = _INT_LIMITS.get(spec.column or "int32", _INT_LIMITS["int32"])
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+                raise MatrixError(f"{name}={value} is out of range: at most {limit:,}")
         if self.backend == "nccl" and self.device != "cuda":
             raise MatrixError("backend 'nccl' needs device 'cuda'; use backend 'gloo' on cpu")
         for name in ("world_size", "steps", "batch_size", "microbench_iters", "microbench_passes"):
             if getattr(self, name) < 1:
                 raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+        cap = self.bucket_cap_mb
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
             raise MatrixError(
                 "bucket_cap_mb must be > 0 (MiB) or null (DDP's default), "
                 f"got {self.bucket_cap_mb!r}"
@@ -309,9 +319,16 @@ class RunPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise MatrixError(f"run.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_attempts > MAX_ATTEMPTS:
+            raise MatrixError(
+                f"run.max_attempts must be <= {MAX_ATTEMPTS}, got {self.max_attempts}"
+            )
         for name in ("cell_timeout_s", "pg_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise MatrixError(f"run.{name} must be > 0 seconds, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+                raise MatrixError(
+                    f"run.{name} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value}"
+                )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -368,15 +385,10 @@ def load(path: str | Path) -> Matrix:
     Raises:
         MatrixError: naming the file and key to change.
     """
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise MatrixError(f"{path}: cannot read the matrix file ({err.strerror})") from err
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise MatrixError(f"{path}: not valid YAML: {err}") from err
+        raw = load_yaml(read_text(path, "the matrix file"), str(path))
+    except ValueError as err:
+        raise MatrixError(str(err)) from None
     return parse(raw, source=str(path))
 
 
@@ -384,7 +396,7 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
     """Validate and expand an already-parsed matrix document.
 
     Args:
-        raw: the document (a mapping) as ``yaml.safe_load`` returns it.
+        raw: the document (a mapping) as :func:`commprof.yamlio.load_yaml` returns it.
         source: a name for messages, usually the file path.
 
     Returns:

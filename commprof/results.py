@@ -296,6 +296,47 @@ def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:
     return out
 
 
+def check_writable(root: str | Path) -> Path:
+    """Make sure attempts can be committed to ``root`` before anything runs.
+
+    Creates the folder where it is missing and writes and removes a probe file in it and in
+    each table folder that exists already, so a read-only folder, a file given as ``--out`` or
+    a plain file where a table folder belongs is reported now, not after a cell has run.
+
+    Args:
+        root: the dataset folder (``--out``).
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: naming the path and what to change.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--out {root} is a file, not a folder; give a dataset folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {root}: cannot create the folder ({err.strerror})") from None
+    for folder in (root, *(root / name for name in (*TABLES, "traces"))):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(
+                f"{folder} is a file where the dataset keeps a folder; move it away or use "
+                "another --out"
+            )
+        if not folder.is_dir():
+            continue
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".commprof-probe-"):
+                pass
+        except OSError as err:
+            raise ValueError(
+                f"{folder} is not writable ({err.strerror}); use another --out"
+            ) from None
+    return root
+
+
 def commit_attempt(
     root: str | Path,
     cell: Any,

@@ -31,6 +31,8 @@ log = logging.getLogger("commprof.sweep")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The driver's flags (shared by this script and ``commprof sweep``)."""
+    from commprof.cli import positive_int
+
     parser.add_argument(
         "--matrix",
         type=matrix_path,
@@ -56,8 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip cells matching TERM; repeatable",
     )
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else auto)")
-    parser.add_argument("--max-concurrent", type=int, help="at most this many cells at once (>= 1)")
-    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: enough)")
+    parser.add_argument(
+        "--max-concurrent", type=positive_int, help="at most this many cells at once (>= 1)"
+    )
+    parser.add_argument(
+        "--num-cpus", type=positive_int, help="CPUs of an embedded Ray (default: enough)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from commprof import matrix as matrix_mod
-    from commprof.results import load
+    from commprof.results import check_writable, load
 
     try:
         matrix = matrix_mod.load(args.matrix)
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         selected = select(matrix.cells, tuple(args.only), tuple(args.exclude))
+        check_writable(out)  # before Ray starts and before any cell runs
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

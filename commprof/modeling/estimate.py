@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.timeline import load_parameter_ready_ns
+from commprof.yamlio import load_yaml, read_text
 
 DEFAULT_ALPHA_NS = 10_000.0
 """Assumed per-message latency for published links (not a published figure)."""
@@ -257,7 +257,7 @@ def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
     Returns:
         ``(name, numel, element_size_bytes)`` tuples (dtype_bytes defaults to 4).
     """
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # YAML is a JSON superset
+    data = load_yaml(read_text(path, "the parameter file"), str(path))  # JSON is YAML too
     if isinstance(data, dict) and "params" in data:
         data = data["params"]
     if not isinstance(data, list) or not data:

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from commprof.yamlio import load_yaml, read_text
 
 UNIT_SCALE: dict[str, tuple[float, bool]] = {
     "GB/s": (1e9, False),
@@ -165,7 +165,7 @@ def _from_mapping(entry: dict[str, Any], origin: str) -> Interconnect:
 
 
 def _parse(text: str, origin: str) -> list[Interconnect]:
-    data = yaml.safe_load(text)
+    data = load_yaml(text, origin)
     if not isinstance(data, dict) or not isinstance(data.get("links"), list):
         raise ValueError(f"{origin}: expected a mapping with a 'links' list")
     return [_from_mapping(entry, origin) for entry in data["links"]]
@@ -194,7 +194,7 @@ def load_interconnects(extra_path: str | Path | None = None) -> dict[str, Interc
         path = Path(extra_path)
         if not path.is_file():
             raise ValueError(f"interconnect file {path} does not exist")
-        for link in _parse(path.read_text("utf-8"), str(path)):
+        for link in _parse(read_text(path, "the interconnect file"), str(path)):
             links[link.name] = link
     return links
 
