@@ -98,3 +98,34 @@ def test_dataset_folder_checked_before_anything_runs(
     assert run_matrix.main(["--matrix", "smoke", "--out", str(plain)]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
     assert cli.main(["run", "--model", "srn-100k", "--world-size", "2", "--out", str(plain)]) == 2
+
+
+def _trace(ts: float, args: dict[str, object]) -> dict[str, object]:
+    return {
+        "traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+             "ts": 0.0, "dur": 100.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts,
+             "dur": 5.0},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2,
+             "ts": 10.0, "dur": 5.0, "args": args},
+        ],
+        "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1},
+    }  # fmt: skip
+
+
+def test_trace_integers_of_any_size_and_timestamps_past_int64(tmp_path: Path) -> None:
+    import json
+
+    from commprof.profiling.analyze import run
+    from commprof.profiling.trace_parser import parse_trace
+
+    huge = {"Seq": 2**70, "In msg nelems": 2**70, "dtype": "Float"}
+    parsed = parse_trace(_trace(1.0, huge))
+    assert parsed.collectives["seq"].isna().all()  # past int64: unknown, not a traceback
+    assert parsed.collectives["num_bytes"].isna().all()
+    assert parse_trace(_trace(1.0, {"Seq": 7})).collectives["seq"].tolist() == [7]
+    with pytest.raises(ValueError, match=r"end past what int64 nanoseconds hold.*'aten::mm'"):
+        parse_trace(_trace(1e17, {}))
+    (tmp_path / "rank0.json").write_text(json.dumps(_trace(1e17, {})))
+    assert run(tmp_path, None, False, None) == 2  # streamed from the file: the same check

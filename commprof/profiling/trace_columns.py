@@ -22,7 +22,12 @@ import numpy as np
 import numpy.typing as npt
 
 from commprof.profiling.trace_reader import CHUNK_CHARS, stream_trace
-from commprof.profiling.trace_rules import COLLECTIVE_ARG_KEYS, MAX_EVENT_DURATION_US, RuleTable
+from commprof.profiling.trace_rules import (
+    COLLECTIVE_ARG_KEYS,
+    MAX_EVENT_DURATION_US,
+    MAX_TS_US,
+    RuleTable,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,6 +205,15 @@ class ColumnBuilder:
                 f"{self.source}: {bad.size} event(s) with missing, negative or absurd ts/dur "
                 f"(first: {first[1]!r} ts={first[2]!r} dur={first[3]!r}); "
                 "the trace is corrupt, re-export it"
+            )
+        # int64 nanoseconds hold about 292 years: a later end is a corrupt trace, not a time
+        beyond = np.flatnonzero(np.abs(ts) + dur >= MAX_TS_US)
+        if beyond.size:
+            i = int(beyond[0])
+            raise ValueError(
+                f"{self.source}: {beyond.size} event(s) end past what int64 nanoseconds hold "
+                f"(first: {list(self.names)[self.name_code[i]]!r} ts={float(ts[i])!r} "
+                f"dur={float(dur[i])!r} us); the trace is corrupt, re-export it"
             )
         # us -> ns, rounded (docs/design.md, Definitions)
         start_ns = np.rint(ts * 1000.0).astype(np.int64)

@@ -17,6 +17,7 @@ broadcast to the events with numpy.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -100,6 +101,20 @@ def _dtype_bytes(name: Any) -> int | None:
     return DTYPE_BYTES.get(str(name).lower()) if name is not None else None
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _int64(value: Any) -> int | None:
+    """An integer arg as the tables hold it: None where it is no integer or is past int64.
+
+    JSON integers have no size limit (``Seq`` of 2**70 parses); a column of int64 does, and no
+    real sequence number or message size comes near it, so such a value counts as unknown.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and -INT64_MAX <= value <= INT64_MAX:
+        return value
+    return None
+
+
 def _message_bytes(args: dict[str, Any] | None) -> int | None:
     # Collective metadata (NCCL kernels, record_param_comms) first, then the
     # input shape that record_shapes=True attaches to gloo annotations.
@@ -107,12 +122,12 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
         return None
     nelems, size = args.get("In msg nelems"), _dtype_bytes(args.get("dtype"))
     if isinstance(nelems, int) and size is not None:
-        return nelems * size
+        return _int64(nelems * size)
     dims, types = args.get("Input Dims"), args.get("Input type")
     if dims and types and isinstance(dims[0], list):
         size = _dtype_bytes(types[0])
         if size is not None and all(isinstance(d, int) for d in dims[0]):
-            return int(np.prod(dims[0], dtype=np.int64)) * size
+            return _int64(math.prod(dims[0]) * size)
     return None
 
 
@@ -246,7 +261,7 @@ def _collectives(
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(np.where(inside, ids[np.clip(win, 0, None)], 0), dtype="Int64"),
         "seq": pd.array(
-            [a.get("Seq") if isinstance(a.get("Seq"), int) else None for a in args], dtype="Int64"
+            [_int64(a.get("Seq")) for a in args], dtype="Int64"
         ),
         "num_bytes": pd.array([_message_bytes(a) for a in args], dtype="Int64"),
         "process_group": [str(a.get("Process Group Name", "")) for a in args],

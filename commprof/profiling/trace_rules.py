@@ -24,6 +24,8 @@ REGIMES = tuple(MATRIX_REGIMES)
 """Every regime has one rule table here (``commprof.matrix.REGIMES`` defines them)."""
 MAX_EVENT_DURATION_US = 86_400e6
 """Longest plausible event (one day, in microseconds); longer ones are rejected as corrupt."""
+MAX_TS_US = float((2**63 - 1) // 1000 - 1)
+"""Latest event end (microseconds) that int64 nanoseconds hold; later ones are corrupt."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
