@@ -7,6 +7,7 @@ torch or Ray and ``commprof --help`` is instant.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib
 import json
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         "matrix", nargs="?", help="a matrix YAML file, or a bundled one's name (smoke), to validate"
     )
     check.add_argument("--json", action="store_true", help="print one JSON document")
+    check.add_argument(
+        "--cells", action="store_true", help="list every cell of the matrix, not only the counts"
+    )
     check.set_defaults(func=_check)
 
     run = sub.add_parser("run", help="run one cell on this machine, without Ray")
@@ -193,6 +197,7 @@ def _check(args: argparse.Namespace) -> int:
                     **{k: getattr(cell, k) for k in ("model", "world_size", "bucket_cap_mb")},
                     **{k: getattr(cell, k) for k in ("backend", "device", "placement", "repeat")},
                     "feasible": decision.feasible,
+                    "reason": decision.reason,
                     "guard": decision.explain(),
                     "estimate_s": round(estimate_cell_s(cell, guard.num_params(cell)), 1),
                 }
@@ -225,6 +230,12 @@ def _check(args: argparse.Namespace) -> int:
             f"{m['num_rejected']} rejected by the memory guard, "
             f"estimated {m['estimate_s']:.0f} s to run (one cell at a time)"
         )
+        reasons = collections.Counter(c["reason"] for c in m["cells"])
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            print(f"  {count:>6} {reason}")
+        if not args.cells:
+            print("  (--cells lists every cell with the guard's arithmetic)")
+            return 0
         for c in m["cells"]:
             mark = "ok      " if c["feasible"] else "REJECTED"
             cap = "default" if c["bucket_cap_mb"] is None else f"{c['bucket_cap_mb']}MiB"

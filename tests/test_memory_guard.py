@@ -123,6 +123,10 @@ def test_exact_fit_is_feasible_and_one_byte_less_is_not() -> None:
 def test_cuda_cell_on_machine_without_gpu_is_rejected() -> None:
     d = evaluate(_shape(device="cuda"), BIG.with_overrides({"device_bytes": 0}), FP)
     assert d.rejected_pools == ("device",)
+    assert d.reason == "no CUDA device"  # not "> budget 0 B"
+    assert d.explain().splitlines()[0] == "rejected: no CUDA device"
+    small = evaluate(_shape(device="cuda"), BIG.with_overrides({"device_bytes": 1}), FP)
+    assert small.reason == "over budget in device"  # a GPU too small is another verdict
 
 
 def test_explain_lists_arithmetic_and_record_is_json() -> None:

@@ -377,11 +377,20 @@ class GuardDecision:
         """Names of the pools over budget."""
         return tuple(p.pool for p in self.pools if not p.ok)
 
+    @property
+    def reason(self) -> str:
+        """The verdict in a few words: ``feasible``, ``no CUDA device`` (a CUDA cell where the
+        device budget is 0 B: the nodes have no GPU) or ``over budget in <pools>``."""
+        if self.feasible:
+            return "feasible"
+        device = next((p for p in self.pools if p.pool == "device"), None)
+        if self.cell.device == "cuda" and device is not None and device.budget_bytes == 0:
+            return "no CUDA device"
+        return f"over budget in {', '.join(self.rejected_pools)}"
+
     def explain(self) -> str:
-        """One line per pool, the over-budget ones named first in a verdict line."""
-        head = "feasible"
-        if not self.feasible:
-            head = f"rejected: over budget in {', '.join(self.rejected_pools)}"
+        """The verdict line, then one line per pool with its arithmetic."""
+        head = self.reason if self.feasible else f"rejected: {self.reason}"
         return "\n".join([head, *(p.explain() for p in self.pools)])
 
     def to_record(self) -> dict[str, Any]:
