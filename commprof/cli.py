@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+MAX_RANKS_PER_CORE = 8
+"""Most ranks ``commprof run`` starts per core of this machine (tests run 4 on 2 cores)."""
 RUN_FLAG_DEFAULTS: dict[str, tuple[Any, str]] = {
     "device": (None, "default: cuda for nccl, else cpu"),
     "bucket_cap_mb": (25.0, "default: 25"),
@@ -285,6 +287,18 @@ def _run(args: argparse.Namespace) -> int:
             )
     flagged = {name: getattr(args, name) for name, spec in CELL_FIELDS.items() if spec.flag}
     cell = Cell(**{**flagged, "device": device})
+    decision = GuardPlan().decide(cell)
+    cores = os.cpu_count() or 1
+    if cell.world_size > MAX_RANKS_PER_CORE * cores:
+        raise ValueError(
+            f"--world-size {cell.world_size}: this machine has {cores} cores, and commprof run "
+            f"starts at most {MAX_RANKS_PER_CORE} ranks per core; use a sweep on a cluster"
+        )
+    if not decision.feasible:
+        raise ValueError(
+            f"--world-size {cell.world_size} does not fit this machine ({decision.reason}):\n"
+            + decision.explain()
+        )
     results.check_writable(args.out)  # before any rank starts
     status = results.latest_status(args.out).get(cell.cell_id)
     if status is not None and status[0] == "ok":
@@ -300,7 +314,7 @@ def _run(args: argparse.Namespace) -> int:
         "sweep": "run",
         "attempt": attempt,
         "num_params": count_parameters(cell.model),
-        "guard": GuardPlan().decide(cell).to_record(),
+        "guard": decision.to_record(),
         "nodes": [platform.node()],
         "started_unix_s": started,
     }

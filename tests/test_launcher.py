@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,3 +64,37 @@ def test_rank_dying_silently_stops_the_others_after_the_grace() -> None:
         0: "process exited with code 3",
         1: "gave no result in time; stopped",
     }
+
+
+def _sleeps(rank: int, world_size: int, store_path: str) -> None:  # pragma: no cover
+    time.sleep(60)
+
+
+def test_a_failed_start_kills_the_ranks_already_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where fork fails part-way (a pids limit), no started rank outlives the call."""
+    import multiprocessing.context as mpc
+
+    started: list[mpc.SpawnProcess] = []
+    real_start = mpc.SpawnProcess.start
+
+    def start(self: mpc.SpawnProcess) -> None:
+        if started:
+            raise OSError(11, "Resource temporarily unavailable")  # what fork says at the limit
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(mpc.SpawnProcess, "start", start)
+    with pytest.raises(OSError, match="Resource temporarily unavailable"):
+        spawn_ranks(_sleeps, 3, limit_s=30)
+    assert len(started) == 1 and started[0].exitcode is not None  # killed, not left running
+
+
+def test_run_refuses_a_world_size_the_machine_cannot_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from commprof import cli
+
+    argv = ["run", "--model", "srn-100k", "--world-size", "1000000", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "cores, and commprof run starts at most" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before the dataset folder was touched

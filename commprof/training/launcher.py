@@ -224,8 +224,15 @@ def spawn_ranks(
             ctx.Process(target=_spawned_rank, args=(target, r, world_size, store_path, args, queue))
             for r in range(world_size)
         ]
-        for proc in procs:
-            proc.start()
+        try:
+            for proc in procs:
+                proc.start()
+        except BaseException:  # fork failed, or Ctrl-C: no child may outlive the run
+            for proc in procs:
+                if proc.pid is not None:
+                    proc.kill()
+                    proc.join(timeout=10)
+            raise
         deadline = time.monotonic() + limit_s
         while len(results) + len(errors) < world_size:
             had_errors = bool(errors)
