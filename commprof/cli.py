@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         "--run-timeout-s", type=seconds, help="limit of the whole run (default 4 x pg timeout + 60)"
     )
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
+    run.add_argument(
+        "--wait-lock",
+        type=wait_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another driver using the same --out (default: fail at once)",
+    )
     run.set_defaults(func=_run)
 
     sweep = sub.add_parser("sweep", help="run a matrix on Ray (same as sweeps/run_matrix.py)")
@@ -138,6 +145,11 @@ def seconds(text: str) -> float:
     if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
         raise argparse.ArgumentTypeError(f"{text!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
     return value
+
+
+def wait_seconds(text: str) -> float:
+    """A waiting flag: like :func:`seconds`, and 0 (do not wait) is allowed."""
+    return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
 
 
 def positive_int(text: str) -> int:
@@ -270,11 +282,9 @@ def _ray_resources() -> dict[str, float] | None:
 
 def _run(args: argparse.Namespace) -> int:
     from commprof import results
-    from commprof.catalog import count_parameters
+    from commprof.lock import DatasetLock, DatasetLocked
     from commprof.matrix import CELL_FIELDS, Cell
-    from commprof.outcomes import RankFailure
     from commprof.sweeps.guard import GuardPlan
-    from commprof.training.launcher import run_local
 
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     if device == "cuda":
@@ -300,6 +310,21 @@ def _run(args: argparse.Namespace) -> int:
             + decision.explain()
         )
     results.check_writable(args.out)  # before any rank starts
+    try:
+        with DatasetLock(args.out, wait_s=args.wait_lock):
+            return _run_cell(args, cell, decision)
+    except DatasetLocked as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+
+
+def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
+    """Run one cell into the dataset folder this process owns now."""
+    from commprof import results
+    from commprof.catalog import count_parameters
+    from commprof.outcomes import RankFailure
+    from commprof.training.launcher import run_local
+
     status = results.latest_status(args.out).get(cell.cell_id)
     if status is not None and status[0] == "ok":
         print(

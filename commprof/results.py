@@ -194,6 +194,11 @@ def write_attempt(
     if not re.fullmatch(r"[0-9a-f]{12}", cell_id):
         raise ValueError(f"cell_id {cell_id!r} is not a 12-digit hex id")
     file_name = f"{cell_id}-a{attempt}.parquet"
+    if (root / "cells" / file_name).exists():  # committed: its files are never touched again
+        raise ValueError(
+            f"attempt {attempt} of cell {cell_id} is already committed in {root}; another "
+            "driver wrote to this folder (each folder has one owner: see commprof.lock)"
+        )
     # Leftovers of this attempt from a driver killed before its commit must not be adopted.
     for name in TABLES[1:]:
         if name not in tables or not tables[name]:

@@ -31,7 +31,7 @@ log = logging.getLogger("commprof.sweep")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The driver's flags (shared by this script and ``commprof sweep``)."""
-    from commprof.cli import positive_int
+    from commprof.cli import positive_int, wait_seconds
 
     parser.add_argument(
         "--matrix",
@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip cells matching TERM; repeatable",
     )
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else auto)")
+    parser.add_argument(
+        "--wait-lock",
+        type=wait_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another driver using the same --out (default: fail at once)",
+    )
     parser.add_argument(
         "--max-concurrent", type=positive_int, help="at most this many cells at once (>= 1)"
     )
@@ -140,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from commprof import matrix as matrix_mod
-    from commprof.results import check_writable, load
+    from commprof.lock import DatasetLock, DatasetLocked
+    from commprof.results import check_writable
 
     try:
         matrix = matrix_mod.load(args.matrix)
@@ -148,9 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = args.out or Path("results") / matrix.name  # relative to where the user runs it
-    import ray
-
-    from commprof.sweeps.driver import Driver, DriverOptions, select
+    from commprof.sweeps.plan import select
 
     try:
         selected = select(matrix.cells, tuple(args.only), tuple(args.exclude))
@@ -160,6 +166,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     max_ws = max((c.world_size for c in selected), default=1)
     num_cpus = args.num_cpus or max(os.cpu_count() or 1, max_ws)
+    try:
+        with DatasetLock(out, wait_s=args.wait_lock):  # one driver per dataset folder
+            return _run_locked(args, matrix, selected, out, num_cpus)
+    except DatasetLocked as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+
+
+def _run_locked(
+    args: argparse.Namespace, matrix: Any, selected: list[Any], out: Path, num_cpus: int
+) -> int:
+    """The sweep itself, run while this process owns the dataset folder."""
+    import ray
+
+    from commprof.results import load
+    from commprof.sweeps.driver import Driver, DriverOptions
+
     started_here, dashboard = connect(args.address, num_cpus=num_cpus)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", file=sys.stderr)

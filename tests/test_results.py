@@ -103,3 +103,13 @@ def test_leftovers_of_an_uncommitted_attempt_are_not_adopted(tmp_path: Path) -> 
     tables = results.load(tmp_path)
     assert tables["steps"].empty
     assert not (tmp_path / "traces" / f"{CELL.cell_id}-a1").exists()
+
+
+def test_a_committed_attempt_is_never_overwritten(tmp_path: Path) -> None:
+    row = results.cell_row(CELL, sweep="t", attempt=1, status="ok")
+    results.write_attempt(tmp_path, row, {"steps": _steps(2)})
+    failed = results.cell_row(CELL, sweep="t", attempt=1, status="failed", error="late writer")
+    with pytest.raises(ValueError, match=r"attempt 1 of cell \w+ is already committed"):
+        results.write_attempt(tmp_path, failed, {})
+    tables = results.load(tmp_path)
+    assert tables["cells"]["status"].tolist() == ["ok"] and len(tables["steps"]) == len(_steps(2))
