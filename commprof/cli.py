@@ -325,7 +325,12 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
     from commprof.outcomes import RankFailure
     from commprof.training.launcher import run_local
 
+    damaged = results.set_aside_damaged(args.out)  # before anything reads them
+    for cell_id, (attempt, why) in damaged.items():
+        print(f"set aside damaged attempt {attempt} of cell {cell_id}: {why}", file=sys.stderr)
     status = results.latest_status(args.out).get(cell.cell_id)
+    if cell.cell_id in damaged:  # runs again, numbered after the attempt set aside
+        status = ("damaged", max(damaged[cell.cell_id][0], status[1] if status else 0), None)
     if status is not None and status[0] == "ok":
         print(
             f"cell {cell.cell_id} is already complete in {args.out}; "

@@ -10,16 +10,23 @@ commit record. Rows of the other tables count only when their (cell_id, attempt)
 row, so an attempt the driver was killed in the middle of writing is invisible, and its
 leftovers are overwritten when the cell runs again.
 
+The commit record carries the SHA-256 of every other file of its attempt (``checksums_json``)
+and of its own row (``commit_sha256``). :func:`load` verifies them and names a damaged file;
+:func:`set_aside_damaged` moves every file of a damaged attempt to ``DIR/damaged/`` so that a
+rerun runs the cell again (attempts committed before checksums existed are not verified).
+
 This module imports no torch and no ray at module level.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +61,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("started_unix_s", pa.float64()),
             ("wall_s", pa.float64()),  # the attempt, driver side
             ("rank_wall_s", pa.float64()),  # the slowest rank's own time in the cell
+            # integrity: SHA-256 of every file of the attempt, and of this row itself
+            ("checksums_json", pa.string()),
+            ("commit_sha256", pa.string()),
         ]
     ),
     "steps": pa.schema(
@@ -151,11 +161,15 @@ def _to_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def _atomic_write(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
+def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    _atomic_write_bytes(sink.getvalue().to_pybytes(), path)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _atomic_write(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` through a temporary file in the same folder and a rename."""
+    _atomic_write_bytes(_parquet_bytes(table), path)
 
 
 def _atomic_write_bytes(data: bytes, path: Path) -> None:
@@ -204,17 +218,125 @@ def write_attempt(
         if name not in tables or not tables[name]:
             (root / name / file_name).unlink(missing_ok=True)
     shutil.rmtree(root / "traces" / f"{cell_id}-a{attempt}", ignore_errors=True)
+    sums: dict[str, str] = {}
     for trace_name, data in (traces or {}).items():
         if "/" in trace_name or trace_name.startswith("."):
             raise ValueError(f"trace file name {trace_name!r} must be a plain file name")
-        _atomic_write_bytes(data, root / "traces" / f"{cell_id}-a{attempt}" / trace_name)
+        relative = f"traces/{cell_id}-a{attempt}/{trace_name}"
+        _atomic_write_bytes(data, root / relative)
+        sums[relative] = hashlib.sha256(data).hexdigest()
     for name, rows in tables.items():
         if name == "cells" or name not in SCHEMAS:
             raise ValueError(f"unknown table {name!r}; expected one of {TABLES[1:]}")
         if rows:
             keyed = [{**row, "cell_id": cell_id, "attempt": attempt} for row in rows]
-            _atomic_write(_to_table(name, keyed), root / name / file_name)
-    _atomic_write(_to_table("cells", [dict(cell_row)]), root / "cells" / file_name)
+            data = _parquet_bytes(_to_table(name, keyed))
+            _atomic_write_bytes(data, root / name / file_name)
+            sums[f"{name}/{file_name}"] = hashlib.sha256(data).hexdigest()
+    row = {**cell_row, "checksums_json": json.dumps(sums, sort_keys=True), "commit_sha256": None}
+    row["commit_sha256"] = _row_digest(_to_table("cells", [row]).to_pylist()[0])
+    _atomic_write(_to_table("cells", [row]), root / "cells" / file_name)
+
+
+def _row_digest(row: Mapping[str, Any]) -> str:
+    """SHA-256 of a cells row as Arrow gives it back, ``commit_sha256`` itself left out."""
+    fields = {k: v for k, v in row.items() if k != "commit_sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class DamagedDataset(ValueError):
+    """Committed files that are missing, unreadable or not what was written.
+
+    Args:
+        damaged: what is wrong, by (cell id, attempt).
+    """
+
+    def __init__(self, root: Path, damaged: dict[tuple[str, int], str]) -> None:
+        first = "; ".join(f"{cell}-a{attempt}: {why}" for (cell, attempt), why in damaged.items())
+        super().__init__(
+            f"{root}: {len(damaged)} damaged attempt(s): {first[:1500]}. Rerun the sweep or "
+            "commprof run on this folder (it sets them aside under damaged/ and runs those "
+            "cells again), or load with verify=False to read the rest."
+        )
+        self.damaged = damaged
+
+
+def damaged_attempts(root: str | Path, *, traces: bool = True) -> dict[tuple[str, int], str]:
+    """Committed attempts whose files are not as committed, with the first problem of each.
+
+    Args:
+        root: the dataset folder.
+        traces: also hash the kept profiler traces (the largest files).
+    """
+    root = Path(root)
+    damaged: dict[tuple[str, int], str] = {}
+    for path in _committed_files(root, "cells", None):
+        key = _key_of(path)
+        try:
+            rows = pq.read_table(path, schema=SCHEMAS["cells"]).to_pylist()
+        except (OSError, pa.ArrowException) as err:
+            damaged[key] = f"{path} cannot be read ({str(err).splitlines()[0][:200]})"
+            continue
+        if len(rows) != 1 or (rows[0]["cell_id"], rows[0]["attempt"]) != key:
+            damaged[key] = f"{path} does not hold the row of its attempt"
+            continue
+        row = rows[0]
+        if row["commit_sha256"] is None:
+            continue  # committed before checksums existed
+        if _row_digest(row) != row["commit_sha256"]:
+            damaged[key] = f"{path} changed since it was written (checksum)"
+            continue
+        for relative, digest in json.loads(row["checksums_json"] or "{}").items():
+            if relative.startswith("traces/") and not traces:
+                continue
+            problem = _file_problem(root / relative, digest)
+            if problem:
+                damaged[key] = problem
+                break
+    return damaged
+
+
+def _file_problem(path: Path, digest: str) -> str | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except OSError as err:
+        return f"{path} cannot be read ({err.strerror})"
+    if hashlib.sha256(data).hexdigest() != digest:
+        return f"{path} changed since it was written (checksum)"
+    return None
+
+
+def _key_of(path: Path) -> tuple[str, int]:
+    match = _FILE_RE.match(path.name)
+    assert match is not None  # _committed_files lists only names it matches
+    return match["cell"], int(match["attempt"])
+
+
+def set_aside_damaged(root: str | Path) -> dict[str, tuple[int, str]]:
+    """Move every file of each damaged attempt to ``DIR/damaged/<cell>-a<N>/`` (kept, never
+    deleted), so the cell counts as not run and a rerun runs it again.
+
+    Returns:
+        Per damaged cell id: the attempt set aside and what was wrong.
+    """
+    root = Path(root)
+    moved: dict[str, tuple[int, str]] = {}
+    for (cell_id, attempt), why in damaged_attempts(root).items():
+        stem = f"{cell_id}-a{attempt}"
+        aside = root / "damaged" / f"{stem}-{int(time.time())}"
+        for name in TABLES:
+            source = root / name / f"{stem}.parquet"
+            if source.exists():
+                (aside / name).mkdir(parents=True, exist_ok=True)
+                os.replace(source, aside / name / source.name)
+        if (root / "traces" / stem).is_dir():
+            aside.mkdir(parents=True, exist_ok=True)
+            os.replace(root / "traces" / stem, aside / "traces")
+        (aside / "WHY.txt").write_text(why + "\n")
+        moved[cell_id] = (max(attempt, moved.get(cell_id, (0, ""))[0]), why)
+    return moved
 
 
 def _committed_files(root: Path, table: str, keys: set[tuple[str, int]] | None) -> list[Path]:
@@ -239,7 +361,7 @@ def _read(files: Iterable[Path], table: str) -> pd.DataFrame:
     return pa.concat_tables(parts).to_pandas()
 
 
-def load(root: str | Path) -> dict[str, pd.DataFrame]:
+def load(root: str | Path, *, verify: bool = True) -> dict[str, pd.DataFrame]:
     """The collected dataset as pandas DataFrames by table name.
 
     Only committed attempts are included (see the module docstring); every table is present,
@@ -247,13 +369,22 @@ def load(root: str | Path) -> dict[str, pd.DataFrame]:
 
     Args:
         root: the dataset folder (``results/<sweep>/`` by default).
+        verify: check every committed table file against its checksum first (the traces are
+            not read here: ``damaged_attempts`` checks them).
 
     Returns:
         ``{table: DataFrame}`` for every name in ``TABLES``.
+
+    Raises:
+        DamagedDataset: a committed file is missing, unreadable or changed; it names the file.
     """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no dataset folder at {root}; run a sweep or pass --out")
+    if verify:
+        damaged = damaged_attempts(root, traces=False)
+        if damaged:
+            raise DamagedDataset(root, damaged)
     cells = _read(_committed_files(root, "cells", None), "cells")
     keys = set(zip(cells["cell_id"], cells["attempt"].astype(int), strict=True))
     out = {"cells": cells}

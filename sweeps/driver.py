@@ -125,10 +125,20 @@ class Driver:
         return self._guard
 
     def plan(self) -> Plan:
-        """What this run does with each selected cell, from the dataset as it is now."""
+        """What this run does with each selected cell, from the dataset as it is now.
+
+        Damaged attempts (files missing, unreadable or changed since their commit) are first
+        moved to ``DIR/damaged/``; their cells run again.
+        """
+        damaged = results.set_aside_damaged(self.options.out)  # before anything reads them
+        latest = results.latest_status(self.options.out)
+        for cell_id, (attempt, why) in damaged.items():
+            log.warning("cell %s attempt %d is damaged (%s); set aside, it runs again", cell_id,
+                        attempt, why)  # fmt: skip
+            latest[cell_id] = ("damaged", max(attempt, latest.get(cell_id, ("", 0, None))[1]), None)
         return plan_cells(
             select(self.matrix.cells, self.options.only, self.options.exclude),
-            results.latest_status(self.options.out),
+            latest,
             lambda cell: self.guard.decide(cell).feasible,
             self.policy,
             retry_failed=self.options.retry_failed,

@@ -57,7 +57,8 @@ def plan_cells(
 
     Args:
         cells: the selected cells (a repeated cell id counts once).
-        latest: the dataset's latest ``(status, attempt, error kind)`` by cell id.
+        latest: the dataset's latest ``(status, attempt, error kind)`` by cell id; status
+            ``damaged`` for a cell whose latest attempt was set aside as damaged.
         feasible: the memory guard's verdict on a cell.
         policy: the failure policy.
         retry_failed: rerun only failed cells, with a fresh attempt budget.
@@ -80,7 +81,8 @@ def plan_cells(
         elif retry_failed:
             continue  # --retry-failed touches failed cells only
         (plan.todo if ok else plan.rejected).append((cell, attempt + 1))
-        fresh = retry_failed or status == "rejected"  # a rejected cell never ran
+        # a rejected cell never ran; a damaged one's files were set aside: both start afresh
+        fresh = retry_failed or status in ("rejected", "damaged")
         plan.budget_base[cell.cell_id] = attempt if fresh else 0
     # Cells of one shape together (stable otherwise): a gang serves them all in a row instead
     # of being dropped and rebuilt when shapes alternate on a full cluster.

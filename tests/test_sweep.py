@@ -103,3 +103,28 @@ def test_rerun_skips_complete_cells(smoke: tuple[Path, object]) -> None:
     assert summary.attempts == 0 and summary.skipped == len(before["cells"])
     for name in results.TABLES:
         assert len(after[name]) == len(before[name]), name
+
+
+def test_resume_reruns_a_damaged_cell_and_keeps_its_files(
+    smoke: tuple[Path, object], tmp_path: Path
+) -> None:
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(smoke[0], out)
+    cells = results.load(out)["cells"]
+    victim = str(cells["cell_id"].iloc[0])
+    steps_file = out / "steps" / f"{victim}-a1.parquet"
+    data = bytearray(steps_file.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit
+    steps_file.write_bytes(bytes(data))
+    with pytest.raises(results.DamagedDataset, match=rf"steps/{victim}-a1\.parquet changed"):
+        results.load(out)
+    summary = Driver(matrix.load(REPO / "sweeps" / "smoke.yaml"), DriverOptions(out=out)).run()
+    assert summary.ok == 1 and summary.skipped == len(cells) - 1  # only the damaged cell ran
+    after = results.load(out)  # verified clean again
+    rerun = after["cells"][after["cells"]["cell_id"] == victim]
+    assert rerun[["attempt", "status"]].values.tolist() == [[2, "ok"]]
+    (aside,) = (out / "damaged").iterdir()  # kept aside, never deleted
+    assert (aside / "steps" / steps_file.name).read_bytes() == bytes(data)
+    assert "changed since it was written" in (aside / "WHY.txt").read_text()
