@@ -23,8 +23,20 @@ class RankFailure(RuntimeError):
         self.kind = classify_error_texts(errors.values())
 
 
-DETERMINISTIC_ERRORS = ("ValueError", "TypeError", "KeyError", "ConfigError", "OutOfMemoryError")
-"""Exception types raised in a rank that mean the configuration itself is at fault."""
+DETERMINISTIC_ERRORS = (
+    "ValueError",
+    "TypeError",
+    "KeyError",
+    "IndexError",
+    "OverflowError",
+    "ZeroDivisionError",
+    "NotImplementedError",
+    "ConfigError",
+    "MatrixError",
+    "OutOfMemoryError",
+)
+"""Exception types raised in a rank that mean the configuration itself is at fault: running it
+again gives the same error, so it is not retried."""
 OOM_MARKERS = ("out of memory", "CUDA out of memory", "DefaultCPUAllocator: can't allocate")
 """Texts of an out-of-memory, which repeats at the same step when the cell runs again."""
 

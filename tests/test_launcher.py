@@ -98,3 +98,19 @@ def test_run_refuses_a_world_size_the_machine_cannot_hold(
     assert cli.main(argv) == 2
     assert "cores, and commprof run starts at most" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before the dataset folder was touched
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("OverflowError: Python int too large to convert to C long", "deterministic"),
+        ("commprof.matrix.MatrixError: steps must be >= 1", "deterministic"),
+        ("TypeError: unsupported operand", "deterministic"),
+        ("RuntimeError: [enforce fail] gloo connection closed by peer", "transient"),
+        ("RuntimeError: DefaultCPUAllocator: can't allocate memory", "deterministic"),
+    ],
+)
+def test_errors_that_repeat_are_not_retried(text: str, kind: str) -> None:
+    from commprof.outcomes import classify_error_texts
+
+    assert classify_error_texts([text]) == kind
