@@ -24,6 +24,7 @@ def ray_cluster() -> Iterator[str]:
     from commprof.actors.gang import ACTOR_NAMESPACE
 
     ctx = ray.init(
+        address="local",  # a fresh Ray, even where `ray start` or a Cluster recorded another
         num_cpus=RAY_TEST_CPUS,
         include_dashboard=False,
         namespace=ACTOR_NAMESPACE,
