@@ -3,7 +3,7 @@
 Two drivers on one dataset folder (embedded Rays, and a shared ``ray.cluster_utils.Cluster``);
 a driver that never attaches to another driver's embedded Ray; a cluster busy with another
 driver's cells (they wait, never "cannot be placed"); a cluster lost in the middle of a sweep;
-SIGINT and SIGTERM; a damaged attempt that a rerun sets aside and runs again.
+SIGINT and SIGTERM (a damaged attempt run again: tests/test_sweep.py).
 
 Each cluster lives in its own process (``CLUSTER_OWNER``) so that a test can take it away from
 under a driver the way ``ray stop`` does.
@@ -24,7 +24,6 @@ import pytest
 from commprof import matrix, results
 from commprof.lock import LOCK_NAME
 from commprof.sweeps.cluster import EXIT_CLUSTER_LOST
-from commprof.sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -224,22 +223,3 @@ def test_a_signal_stops_cleanly_and_a_rerun_resumes(
     rc, _, err = _finish(_driver(m, out, ray_address=ray_cluster))
     assert rc == 0, err[-3000:]
     _all_ok_once(out, m)
-
-
-def test_a_damaged_attempt_is_set_aside_and_run_again(ray_cluster: str, tmp_path: Path) -> None:
-    m = _matrix(tmp_path, "damaged", caps="[1, 2]")
-    out = tmp_path / "out"
-    assert Driver(m, DriverOptions(out=out)).run().ok == 2
-    hit, intact = m.cells
-    steps = out / "steps" / f"{hit.cell_id}-a1.parquet"
-    data = bytearray(steps.read_bytes())
-    data[len(data) // 2] ^= 0x01  # one bit
-    steps.write_bytes(bytes(data))
-    with pytest.raises(results.DamagedDataset, match=hit.cell_id):
-        results.load(out)
-    again = Driver(m, DriverOptions(out=out)).run()
-    assert (again.attempts, again.ok) == (1, 1)
-    assert _statuses(out) == sorted([(hit.cell_id, 2, "ok"), (intact.cell_id, 1, "ok")])
-    (aside,) = (out / "damaged").iterdir()
-    assert steps.name in {p.name for p in (aside / "steps").iterdir()}
-    assert hit.cell_id in (aside / "WHY.txt").read_text()
