@@ -93,9 +93,11 @@ def plot_step_breakdown(data: Processed, path: Path) -> str:
 def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
     """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
     merged = data.merged.dropna(subset=["overlap_efficiency_median"])
-    models = sorted(merged["model"].unique())
+    caps = merged.groupby(["model", "world_size"])["bucket_cap_mb"].nunique(dropna=False)
+    models = sorted({model for (model, _), n in caps.items() if n >= 2})
     if not models:
-        return "no ok cell with communication"
+        return "no model ran with two bucket caps or more at one world size"
+    merged = merged[merged["model"].isin(models)]
     with viz.style():
         fig, axes = viz.new_figure(1, len(models), height_in=2.4)
         for ax, model in zip(axes, models, strict=True):

@@ -50,6 +50,8 @@ def abstract(data: Processed, q: Quotes) -> str:
         for s in ("ok", "failed", "rejected")
         if counts.get(s, 0)
     ]
+    if len(parts) == 1:  # one status: "3 cells, all ok"
+        parts = [f"all {counts.index[0]}"]
     sweeps = sorted(status["sweep"].unique())
     caps = status["bucket_cap_mb"]
     cap_names = [cap_label(c) for c in sorted(caps.dropna().unique())]
@@ -89,11 +91,22 @@ def findings(data: Processed, q: Quotes, figs: set[str]) -> Section:
 
 def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
     merged = data.merged.sort_values("comm_overhead_fraction_median", ascending=False)
+    plain = merged[~merged["profile"].astype(bool)]
+    kind = (
+        "configurations run without the profiler" if len(plain) < len(merged) else "configurations"
+    )
+    merged = plain if len(plain) else merged  # the profiler's own cost is not the finding
     shown = [tab_ref("results")] + ([fig_ref("step_breakdown")] if "step_breakdown" in figs else [])
     worst: Any = records(merged)[0]
     k = key_of(worst)
-    text = (
+    where = (
         f"Exposed communication takes the largest share of the step in {config_label(worst)}: "
+        if len(merged) > 1
+        else f"In the one configuration measured, {config_label(worst)}, exposed communication "
+        "takes "
+    )
+    text = (
+        f"{where}"
         f"a median {q.pct('exposed_share' + k, worst.comm_overhead_fraction_median)}\\% of each "
         f"step ({q.ms('exposed_ms' + k, worst.exposed_ns_median)}~ms exposed in a "
         f"{q.ms('step_ms' + k, worst.step_ns_median)}~ms median step; {words(shown)})."
@@ -102,7 +115,7 @@ def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
         least: Any = records(merged)[-1]
         share = merged["comm_overhead_fraction_median"]
         text += (
-            f" Across the {q.count('num_configs', len(merged))} configurations the median share "
+            f" Across the {q.count('num_configs', len(merged))} {kind} the median share "
             f"is {q.pct('exposed_share_median', float(share.median()))}\\%, and the smallest "
             f"{q.pct('exposed_share' + key_of(least), least.comm_overhead_fraction_median)}\\% "
             f"({config_label(least)})."
@@ -118,21 +131,18 @@ def _cap_finding(data: Processed, q: Quotes) -> str:
             "does not show what the cap does."
         )
     clauses = []
-    for model, part in choices.groupby("model", sort=True):
-        per_ws = []
-        for r in records(part):
-            k = f"[{model},p={int(r.world_size)}]"
-            clause = (
-                f"{escape(cap_label(r.best_cap_mb))} on {int(r.world_size)} ranks "
-                f"(a step {q.pct('cap_gain' + k, r.gain)}\\% shorter than with "
-                f"{escape(cap_label(r.worst_cap_mb))}"
-            )
-            clause += ")" if r.separated else ", within the interquartile ranges)"
-            per_ws.append(clause)
-        clauses.append(f"{escape(model)}: {words(per_ws)}")
+    for r in records(choices):
+        k = f"[{r.model},p={int(r.world_size)}]"
+        clause = (
+            f"{escape(cap_label(r.best_cap_mb))} for {escape(r.model)} on {int(r.world_size)} "
+            f"ranks (a step {q.pct('cap_gain' + k, r.gain)}\\% shorter than with "
+            f"{escape(cap_label(r.worst_cap_mb))}"
+        )
+        clause += ")" if r.separated else ", within the interquartile ranges)"
+        clauses.append(clause)
     return (
-        f"The bucket cap with the shortest median step, per model ({tab_ref('recommend')}): "
-        f"{'; '.join(clauses)}."
+        f"The bucket cap with the shortest median step ({tab_ref('recommend')}) is "
+        f"{words(clauses)}."
     )
 
 
@@ -147,12 +157,21 @@ def _model_finding(data: Processed, q: Quotes) -> str:
         )
     median_signed = float(err.median())
     direction = "under-predicts" if median_signed < 0 else "over-predicts"
+    if len(err) == 1:
+        per_cell = (
+            f"the all-reduce time per step of the one cell by "
+            f"{q.num('cell_abs_err_median_pct', float(err.abs().median()))}\\% "
+            f"({tab_ref('results')})"
+        )
+    else:
+        per_cell = (
+            f"the all-reduce time per step of a cell: its median absolute error is "
+            f"{q.num('cell_abs_err_median_pct', float(err.abs().median()))}\\% over "
+            f"{q.count('num_cells_modelled', len(err))} cells (median signed error "
+            f"{q.num('cell_err_median_pct', median_signed)}\\%, {tab_ref('results')})"
+        )
     return (
-        f"The calibrated ring model {direction} the all-reduce time per step of a cell: its "
-        f"median absolute error is {q.num('cell_abs_err_median_pct', float(err.abs().median()))}"
-        f"\\% over {q.count('num_cells_modelled', len(err))} "
-        f"{prose.plural(len(err), 'cell')} (median signed error "
-        f"{q.num('cell_err_median_pct', median_signed)}\\%, {tab_ref('results')}), and per "
+        f"The calibrated ring model {direction} {per_cell}, and per "
         f"gradient bucket, out of sample, its mean absolute error is "
         f"{q.num('bucket_mape_pct', float(buckets.abs().mean()))}\\% over "
         f"{q.count('num_buckets_modelled', len(buckets))} buckets ({tab_ref('fits')}). It "
@@ -281,7 +300,7 @@ def environment_sentence(data: Processed, q: Quotes) -> str:
     """Versions, hosts and CPUs, from the cells' recorded environment."""
     env = data.tables["cells"]["env_json"].dropna()
     if env.empty:
-        return "No cell recorded its environment (none ran)."
+        return "No cell recorded its environment (none completed)."
     frame = pd.DataFrame([__import__("json").loads(e) for e in env])
     phrases = []
     for key, name in (("torch", "PyTorch"), ("python", "Python")):
@@ -380,8 +399,9 @@ def model_accuracy(data: Processed, q: Quotes, figs: set[str]) -> Section | None
     under = fits["bucket_median_error_pct"].dropna()
     if len(under) and (under < 0).all():
         sentences.append(
-            "The model under-predicts the buckets of training: their all-reduce competes with "
-            "backward compute for the same cores, which the microbenchmark, run alone, does not."
+            "The model under-predicts the buckets of training at every world size; unlike the "
+            "microbenchmark, which runs alone, their all-reduce shares the cores with backward "
+            "compute."
         )
     floats = [prose.table("fits", _FITS_CAPTION, report_tables.table_fits(data))]
     shown = [n for n in ("allreduce_vs_size", "model_accuracy") if n in figs]

@@ -16,7 +16,7 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.reporting import prose, report_tables
 from commprof.reporting.figures import hook_vs_trace
-from commprof.reporting.main_sections import environment_sentence, fig_ref, tab_ref
+from commprof.reporting.main_sections import config_label, environment_sentence, fig_ref, tab_ref
 from commprof.reporting.prose import Quotes, Section, paragraph, plural, words
 
 
@@ -100,8 +100,7 @@ def repeatability(data: Processed, q: Quotes) -> Section | None:
         "medians and the ratio of the largest to the smallest.",
         f"The largest step-time coefficient of variation is "
         f"{q.pct('max_step_cv_pct', worst.cv)}\\% (max/min "
-        f"{q.num('max_step_cv_ratio', worst.max_min_ratio, 2)}, {prose.escape(worst.model)} on "
-        f"{int(worst.world_size)} ranks).",
+        f"{q.num('max_step_cv_ratio', worst.max_min_ratio, 2)}, {config_label(worst)}).",
     ]
     lat = rep[rep["metric"] == "bucket_latency_ns"]
     if len(lat):
@@ -139,7 +138,13 @@ def instrumentation(data: Processed, q: Quotes, figs: set[str]) -> Section | Non
     if len(prof):
         parts.append(
             "\\paragraph{Profiler.} The median step-time ratio of profiled to unprofiled runs of "
-            f"one configuration is {q.num('profiler_ratio', float(prof['ratio'].median()), 2)}."
+            f"one configuration is {q.num('profiler_ratio', float(prof['ratio'].median()), 2)}"
+            + (
+                "; below 1, the profiled run was the faster one, so the profiler's cost is not "
+                "resolved by this dataset."
+                if float(prof["ratio"].median()) < 1
+                else "."
+            )
         )
     trace = _hook_vs_trace_text(data, q, figs)
     if trace:
@@ -188,6 +193,11 @@ def _hook_vs_trace_text(data: Processed, q: Quotes, figs: set[str]) -> str:
         + f"; communication per step is a median {q.ms('hook_comm_ms', hook_c)}~ms by the hook "
         f"and {q.ms('trace_comm_ms', trace_c)}~ms in the trace."
     )
+    if abs(hook_c - trace_c) <= 0.15 * trace_c:
+        text += (
+            " The two see about the same communication time, so their difference lies in what "
+            "each counts as hidden."
+        )
     return text
 
 
