@@ -93,8 +93,8 @@ def plot_step_breakdown(data: Processed, path: Path) -> str:
 def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
     """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
     merged = data.merged.dropna(subset=["overlap_efficiency_median"])
-    caps = merged.groupby(["model", "world_size"])["bucket_cap_mb"].nunique(dropna=False)
-    models = sorted({model for (model, _), n in caps.items() if n >= 2})
+    num_caps = merged.groupby(["model", "world_size"])["bucket_cap_mb"].nunique(dropna=False)
+    models = sorted(set(num_caps[num_caps >= 2].index.get_level_values("model")))
     if not models:
         return "no model ran with two bucket caps or more at one world size"
     merged = merged[merged["model"].isin(models)]
