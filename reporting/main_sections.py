@@ -18,13 +18,14 @@ from commprof.analysis.dataset import rows as records
 from commprof.reporting import prose, report_tables
 from commprof.reporting.prose import Quotes, Section, escape, paragraph, words
 from commprof.reporting.recommend import cap_choices
+from commprof.reporting.recommend import cap_text as tex_cap
 from commprof.reporting.viz import cap_label
 
 
 def config_label(r: Any) -> str:
     """``model, p=N, cap X MiB`` (``, profiled`` where it was), escaped for LaTeX."""
-    text = f"{r.model}, p={int(r.world_size)}, cap {cap_label(r.bucket_cap_mb)}"
-    return escape(text + (", profiled" if bool(getattr(r, "profile", False)) else ""))
+    text = f"{escape(r.model)}, p={int(r.world_size)}, cap {tex_cap(r.bucket_cap_mb)}"
+    return text + (", profiled" if bool(getattr(r, "profile", False)) else "")
 
 
 def key_of(r: Any) -> str:
@@ -54,8 +55,8 @@ def abstract(data: Processed, q: Quotes) -> str:
         parts = [f"all {counts.index[0]}"]
     sweeps = sorted(status["sweep"].unique())
     caps = status["bucket_cap_mb"]
-    cap_names = [cap_label(c) for c in sorted(caps.dropna().unique())]
-    cap_names += ["DDP default"] if caps.isna().any() else []
+    cap_names = [tex_cap(c) for c in sorted(caps.dropna().unique())]
+    cap_names += [tex_cap(None)] if caps.isna().any() else []
     sizes = sorted(int(w) for w in status["world_size"].unique())
     ranks = words(str(w) for w in sizes) + (" rank" if sizes == [1] else " ranks")
     return paragraph(
@@ -69,7 +70,7 @@ def abstract(data: Processed, q: Quotes) -> str:
             f"{words(escape(s) for s in sweeps)}: "
             f"{prose.plural(status['model'].nunique(), 'model')} "
             f"{words(escape(m) for m in sorted(status['model'].unique()))} on {ranks} with "
-            f"{prose.plural(len(cap_names), 'bucket cap')} {words(escape(c) for c in cap_names)}.",
+            f"{prose.plural(len(cap_names), 'bucket cap')} {words(cap_names)}.",
         ]
     )
 
@@ -134,9 +135,9 @@ def _cap_finding(data: Processed, q: Quotes) -> str:
     for r in records(choices):
         k = f"[{r.model},p={int(r.world_size)}]"
         clause = (
-            f"{escape(cap_label(r.best_cap_mb))} for {escape(r.model)} on {int(r.world_size)} "
+            f"{tex_cap(r.best_cap_mb)} for {escape(r.model)} on {int(r.world_size)} "
             f"ranks (a step {q.pct('cap_gain' + k, r.gain)}\\% shorter than with "
-            f"{escape(cap_label(r.worst_cap_mb))}"
+            f"{tex_cap(r.worst_cap_mb)}"
         )
         clause += ")" if r.separated else ", within the interquartile ranges)"
         clauses.append(clause)
@@ -157,7 +158,14 @@ def _model_finding(data: Processed, q: Quotes) -> str:
         )
     median_signed = float(err.median())
     direction = "under-predicts" if median_signed < 0 else "over-predicts"
-    if len(err) == 1:
+    if len(err) > 1 and ((err < 0).all() or (err > 0).all()):
+        per_cell = (
+            f"the all-reduce time per step of every one of the "
+            f"{q.count('num_cells_modelled', len(err))} cells, by a median "
+            f"{q.num('cell_abs_err_median_pct', float(err.abs().median()))}\\% "
+            f"({tab_ref('results')})"
+        )
+    elif len(err) == 1:
         per_cell = (
             f"the all-reduce time per step of the one cell by "
             f"{q.num('cell_abs_err_median_pct', float(err.abs().median()))}\\% "
@@ -223,12 +231,17 @@ def _attribution_sentence(data: Processed, q: Quotes) -> str:
         )
         parts.append(
             f"{q.ms(f'attributed_ms[{cell.cell_id}]', total)}~ms for {config_label(cell)}"
-            + (f" (repeat {int(cell.repeat)})" if cell.num_repeats > 1 else "")
+            + (
+                f" (repeat {int(cell.repeat)}; {tab_ref('results')} gives the median over its "
+                "repeats)"
+                if cell.num_repeats > 1
+                else ""
+            )
         )
     return (
         f"{fig_ref('layer_attribution')} charges each bucket's all-reduce service time to the "
-        f"layers whose gradients it carries; per step the bars add up to the cell's all-reduce "
-        f"time of {tab_ref('results')}: {words(parts)}."
+        f"layers whose gradients it carries; per step a cell's bars add up to its all-reduce "
+        f"time ({tab_ref('results')}): {words(parts)}."
     )
 
 

@@ -270,8 +270,7 @@ def limitations(data: Processed, q: Quotes) -> Section:
     if cpus and max_ws > cpus:
         items.append(
             f"Cells ran up to {q.count('max_ranks', max_ws)} ranks on a host reporting "
-            f"{q.count('host_cpus_limit', cpus)} CPUs: ranks shared cores, which lengthens "
-            "both compute and communication."
+            f"{q.count('host_cpus_limit', cpus)} CPUs, so ranks shared cores."
         )
     if data.notes:
         items.append("Analysis notes: " + prose.escape("; ".join(data.notes)) + ".")

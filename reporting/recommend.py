@@ -58,6 +58,11 @@ def cap_choices(data: Processed) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cap_text(bucket_cap_mb: float | None) -> str:
+    """A cap as LaTeX text that never breaks across lines (``25~MiB``)."""
+    return prose.escape(cap_label(bucket_cap_mb)).replace(" ", "~")
+
+
 def _table(choices: pd.DataFrame) -> str:
     rows = [
         [
@@ -112,8 +117,8 @@ def recommendations(data: Processed, quotes: prose.Quotes) -> prose.Section | No
         sentences.append(
             f"The largest gain whose interquartile ranges do not overlap is "
             f"{quotes.pct(f'rec_gain[{key}]', top.gain)}\\% for {prose.escape(top.model)} on "
-            f"{int(top.world_size)} ranks: use {prose.escape(cap_label(top.best_cap_mb))} "
-            f"rather than {prose.escape(cap_label(top.worst_cap_mb))}."
+            f"{int(top.world_size)} ranks: use {cap_text(top.best_cap_mb)} "
+            f"rather than {cap_text(top.worst_cap_mb)}."
         )
     else:
         sentences.append(

@@ -32,7 +32,8 @@ def fmt(value: float | int | None, digits: int = 2) -> str:
     """
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return MISSING
-    return f"{float(value):,.{digits}f}"
+    text = f"{float(value):,.{digits}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # no "-0"
 
 
 def fmt_int(value: float | int | None) -> str:
@@ -171,7 +172,9 @@ def table_fits(data: Processed) -> str:
 
 
 def table_status(data: Processed) -> str:
-    """Every cell: configuration, final status, attempts and the one-line reason."""
+    """Every cell: configuration, final status, attempts and the one-line reason (the reason
+    column only where some cell has one)."""
+    with_reason = bool((data.status["reason_short"].fillna("") != "").any())
     rows = [
         [
             rf"\texttt{{{r.cell_id[:8]}}}",
@@ -181,7 +184,7 @@ def table_status(data: Processed) -> str:
             str(int(r.repeat)),
             escape(r.status),
             str(int(r.num_attempts)),
-            escape(r.reason_short),
+            *([escape(r.reason_short)] if with_reason else []),
         ]
         for r in records(data.status)
     ]
@@ -193,9 +196,9 @@ def table_status(data: Processed) -> str:
         ("repeat", "r"),
         ("status", "l"),
         ("attempts", "r"),
-        ("reason", ">{\\raggedright\\arraybackslash}X"),
+        *([("reason", ">{\\raggedright\\arraybackslash}X")] if with_reason else []),
     ]
-    return booktabs(columns, rows, size="scriptsize", colsep_pt=4)
+    return booktabs(columns, rows, size="scriptsize" if with_reason else "small", colsep_pt=4)
 
 
 def table_repeatability(data: Processed) -> str:

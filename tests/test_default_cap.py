@@ -86,8 +86,8 @@ def test_unset_cap_stays_visible_in_analysis_and_report(
     assert [r.name for r in made] == list(figures.FIGURES)
     assert all((tmp_path / f"{r.name}.png").is_file() for r in made if r.written)
     quotes = prose.Quotes()
-    assert "bucket cap DDP default." in main_sections.abstract(data, quotes)
-    assert "cap DDP default" in main_sections.findings(data, quotes, set()).body
+    assert "bucket cap DDP~default." in main_sections.abstract(data, quotes)
+    assert "cap DDP~default" in main_sections.findings(data, quotes, set()).body
 
 
 def test_commprof_run_flag_can_leave_the_cap_unset(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,7 @@ def test_escape_and_table_number_format() -> None:
     assert prose.escape("a_b 50% {x}") == r"a\_b 50\% \{x\}"
     assert report_tables.fmt(1234.5678, 2) == "1,234.57"
     assert report_tables.fmt(float("nan")) == "--"
+    assert report_tables.fmt(-0.4, 0) == "0" and report_tables.fmt(-1.4, 0) == "-1"
     assert prose.words(["a", "b", "c"]) == "a, b and c"
 
 
