@@ -37,7 +37,8 @@ def what_ran(data: Processed, q: Quotes) -> Section:
             parts.append(f"{q.count(f'num_cells_{name}', n)} {words_}")
     sentences = [
         f"The dataset holds {q.count('num_cells', len(status))} {plural(len(status), 'cell')} "
-        f"from {len(status['sweep'].unique())} {plural(status['sweep'].nunique(), 'sweep')}, "
+        f"from {q.count('num_sweeps', status['sweep'].nunique())} "
+        f"{plural(status['sweep'].nunique(), 'sweep')}, "
         f"run in {q.count('num_attempts', num_attempts)} "
         f"{plural(num_attempts, 'attempt')}: {words(parts)}."
     ]

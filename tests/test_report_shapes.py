@@ -219,3 +219,24 @@ def test_attribution_adds_up_to_the_cells_all_reduce_time(built: dict) -> None:
             cell_id = name[len("attributed_ms[") : -1]
             total = data.summary.set_index("cell_id").loc[cell_id, "allreduce_sum_measured_ns"]
             assert quote["text"] == f"{total / 1e6:,.2f}"
+
+
+def _prose(tex: str) -> str:
+    """The running text of a generated body: no floats, math, references or section titles."""
+    tex = re.sub(r"\\begin\{(table|figure)\}.*?\\end\{\1\}", " ", tex, flags=re.DOTALL)
+    tex = re.sub(r"\\begin\{description\}.*?\\end\{description\}", " ", tex, flags=re.DOTALL)
+    tex = re.sub(r"\$[^$]*\$", " ", tex)
+    tex = re.sub(r"\\(ref|label|section|title|texttt)\{[^}]*\}", " ", tex)
+    tex = re.sub(r"\d+\.\d+\.\d+\S*", " ", tex)  # versions (PyTorch 2.13.0+cpu)
+    return re.sub(r"[\d.]+~MiB|p=\d+|srn-\w+", " ", tex)  # configuration labels
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_measured_number_in_the_prose_is_a_quote(built: dict, shape: str) -> None:
+    # a decimal, a count with a thousands comma or a percentage typed into the text without
+    # going through Quotes (so without a recomputable record) fails here
+    for stem in build.REPORTS:
+        tex = (built[shape]["dir"] / "generated" / f"{stem}_body.tex").read_text()
+        quoted = {q["text"] for q in built[shape]["quoted"][stem].values()}
+        numbers = re.findall(r"-?\d[\d,]*\.\d+|-?\d[\d,]*(?=\\%)|\d{1,3}(?:,\d{3})+", _prose(tex))
+        assert set(numbers) <= quoted, (shape, stem, set(numbers) - quoted)
