@@ -412,16 +412,24 @@ def model_accuracy(data: Processed, q: Quotes, figs: set[str]) -> Section | None
     under = fits["bucket_median_error_pct"].dropna()
     if len(under) and (under < 0).all():
         sentences.append(
-            "The model under-predicts the buckets of training at every world size; unlike the "
-            "microbenchmark, which runs alone, their all-reduce shares the cores with backward "
-            "compute."
+            "The model under-predicts the buckets of training"
+            + (" at every world size" if len(under) > 1 else "")
+            + "; unlike the microbenchmark, which runs alone, their all-reduce shares the cores "
+            "with backward compute."
         )
     floats = [prose.table("fits", _FITS_CAPTION, report_tables.table_fits(data))]
     shown = [n for n in ("allreduce_vs_size", "model_accuracy") if n in figs]
     if shown:
         sentences.append(
-            f"{words(fig_ref(n) for n in shown)} show the data; the microbenchmark markers there "
-            "are medians over cells per size, which scatter less than the points of the fit."
+            f"{words(fig_ref(n) for n in shown)} "
+            + ("shows" if len(shown) == 1 else "show")
+            + " the data"
+            + (
+                "; the microbenchmark markers there are medians over cells per size, which "
+                "scatter less than the points of the fit."
+                if len(data.summary) > 1
+                else "."
+            )
         )
     if "allreduce_vs_size" in figs:
         floats.append(prose.figure("allreduce_vs_size", _SIZE_CAPTION))

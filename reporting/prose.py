@@ -144,16 +144,25 @@ def paragraph(sentences: Sequence[str]) -> str:
 def figure(name: str, caption: str) -> str:
     """A figure environment for ``figures/<name>.pdf`` labelled ``fig:<name>``."""
     return (
-        "\\begin{figure}[htbp]\\centering\n"
+        "\\begin{figure}[!htbp]\\centering\n"
         f"\\includegraphics[width=\\linewidth]{{figures/{name}.pdf}}\n"
         f"\\caption{{{caption}}}\\label{{fig:{name}}}\n\\end{{figure}}"
     )
 
 
-def table(name: str, caption: str, fragment: str) -> str:
-    """A table environment holding a generated fragment, labelled ``tab:<name>``."""
+def table(name: str, caption: str, fragment: str, *, here: bool = False) -> str:
+    """A table environment holding a generated fragment, labelled ``tab:<name>``.
+
+    Args:
+        name: label suffix.
+        caption: the caption (LaTeX).
+        fragment: the ``tabular`` fragment.
+        here: pin the table where it is (``[H]``): for a short table that must stay in its
+            section rather than float past the next one.
+    """
+    where = "H" if here else "!htbp"
     return (
-        f"\\begin{{table}}[htbp]\\centering\n\\caption{{{caption}}}\\label{{tab:{name}}}\n"
+        f"\\begin{{table}}[{where}]\\centering\n\\caption{{{caption}}}\\label{{tab:{name}}}\n"
         f"{fragment.rstrip()}\n\\end{{table}}"
     )
 

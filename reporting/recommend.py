@@ -135,5 +135,5 @@ def recommendations(data: Processed, quotes: prose.Quotes) -> prose.Section | No
         title="Recommendations",
         label="recommend",
         body=prose.paragraph(sentences),
-        floats=[prose.table("recommend", caption, _table(choices))],
+        floats=[prose.table("recommend", caption, _table(choices), here=True)],
     )
