@@ -8,6 +8,7 @@ module imports no torch and no ray.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -314,7 +315,7 @@ def environment_sentence(data: Processed, q: Quotes) -> str:
     env = data.tables["cells"]["env_json"].dropna()
     if env.empty:
         return "No cell recorded its environment (none completed)."
-    frame = pd.DataFrame([__import__("json").loads(e) for e in env])
+    frame = pd.DataFrame([json.loads(e) for e in env])
     phrases = []
     for key, name in (("torch", "PyTorch"), ("python", "Python")):
         if key in frame:
