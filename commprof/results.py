@@ -61,6 +61,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("started_unix_s", pa.float64()),
             ("wall_s", pa.float64()),  # the attempt, driver side
             ("rank_wall_s", pa.float64()),  # the slowest rank's own time in the cell
+            # 1-minute load average of the host (os.getloadavg): read by rank 0 when training
+            # ended for a cell that ran, by the committing process for a failed or rejected one
+            ("load_avg_1m", pa.float64()),
             # integrity: SHA-256 of every file of the attempt, and of this row itself
             ("checksums_json", pa.string()),
             ("commit_sha256", pa.string()),
@@ -147,6 +150,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 TABLES = tuple(SCHEMAS)
 """Table names, ``cells`` first."""
+
+LATER_COLUMNS = frozenset({"load_avg_1m"})
+"""``cells`` columns added after checksums existed: a null there is left out of the row digest,
+so attempts committed before the column existed still verify."""
 
 _FILE_RE = re.compile(r"^(?P<cell>[0-9a-f]{12})-a(?P<attempt>\d+)\.parquet$")
 
@@ -240,7 +247,11 @@ def write_attempt(
 
 def _row_digest(row: Mapping[str, Any]) -> str:
     """SHA-256 of a cells row as Arrow gives it back, ``commit_sha256`` itself left out."""
-    fields = {k: v for k, v in row.items() if k != "commit_sha256"}
+    fields = {
+        k: v
+        for k, v in row.items()
+        if k != "commit_sha256" and not (k in LATER_COLUMNS and v is None)
+    }
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -500,7 +511,14 @@ def commit_attempt(
     from commprof.outcomes import merge_rank_records, merge_rank_traces
 
     if per_rank is None:
-        row = cell_row(cell, status="failed", error=error, error_kind=error_kind, **fields)
+        row = cell_row(
+            cell,
+            status="failed",
+            error=error,
+            error_kind=error_kind,
+            load_avg_1m=host_load_avg_1m(),
+            **fields,
+        )
         write_attempt(root, row, {})
         return row
     rank_walls = [float(r["wall_s"]) for r in per_rank if "wall_s" in r]
@@ -509,6 +527,7 @@ def commit_attempt(
         status="ok",
         env=per_rank[0]["env"],
         rank_wall_s=max(rank_walls) if rank_walls else None,
+        load_avg_1m=per_rank[0]["env"].get("load_avg_1m"),
         **fields,
     )
     write_attempt(root, row, merge_rank_records(per_rank), merge_rank_traces(per_rank))
@@ -530,6 +549,7 @@ def cell_row(
     started_unix_s: float | None = None,
     wall_s: float | None = None,
     rank_wall_s: float | None = None,
+    load_avg_1m: float | None = None,
 ) -> dict[str, Any]:
     """The ``cells`` row of one attempt of a :class:`commprof.matrix.Cell`.
 
@@ -548,6 +568,8 @@ def cell_row(
         wall_s: how long it took, end to end, as the driver saw it.
         rank_wall_s: the slowest rank's own time from store to records (the difference to
             ``wall_s`` is the orchestration overhead).
+        load_avg_1m: the host's 1-minute load average when the attempt ended
+            (:func:`host_load_avg_1m`; None where it was not read).
     """
     if status not in ("ok", "failed", "rejected"):
         raise ValueError(f"status {status!r} is not one of ok, failed, rejected")
@@ -569,4 +591,13 @@ def cell_row(
         "started_unix_s": started_unix_s,
         "wall_s": wall_s,
         "rank_wall_s": rank_wall_s,
+        "load_avg_1m": load_avg_1m,
     }
+
+
+def host_load_avg_1m() -> float | None:
+    """This host's 1-minute load average (``os.getloadavg``), None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None

@@ -1,8 +1,9 @@
 """The report figures, each from the processed dataset only (``commprof.analysis.dataset``).
 
-Every figure follows ``commprof.reporting.viz``. A figure whose data the dataset lacks is still
-written, with the reason printed in its panel, and its :class:`FigureResult` carries the same
-note, so the report can say why. This module imports no torch and no ray.
+Every figure follows ``commprof.reporting.viz`` and is written as PDF and PNG. A figure whose
+data the dataset lacks is not drawn (no empty axes): its function returns the reason instead,
+and :class:`FigureResult` carries it, so the report leaves the figure and its sentence out. This
+module imports no torch and no ray.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.ticker import NullFormatter
 
 from commprof.analysis.dataset import Processed
@@ -31,9 +33,14 @@ class FigureResult:
     name: str
     """Stem of the file (also the LaTeX label)."""
     path: Path
-    """The PDF."""
+    """The PDF (the PNG beside it has the same stem); not written when ``note`` is set."""
     note: str = ""
-    """Why (part of) the figure is empty, or an empty string."""
+    """Why the figure was not drawn (the dataset lacks its data), or an empty string."""
+
+    @property
+    def written(self) -> bool:
+        """Whether the figure was drawn."""
+        return not self.note
 
 
 def plot_step_breakdown(data: Processed, path: Path) -> str:
@@ -43,19 +50,19 @@ def plot_step_breakdown(data: Processed, path: Path) -> str:
     (the breakdown identity holds per step; see ``commprof.analysis.breakdown``).
     """
     rows = data.breakdown.merge(data.summary[["cell_id", "attempt", "config_key"]])
+    if rows.empty:
+        return "no ok cells in this dataset"
     with viz.style():
-        if rows.empty:
-            fig, axes = viz.new_figure()
-            viz.empty_panel(axes[0], "no ok cells in this dataset")
-            viz.save(fig, path)
-            return "no ok cells in this dataset"
         means = rows.groupby("config_key")[
             ["compute_ns", "exposed_ns", "optimizer_ns", "other_ns"]
         ].mean()
         config = data.merged.set_index("config_key").loc[means.index]
         order = config.sort_values(["model", "world_size", "bucket_cap_mb"]).index
         means, config = means.loc[order], config.loc[order]
-        labels = [viz.cell_label(r.model, r.world_size, r.bucket_cap_mb) for r in records(config)]
+        labels = [
+            viz.cell_label(r.model, r.world_size, r.bucket_cap_mb, bool(r.profile))
+            for r in records(config)
+        ]
         fig, axes = viz.new_figure(height_in=0.9 + 0.22 * len(labels))
         ax = axes[0]
         y = np.arange(len(labels))
@@ -86,13 +93,13 @@ def plot_step_breakdown(data: Processed, path: Path) -> str:
 def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
     """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
     merged = data.merged.dropna(subset=["overlap_efficiency_median"])
-    models = sorted(merged["model"].unique())
+    num_caps = merged.groupby(["model", "world_size"])["bucket_cap_mb"].nunique(dropna=False)
+    models = sorted(set(num_caps[num_caps >= 2].index.get_level_values("model")))
+    if not models:
+        return "no model ran with two bucket caps or more at one world size"
+    merged = merged[merged["model"].isin(models)]
     with viz.style():
-        fig, axes = viz.new_figure(1, max(1, len(models)), height_in=2.4)
-        if not models:
-            viz.empty_panel(axes[0], "no overlap efficiency: no ok cell with communication")
-            viz.save(fig, path)
-            return "no ok cell with communication"
+        fig, axes = viz.new_figure(1, len(models), height_in=2.4)
         for ax, model in zip(axes, models, strict=True):
             # a cap left unset is DDP's 25 MiB (with a 1 MiB first bucket): drawn there, apart
             part = merged[merged["model"] == model].copy()
@@ -136,12 +143,10 @@ def plot_allreduce_vs_size(data: Processed, path: Path) -> str:
     """All-reduce time and bus bandwidth against message size, measured and modelled."""
     points = data.microbench
     sizes = sorted(points["world_size"].unique()) if not points.empty else []
+    if not sizes:
+        return "no microbenchmark rows in this dataset"
     with viz.style():
-        fig, axes = viz.new_figure(2, max(1, len(sizes)), height_in=4.2)
-        if not sizes:
-            viz.empty_panel(axes[0], "no microbenchmark rows in this dataset")
-            viz.save(fig, path)
-            return "no microbenchmark rows in this dataset"
+        fig, axes = viz.new_figure(2, len(sizes), height_in=4.2)
         ncols = len(sizes)
         for j, ws in enumerate(sizes):
             part = points[points["world_size"] == ws].sort_values("num_bytes")
@@ -171,11 +176,12 @@ def plot_allreduce_vs_size(data: Processed, path: Path) -> str:
                 style = viz.MODELLED.kwargs() | {"markevery": 6}
                 t_ax.plot(grid, viz.ms(model_ns), label="modelled (ring, calibrated)", **style)
                 b_ax.plot(grid, busbw, label="modelled (ring, calibrated)", **style)
+            t_ax.set_yscale("log")
             for ax in (t_ax, b_ax):
                 ax.set_xscale("log", base=2)
                 ax.set_xlabel(viz.axis_label("Message size", "bytes"))
-            t_ax.set_yscale("log")
-            t_ax.yaxis.set_minor_formatter(NullFormatter())
+                viz.log_axis(ax, "x", binary_bytes=True)
+            viz.log_axis(t_ax, "y")
             t_ax.set_title(f"p = {int(ws)} ranks")
             t_ax.set_ylabel(viz.axis_label("All-reduce time", "ms"))
             b_ax.set_ylabel(viz.axis_label("Bus bandwidth", "GB/s"))
@@ -186,73 +192,63 @@ def plot_allreduce_vs_size(data: Processed, path: Path) -> str:
     return ""
 
 
-def plot_layer_attribution(data: Processed, path: Path) -> str:
-    """Communication time attributed to each module, for one cell per model (most buckets)."""
-    attr = data.attribution
-    with viz.style():
-        if attr.empty:
-            fig, axes = viz.new_figure()
-            viz.empty_panel(axes[0], "no bucket composition in this dataset")
-            viz.save(fig, path)
-            return "no bucket composition in this dataset"
-        chosen = (
-            data.summary.sort_values(
-                ["num_buckets", "world_size", "repeat"], ascending=[False, True, True]
-            )
-            .groupby("model")
-            .head(1)
-            .sort_values("model")
+def attribution_cells(data: Processed) -> pd.DataFrame:
+    """The cell shown per model in the attribution figure: the most buckets, preferring a
+    configuration without repeats (so its all-reduce time is Table 1's), then the smallest world
+    size and the first repeat."""
+    with_attr = data.summary[data.summary["cell_id"].isin(data.attribution["cell_id"])]
+    repeats = data.merged.set_index("config_key")["num_repeats"]
+    chosen = with_attr.assign(num_repeats=with_attr["config_key"].map(repeats))
+    return (
+        chosen.sort_values(
+            ["num_buckets", "profile", "num_repeats", "world_size", "repeat"],
+            ascending=[False, True, True, True, True],
         )
+        .groupby("model")
+        .head(1)
+        .sort_values("model")
+    )
+
+
+def plot_layer_attribution(data: Processed, path: Path) -> str:
+    """All-reduce service time charged to each module, for one cell per model (most buckets)."""
+    if data.attribution.empty:
+        return "no bucket composition in this dataset"
+    chosen = attribution_cells(data)
+    with viz.style():
         fig, axes = viz.new_figure(1, len(chosen), height_in=0.9 + 0.2 * TOP_MODULES)
         for ax, cell in zip(axes, records(chosen), strict=True):
-            part = attr[attr["cell_id"] == cell.cell_id].head(TOP_MODULES)
+            part = data.attribution[data.attribution["cell_id"] == cell.cell_id]
+            part = part.head(TOP_MODULES)
             y = np.arange(len(part))
-            ax.barh(
-                y - 0.2,
-                viz.ms(part["latency_ns"]),
-                height=0.4,
-                label="all-reduce time",
-                color=viz.SERIES_COLORS[0],
-            )
-            ax.barh(
-                y + 0.2,
-                viz.ms(part["exposed_ns"]),
-                height=0.4,
-                label="exposed time",
-                color=viz.SERIES_COLORS[2],
-                hatch="///",
-                edgecolor="white",
-                linewidth=0.4,
-            )
+            ax.barh(y, viz.ms(part["transfer_ns"]), height=0.6, color=viz.SERIES_COLORS[0])
             ax.set_yticks(y, part["module"])
             ax.invert_yaxis()
             ax.grid(axis="y", visible=False)
-            ax.set_title(viz.cell_label(cell.model, cell.world_size, cell.bucket_cap_mb))
-            ax.set_xlabel(viz.axis_label("Attributed time per step", "ms"))
-        viz.legend_outside(
-            fig, *viz.unique_legend(axes), title="measured (median)", where="bottom", ncols=2
-        )
+            ax.set_title(
+                viz.cell_label(cell.model, cell.world_size, cell.bucket_cap_mb, bool(cell.profile))
+            )
+            ax.set_xlabel(viz.axis_label("All-reduce service time per step", "ms"))
         viz.save(fig, path)
     return ""
 
 
 def plot_scaling(data: Processed, path: Path) -> str:
     """Step time, exposed and all-reduce time per step against world size, per model."""
-    merged = data.merged
-    models = sorted(merged["model"].unique())
+    merged = data.merged[~data.merged["profile"].astype(bool)]
+    sizes = merged.groupby("model")["world_size"].nunique()
+    models = sorted(sizes[sizes >= 2].index)
+    if not models:
+        return "no model ran at two world sizes or more"
+    per_cell = data.summary.groupby("config_key")[
+        ["allreduce_sum_measured_ns", "allreduce_sum_modelled_ns"]
+    ].median()
+    merged = merged.join(per_cell, on="config_key")
     with viz.style():
-        fig, axes = viz.new_figure(1, max(1, len(models)), height_in=2.5)
-        if merged["world_size"].nunique() < 2:
-            viz.empty_panel(axes[0], "one world size only: no scaling to show")
-            viz.save(fig, path)
-            return "the dataset has one world size only"
-        per_cell = data.summary.groupby("config_key")[
-            ["allreduce_sum_measured_ns", "allreduce_sum_modelled_ns"]
-        ].median()
-        merged = merged.join(per_cell, on="config_key")
+        fig, axes = viz.new_figure(1, len(models), height_in=2.5)
         for ax, model in zip(axes, models, strict=True):
             part = merged[merged["model"] == model]
-            # the smallest cap run at every world size: the most buckets, so the most overlap
+            # the smallest cap run at the most world sizes: the most buckets, so the most overlap
             counts = part.groupby("bucket_cap_mb", dropna=False)["world_size"].nunique()
             cap = float(counts[counts == counts.max()].index.min())  # NaN (unset) only if alone
             same = part["bucket_cap_mb"].isna() if math.isnan(cap) else part["bucket_cap_mb"] == cap
@@ -280,23 +276,16 @@ def plot_scaling(data: Processed, path: Path) -> str:
 def plot_memory_guard(data: Processed, path: Path) -> str:
     """The memory guard: need / budget per pool, per (model, world size), worst cap."""
     guard = data.guard
+    if guard.empty or not (guard["status"] == "rejected").any():
+        return "the memory guard rejected no cell"
+    worst = (
+        guard.groupby(["model", "world_size", "pool"])
+        .agg(ratio=("ratio", "max"), rejected=("status", lambda s: bool((s == "rejected").any())))
+        .reset_index()
+    )
+    configs = worst[["model", "world_size"]].drop_duplicates().sort_values(["model", "world_size"])
+    pools = sorted(worst["pool"].unique())
     with viz.style():
-        if guard.empty:
-            fig, axes = viz.new_figure()
-            viz.empty_panel(axes[0], "no memory-guard records in this dataset")
-            viz.save(fig, path)
-            return "no memory-guard records in this dataset"
-        worst = (
-            guard.groupby(["model", "world_size", "pool"])
-            .agg(
-                ratio=("ratio", "max"), rejected=("status", lambda s: bool((s == "rejected").any()))
-            )
-            .reset_index()
-        )
-        configs = (
-            worst[["model", "world_size"]].drop_duplicates().sort_values(["model", "world_size"])
-        )
-        pools = sorted(worst["pool"].unique())
         fig, axes = viz.new_figure(height_in=1.0 + 0.3 * len(configs) * max(1, len(pools)) / 2)
         ax = axes[0]
         height = 0.8 / len(pools)
@@ -327,6 +316,7 @@ def plot_memory_guard(data: Processed, path: Path) -> str:
             label="budget (need = budget)",
         )
         ax.set_xscale("log")
+        viz.log_axis(ax, "x")
         ax.set_yticks(range(len(labels)), labels)
         ax.invert_yaxis()
         ax.grid(axis="y", visible=False)
@@ -336,67 +326,96 @@ def plot_memory_guard(data: Processed, path: Path) -> str:
     return ""
 
 
+def _accuracy_sets(data: Processed) -> list[tuple[str, pd.DataFrame, str]]:
+    sets = [
+        ("gradient buckets in training", data.buckets, "transfer_ns"),
+        ("microbenchmark sizes", data.microbench, "time_ns"),
+    ]
+    out = []
+    for title, frame, col in sets:
+        frame = frame.dropna(subset=["modelled_ns"])
+        frame = frame[(frame[col] > 0) & (frame["modelled_ns"] > 0)]
+        if not frame.empty:
+            out.append((title, frame, col))
+    return out
+
+
 def plot_model_accuracy(data: Processed, path: Path) -> str:
     """Modelled against measured all-reduce time, per bucket in training and per microbench."""
+    sets = _accuracy_sets(data)
+    if not sets:
+        return "no modelled all-reduce time to compare"
     with viz.style():
-        fig, axes = viz.new_figure(1, 2, height_in=2.6)
-        sets = [
-            ("buckets during training (service time)", data.buckets, "transfer_ns"),
-            ("microbenchmark (fitted)", data.microbench, "time_ns"),
-        ]
-        note = ""
+        fig, axes = viz.new_figure(1, len(sets), height_in=2.6)
         for ax, (title, frame, col) in zip(axes, sets, strict=True):
-            frame = frame.dropna(subset=["modelled_ns"])
-            frame = frame[frame[col] > 0]
-            if frame.empty:
-                viz.empty_panel(ax, f"no {title}")
-                note = f"no {title}"
-                continue
             for i, (ws, part) in enumerate(frame.groupby("world_size")):
                 st = viz.measured(i).kwargs() | {"linestyle": "none"}
                 ax.plot(
-                    viz.ms(part[col]),
-                    viz.ms(part["modelled_ns"]),
-                    label=f"p = {ws} ranks",
-                    **st,
+                    viz.ms(part[col]), viz.ms(part["modelled_ns"]), label=f"p = {ws} ranks", **st
                 )
             lo = viz.ms(min(frame[col].min(), frame["modelled_ns"].min())) / 1.5
             hi = viz.ms(max(frame[col].max(), frame["modelled_ns"].max())) * 1.5
             ax.plot([lo, hi], [lo, hi], color="#777777", linewidth=0.8, label="modelled = measured")
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            viz.log_axis(ax, "x")
+            viz.log_axis(ax, "y")
             ax.set_title(title)
             ax.set_xlabel(viz.axis_label("Measured all-reduce time", "ms"))
             ax.set_ylabel(viz.axis_label("Modelled all-reduce time", "ms"))
-        viz.legend_outside(fig, *viz.unique_legend(axes), title="one marker per bucket or size")
+        viz.legend_outside(
+            fig,
+            *viz.unique_legend(axes),
+            title="one marker per bucket or size",
+            where="bottom",
+            ncols=3,
+        )
         viz.save(fig, path)
-    return note
+    return ""
 
 
-def plot_trace_overlap(data: Processed, path: Path) -> str:
-    """Trace-derived overlap efficiency per profiled cell (when a cell was profiled)."""
-    trace = data.trace
+def hook_vs_trace(data: Processed) -> pd.DataFrame:
+    """Per profiled (cell, attempt, rank, step): overlap efficiency and communication time from
+    the timing hook (``breakdown``) beside the same from the trace (``trace``)."""
+    if data.trace.empty:
+        return pd.DataFrame()
+    keys = ["cell_id", "attempt", "rank", "step"]
+    hook = data.breakdown[[*keys, "overlap_efficiency", "comm_ns", "exposed_ns"]]
+    trace = data.trace[[*keys, "trace_overlap_efficiency", "trace_comm_ns", "trace_exposed_ns"]]
+    both = hook.merge(trace, on=keys)
+    return both.dropna(subset=["overlap_efficiency", "trace_overlap_efficiency"])
+
+
+def plot_hook_vs_trace(data: Processed, path: Path) -> str:
+    """Overlap efficiency of the same profiled steps, from the hook and from the trace."""
+    both = hook_vs_trace(data)
+    if both.empty:
+        return "no trace metrics in this dataset (no cell was profiled)"
+    status = {r.cell_id: r for r in records(data.status)}
+    cells = sorted(both["cell_id"].unique())
     with viz.style():
-        fig, axes = viz.new_figure(height_in=2.2 if not trace.empty else 0.8)
-        if trace.empty:
-            viz.empty_panel(axes[0], "no trace metrics in this dataset (no cell was profiled)")
-            viz.save(fig, path)
-            return "no trace metrics in this dataset (no cell was profiled)"
-        status = {r.cell_id: r for r in records(data.status)}
-        cells = sorted(trace["cell_id"].unique())
-        values = [
-            trace.loc[trace["cell_id"] == c, "trace_overlap_efficiency"].dropna() for c in cells
-        ]
+        fig, axes = viz.new_figure(height_in=1.2 + 0.5 * len(cells))
         ax = axes[0]
-        ax.boxplot(values, orientation="horizontal")
+        for k, (col, label) in enumerate(
+            [("overlap_efficiency", "timing hook"), ("trace_overlap_efficiency", "profiler trace")]
+        ):
+            values = [both.loc[both["cell_id"] == c, col] for c in cells]
+            pos = np.arange(len(cells)) + (k - 0.5) * 0.35
+            box = ax.boxplot(values, positions=pos, widths=0.3, orientation="horizontal")
+            for line in box["boxes"]:
+                line.set_color(viz.SERIES_COLORS[k])
+            ax.plot([], [], color=viz.SERIES_COLORS[k], label=label)
         ax.set_yticks(
-            np.arange(1, len(cells) + 1),
+            np.arange(len(cells)),
             [
-                viz.cell_label(status[c].model, status[c].world_size, status[c].bucket_cap_mb)
-                for c in cells
+                viz.cell_label(s.model, s.world_size, s.bucket_cap_mb, bool(s.profile))
+                for s in (status[c] for c in cells)
             ],
         )
-        ax.set_xlabel(viz.axis_label("Overlap efficiency from the trace", "1"))
+        ax.set_xlabel(viz.axis_label("Overlap efficiency per rank and step", "1"))
+        viz.legend_outside(fig, *viz.unique_legend([ax]), title="measured by")
         viz.save(fig, path)
     return ""
 
@@ -409,20 +428,20 @@ FIGURES: dict[str, Callable[[Processed, Path], str]] = {
     "scaling": plot_scaling,
     "memory_guard": plot_memory_guard,
     "model_accuracy": plot_model_accuracy,
-    "trace_overlap": plot_trace_overlap,
+    "hook_vs_trace": plot_hook_vs_trace,
 }
 """Every report figure by file stem."""
 
 
 def make_all(data: Processed, out_dir: Path) -> list[FigureResult]:
-    """Write every figure into ``out_dir`` as ``<name>.pdf``.
+    """Write every figure the dataset supports into ``out_dir`` as ``<name>.pdf`` and ``.png``.
 
     Args:
         data: the processed dataset.
         out_dir: the figures folder (created).
 
     Returns:
-        One result per figure, in ``FIGURES`` order.
+        One result per figure, in ``FIGURES`` order; ``note`` says why one was not drawn.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []

@@ -11,7 +11,11 @@ Conventions (every figure follows them; ``figures.py`` uses nothing else):
   prints :data:`MEASURED_MODELLED_NOTE` as the title of its legend.
 - Legends sit outside the axes (right of or below them), never over data.
 - Every axis label names its unit, ``Quantity (unit)``; dimensionless axes say so.
-- Figures are PDF (vector) for LaTeX; sizes are in inches for a 6.3 in text width.
+- Figures are PDF (vector) for LaTeX, each also written as PNG for a quick look; sizes are in
+  inches for a 6.3 in text width.
+- A log axis gets explicit labelled ticks (:func:`log_axis`): 1-2-5 steps per decade, fewer
+  where the range is wide, every 1-9 where it is narrow, and no minor tick labels, so a value
+  can be read and labels never overlap.
 
 matplotlib runs with the Agg backend (no display needed). This module imports no torch and no
 ray.
@@ -31,9 +35,11 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 OKABE_ITO = {
     "black": "#000000",
@@ -217,27 +223,79 @@ def unique_legend(axes: Sequence[Axes]) -> tuple[list[Artist], list[str]]:
     return list(seen.values()), list(seen)
 
 
-def empty_panel(ax: Axes, text: str) -> None:
-    """Mark a panel that has no data, with the reason printed in it."""
-    ax.set_axis_off()
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
+MAX_LOG_TICKS = 7
+"""Most labelled ticks on a log axis (more overlap at 7 pt on a panel a third of a page wide)."""
+
+
+def _decimal_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks per decade in [lo, hi]; only powers of ten when that is too many; every
+    1-9 multiple when it is too few."""
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for mantissas in ((1, 2, 5), (1,), (1, 2, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [m * 10.0**k for k in decades for m in mantissas if lo <= m * 10.0**k <= hi]
+        if 3 <= len(ticks) <= MAX_LOG_TICKS or (mantissas == (1,) and len(ticks) > 2):
+            return ticks
+    return ticks
+
+
+def _binary_ticks(lo: float, hi: float) -> list[float]:
+    """Powers of two in [lo, hi], every second or fourth one where there are too many."""
+    ticks = [2.0**k for k in range(int(np.ceil(np.log2(lo))), int(np.floor(np.log2(hi))) + 1)]
+    step = 1
+    while len(ticks[::step]) > MAX_LOG_TICKS - 2:  # "256 KiB" is wider than "50"
+        step *= 2
+    return ticks[::step]
+
+
+def bytes_label(value: float) -> str:
+    """A byte count as a tick label: ``512 B``, ``4 KiB``, ``16 MiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:g} {unit}"
+    return f"{value:g} B"
+
+
+def log_axis(ax: Axes, which: str, *, binary_bytes: bool = False) -> None:
+    """Labelled ticks for a log-scaled axis of ``ax`` over its current limits.
+
+    Args:
+        ax: the axes (already log-scaled and drawn, so its limits are final).
+        which: ``x`` or ``y``.
+        binary_bytes: a byte-size axis: powers of two labelled in KiB/MiB.
+    """
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    ticks = _binary_ticks(lo, hi) if binary_bytes else _decimal_ticks(lo, hi)
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(
+        FuncFormatter(lambda v, _: bytes_label(v) if binary_bytes else f"{v:g}")
+    )
+    axis.set_minor_locator(NullLocator() if binary_bytes else axis.get_minor_locator())
+    axis.set_minor_formatter(NullFormatter())
+    if which == "x":
+        ax.set_xlim(lo, hi)
+    else:
+        ax.set_ylim(lo, hi)
 
 
 def save(fig: Figure, path: Path) -> Path:
-    """Write a figure (format from the suffix), close it, and check the file is non-empty.
+    """Write a figure as PDF at ``path`` and as PNG beside it, close it, check both are non-empty.
 
     Args:
         fig: the figure.
-        path: where to write it.
+        path: the PDF path (``.pdf``); the PNG gets the same stem.
 
     Returns:
         ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    png = path.with_suffix(".png")
     fig.savefig(path)
+    fig.savefig(png, dpi=120)
     plt.close(fig)
-    if path.stat().st_size == 0:
-        raise RuntimeError(f"matplotlib wrote an empty file: {path}")
+    for written in (path, png):
+        if written.stat().st_size == 0:
+            raise RuntimeError(f"matplotlib wrote an empty file: {written}")
     return path
 
 
@@ -254,6 +312,10 @@ def cap_label(bucket_cap_mb: float | None) -> str:
     return f"{bucket_cap_mb:g} MiB"
 
 
-def cell_label(model: str, world_size: int, bucket_cap_mb: float | None) -> str:
-    """A configuration as it appears in labels: ``srn-1m, p=2, 0.25 MiB``."""
-    return f"{model}, p={int(world_size)}, {cap_label(bucket_cap_mb)}"
+def cell_label(
+    model: str, world_size: int, bucket_cap_mb: float | None, profile: bool = False
+) -> str:
+    """A configuration as it appears in labels: ``srn-1m, p=2, 0.25 MiB`` (``, profiled``)."""
+    return f"{model}, p={int(world_size)}, {cap_label(bucket_cap_mb)}" + (
+        ", profiled" if profile else ""
+    )

@@ -346,6 +346,7 @@ class Driver:
             num_params=self.guard.num_params(cell),
             error=why,
             guard=guard,
+            load_avg_1m=results.host_load_avg_1m(),
         )
         results.write_attempt(self.options.out, row, {})
         self.summary.rejected += 1

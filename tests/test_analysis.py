@@ -252,9 +252,10 @@ def test_calibrate_drops_wrong_microbench_rows() -> None:
 
 
 def test_attribution_conserves_bucket_time(processed: Processed) -> None:
-    attr = processed.attribution.groupby("cell_id")["latency_ns"].sum()
-    buckets = processed.buckets.groupby("cell_id")["latency_ns"].sum()
-    assert np.allclose(attr.sort_index(), buckets.loc[attr.index].sort_index())
+    # service time, shared by bytes: a cell's modules add up to its all-reduce time per step
+    attr = processed.attribution.groupby("cell_id")["transfer_ns"].sum()
+    per_cell = processed.summary.set_index("cell_id")["allreduce_sum_measured_ns"]
+    assert np.allclose(attr.sort_index(), per_cell.loc[attr.index].sort_index())
 
 
 def test_cell_status_of_empty_table() -> None:

@@ -18,7 +18,7 @@ from commprof.analysis.dataset import load_processed
 from commprof.catalog import parameter_sizes
 from commprof.matrix import Cell
 from commprof.modeling.buckets import assign_buckets
-from commprof.reporting import figures, report_tables
+from commprof.reporting import figures, main_sections, prose
 from commprof.sweeps.guard import GuardPlan
 from commprof.training.launcher import run_local
 
@@ -78,14 +78,16 @@ def test_unset_cap_stays_visible_in_analysis_and_report(
     out, _ = dataset
     cells = results.load(out)["cells"]
     assert cells["bucket_cap_mb"].isna().all()  # null in the table, as in the config
+    assert (cells["load_avg_1m"] >= 0).all()  # rank 0 read the host's load when training ended
     data = load_processed(out)
     assert len(data.merged) == 1 and data.merged["bucket_cap_mb"].isna().all()
     assert data.summary["allreduce_sum_modelled_ns"].notna().all()  # modelled with DDP's caps
     made = figures.make_all(data, tmp_path)
-    assert [r.path.name for r in made] == [f"{name}.pdf" for name in figures.FIGURES]
-    macros = report_tables.build_macros(data, figure_notes={}, dataset_name="x")
-    assert macros.as_dict()["BucketCaps"] == "DDP default"
-    assert "cap DDP default" in macros.as_dict()["FastestConfig"]
+    assert [r.name for r in made] == list(figures.FIGURES)
+    assert all((tmp_path / f"{r.name}.png").is_file() for r in made if r.written)
+    quotes = prose.Quotes()
+    assert "bucket cap DDP~default." in main_sections.abstract(data, quotes)
+    assert "cap DDP~default" in main_sections.findings(data, quotes, set()).body
 
 
 def test_commprof_run_flag_can_leave_the_cap_unset(capsys: pytest.CaptureFixture[str]) -> None:

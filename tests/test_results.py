@@ -113,3 +113,29 @@ def test_a_committed_attempt_is_never_overwritten(tmp_path: Path) -> None:
         results.write_attempt(tmp_path, failed, {})
     tables = results.load(tmp_path)
     assert tables["cells"]["status"].tolist() == ["ok"] and len(tables["steps"]) == len(_steps(2))
+
+
+def test_load_average_is_recorded_and_older_rows_still_verify(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    row = results.cell_row(CELL, sweep="t", attempt=1, status="ok", load_avg_1m=1.25)
+    results.write_attempt(tmp_path, row, {"steps": _steps(2)})
+    assert results.load(tmp_path)["cells"].loc[0, "load_avg_1m"] == 1.25
+    # A cells file written before the column existed: no load_avg_1m column at all, and a
+    # digest over the row without it. It loads (null load) and verifies.
+    old = tmp_path / "old"
+    row = results.cell_row(CELL, sweep="t", attempt=1, status="ok")
+    results.write_attempt(old, row, {})
+    path = old / "cells" / f"{CELL.cell_id}-a1.parquet"
+    table = pq.read_table(path).drop(["load_avg_1m"])
+    fields = {k: v for k, v in table.to_pylist()[0].items() if k != "commit_sha256"}
+    digest = results.hashlib.sha256(
+        results.json.dumps(fields, sort_keys=True, default=str).encode()
+    ).hexdigest()
+    table = table.set_column(
+        table.schema.get_field_index("commit_sha256"), "commit_sha256", pa.array([digest])
+    )
+    pq.write_table(table, path)
+    cells = results.load(old)["cells"]
+    assert cells["load_avg_1m"].isna().all() and results.damaged_attempts(old) == {}
+    assert results.host_load_avg_1m() is None or results.host_load_avg_1m() >= 0.0

@@ -3,8 +3,13 @@
 Attribution: a bucket's all-reduce moves the gradients of the parameters in it
 (``bucket_params``), so each parameter is charged the share of the bucket's time that its bytes
 are of the bucket's bytes, ``t_param = t_bucket * bytes_param / bytes_bucket``; a module (layer)
-is charged the sum over its parameters. Both the measured median latency and the median exposed
-time of each bucket are attributed this way.
+is charged the sum over its parameters. The time attributed is the bucket's median service time
+(``transfer_ns``: its own all-reduce, without the wait behind earlier buckets), so a cell's
+modules add up to its all-reduce time per step (``allreduce_sum_measured_ns``). Latencies
+(``done - ready``) are not attributed: they hold queueing, and a sum of them counts a transfer
+once for every bucket that waited behind it. Per-bucket exposed times are not attributed either:
+buckets run concurrently on gloo's threads, so their exposed parts overlap and their sum exceeds
+the step's exposed time.
 
 Overheads, as measured in the dataset itself:
 
@@ -33,27 +38,21 @@ def layer_attribution(bucket_stats: pd.DataFrame, bucket_params: pd.DataFrame) -
         bucket_params: the dataset's ``bucket_params`` table.
 
     Returns:
-        Columns ``cell_id, attempt, module, num_bytes, latency_ns, exposed_ns`` (attributed,
-        float ns), sorted by cell and descending latency.
+        Columns ``cell_id, attempt, module, num_bytes, transfer_ns`` (attributed service time,
+        float ns), sorted by cell and descending time.
     """
     keys = ["cell_id", "attempt", "bucket_index"]
-    params = bucket_params.merge(
-        bucket_stats[[*keys, "latency_ns", "exposed_ns"]], on=keys, how="inner"
-    )
+    params = bucket_params.merge(bucket_stats[[*keys, "transfer_ns"]], on=keys, how="inner")
     if params.empty:
-        columns = ["cell_id", "attempt", "module", "num_bytes", "latency_ns", "exposed_ns"]
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=["cell_id", "attempt", "module", "num_bytes", "transfer_ns"])
     bucket_bytes = params.groupby(keys)["num_bytes"].transform("sum").astype(np.float64)
-    share = params["num_bytes"] / bucket_bytes
-    params = params.assign(
-        latency_ns=params["latency_ns"] * share, exposed_ns=params["exposed_ns"] * share
-    )
+    params = params.assign(transfer_ns=params["transfer_ns"] * params["num_bytes"] / bucket_bytes)
     out = (
-        params.groupby(["cell_id", "attempt", "module"])[["num_bytes", "latency_ns", "exposed_ns"]]
+        params.groupby(["cell_id", "attempt", "module"])[["num_bytes", "transfer_ns"]]
         .sum()
         .reset_index()
     )
-    return out.sort_values(["cell_id", "latency_ns"], ascending=[True, False]).reset_index(
+    return out.sort_values(["cell_id", "transfer_ns"], ascending=[True, False]).reset_index(
         drop=True
     )
 

@@ -95,6 +95,8 @@ def fingerprint(device: torch.device) -> dict[str, Any]:
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
         "num_threads": torch.get_num_threads(),
+        # read when training ended: the minute the cell ran (its own ranks included)
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

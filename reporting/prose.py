@@ -1,0 +1,173 @@
+"""Building blocks of the generated report text: quoted numbers, sections, figures, tables.
+
+Every section of the two reports is a function of the processed dataset that returns a
+:class:`Section` (or None where the dataset does not support it). A number enters the prose only
+through :meth:`Quotes.num` (or its shorthands), which formats it and records its name, its
+printed text and its value; the record is written as ``quoted.json`` beside the reports, so a
+test can parse every quoted number back and recompute it from the dataset. A quote of a value
+that is not finite is a bug in the section that asked for it (a sentence must not exist where
+its number does not) and raises. This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+}
+
+
+def escape(text: object) -> str:
+    """Text with LaTeX's special characters escaped (ASCII input expected)."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def words(items: Iterable[object], *, conjunction: str = "and") -> str:
+    """``a``, ``a and b``, ``a, b and c`` (items already LaTeX)."""
+    texts = [str(i) for i in items]
+    if len(texts) <= 1:
+        return "".join(texts)
+    return ", ".join(texts[:-1]) + f" {conjunction} " + texts[-1]
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 cell``, ``2 cells`` (the count not quoted: use for structural counts only)."""
+    return singular if count == 1 else (plural_form or singular + "s")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Quote:
+    """One number the prose prints."""
+
+    text: str
+    """As printed (LaTeX-free: digits, commas, a point, a sign)."""
+    value: float
+    """The value it was formatted from, in the unit printed."""
+
+
+class Quotes:
+    """The registry of quoted numbers of one report (name -> :class:`Quote`)."""
+
+    def __init__(self) -> None:
+        self._quotes: dict[str, Quote] = {}
+
+    def num(self, name: str, value: float, digits: int = 1) -> str:
+        """Format ``value`` with ``digits`` decimals and commas, and record it as ``name``.
+
+        Args:
+            name: a key unique in the report; quoting the same name again must give the same
+                text (the same number said in two places).
+            value: a finite number.
+            digits: decimals.
+
+        Returns:
+            The text to put in the prose.
+
+        Raises:
+            ValueError: a non-finite value, or a name quoted before with another text.
+        """
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"quote {name!r} is {value}: a sentence needs a finite number")
+        text = f"{value:,.{digits}f}"
+        if re.fullmatch(r"-0(\.0*)?", text):  # -0.0 rounds to zero: no sign
+            text = text[1:]
+        old = self._quotes.get(name)
+        if old is not None and old.text != text:
+            raise ValueError(f"quote {name!r} printed as {old.text} and as {text}")
+        self._quotes[name] = Quote(text=text, value=value)
+        return text
+
+    def count(self, name: str, value: int) -> str:
+        """An integer count (no decimals)."""
+        return self.num(name, value, 0)
+
+    def ms(self, name: str, value_ns: float, digits: int = 2) -> str:
+        """Nanoseconds printed as milliseconds."""
+        return self.num(name, value_ns / 1e6, digits)
+
+    def pct(self, name: str, fraction: float, digits: int = 1) -> str:
+        """A fraction printed as a percentage (without the sign: the prose adds ``\\%``)."""
+        return self.num(name, 100.0 * fraction, digits)
+
+    def as_dict(self) -> dict[str, dict[str, float | str]]:
+        """Name -> {"text", "value"}."""
+        return {k: {"text": q.text, "value": q.value} for k, q in self._quotes.items()}
+
+    def write(self, path: Path) -> None:
+        """Write the registry as JSON."""
+        path.write_text(json.dumps(self.as_dict(), indent=1) + "\n", encoding="ascii")
+
+
+@dataclass(kw_only=True, slots=True)
+class Section:
+    """One section of a report, as LaTeX."""
+
+    title: str
+    """Section title (LaTeX)."""
+    body: str
+    """Paragraphs, figures and tables (LaTeX)."""
+    label: str = ""
+    """``\\label`` name (``sec:<label>``), or empty."""
+    floats: list[str] = field(default_factory=list)
+    """Figure and table environments placed after the body."""
+
+    def latex(self) -> str:
+        """The section as LaTeX."""
+        label = rf"\label{{sec:{self.label}}}" if self.label else ""
+        parts = [rf"\section{{{self.title}}}{label}", self.body.strip(), *self.floats]
+        return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def paragraph(sentences: Sequence[str]) -> str:
+    """Sentences joined into one paragraph (empty ones dropped)."""
+    return " ".join(s.strip() for s in sentences if s and s.strip())
+
+
+def figure(name: str, caption: str) -> str:
+    """A figure environment for ``figures/<name>.pdf`` labelled ``fig:<name>``."""
+    return (
+        "\\begin{figure}[!htbp]\\centering\n"
+        f"\\includegraphics[width=\\linewidth]{{figures/{name}.pdf}}\n"
+        f"\\caption{{{caption}}}\\label{{fig:{name}}}\n\\end{{figure}}"
+    )
+
+
+def table(name: str, caption: str, fragment: str, *, here: bool = False) -> str:
+    """A table environment holding a generated fragment, labelled ``tab:<name>``.
+
+    Args:
+        name: label suffix.
+        caption: the caption (LaTeX).
+        fragment: the ``tabular`` fragment.
+        here: pin the table where it is (``[H]``): for a short table that must stay in its
+            section rather than float past the next one.
+    """
+    where = "H" if here else "!htbp"
+    return (
+        f"\\begin{{table}}[{where}]\\centering\n\\caption{{{caption}}}\\label{{tab:{name}}}\n"
+        f"{fragment.rstrip()}\n\\end{{table}}"
+    )
+
+
+def write_body(sections: Iterable[Section | None], path: Path) -> None:
+    """Write the sections that exist, in order, into one LaTeX file."""
+    text = "\n".join(s.latex() for s in sections if s is not None)
+    path.write_text(text, encoding="ascii")

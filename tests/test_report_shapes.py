@@ -1,0 +1,242 @@
+"""Both reports built on dataset shapes derived from the committed smoke dataset.
+
+Each shape keeps a subset of the committed cells (and their rows in every other table), so the
+reports meet one cell, one world size, two, only failures, guard rejections, repeats, traces and
+a recorded load. For each: no placeholder and no sentence twice in the PDF text, every number the
+prose quotes (``quoted_<report>.json``) printed and, for the headline ones, equal to the value
+recomputed here from the dataset's tables, and a LaTeX log without overfull boxes or undefined
+references. The builds are shared by every test (module-scoped fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from commprof.analysis.dataset import Processed, process
+from commprof.reporting import build
+from commprof.results import load
+
+DATA = Path(__file__).parent / "data" / "results_smoke"
+HAVE_LATEX = shutil.which("latexmk") is not None and shutil.which("pdftotext") is not None
+pytestmark = pytest.mark.skipif(
+    not HAVE_LATEX, reason="latexmk/pdftotext not installed (CI installs them)"
+)
+
+ONE_CELL = "d0edd4383678"  # srn-100k, p=2, cap 0.25 MiB: ok on its only attempt
+LOAD_CPUS = 2  # the host the smoke dataset ran on reported 2 CPUs (env_json)
+
+SHAPES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    "full": lambda c: pd.Series(True, index=c.index),
+    "one_cell": lambda c: c["cell_id"] == ONE_CELL,
+    "one_world_size": lambda c: (
+        (c["world_size"] == 2) & (c["status"] == "ok") & (c["repeat"] == 0) & ~c["profile"]
+    ),
+    "two_world_sizes": lambda c: (c["status"] == "ok") & (c["repeat"] == 0) & ~c["profile"],
+    "all_failed": lambda c: c["status"] != "ok",
+    "repeats_traces_load": lambda c: (
+        (c["model"] == "srn-1m") & (c["world_size"] == 2) & (c["status"] == "ok")
+    ),
+}
+"""Shape name -> which committed ``cells`` rows (attempts) it keeps."""
+
+
+def _subset(tables: dict[str, pd.DataFrame], keep: Callable[[pd.DataFrame], pd.Series]) -> dict:
+    cells = tables["cells"][keep(tables["cells"])].reset_index(drop=True)
+    keys = set(zip(cells["cell_id"], cells["attempt"], strict=True))
+    out = {"cells": cells}
+    for name, frame in tables.items():
+        if name != "cells":
+            mask = [k in keys for k in zip(frame["cell_id"], frame["attempt"], strict=True)]
+            out[name] = frame[np.asarray(mask, dtype=bool)].reset_index(drop=True)
+    return out
+
+
+def _pdf_text(path: Path) -> str:
+    out = subprocess.run(["pdftotext", str(path), "-"], capture_output=True, text=True, check=True)
+    text = out.stdout.replace("-\n", "-").replace("\u2019", "'")
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    raw = load(DATA)
+    out: dict[str, dict[str, Any]] = {}
+    for shape, keep in SHAPES.items():
+        tables = _subset(raw, keep)
+        if shape == "repeats_traces_load":  # a load column in closed form: 1.0, 1.5, 2.0, ...
+            tables["cells"]["load_avg_1m"] = 1.0 + 0.5 * np.arange(len(tables["cells"]))
+        data = process(tables)
+        folder = tmp_path_factory.mktemp(shape)
+        assert build.build_reports(data, folder, shape) == 0, shape
+        out[shape] = {
+            "dir": folder,
+            "data": data,
+            "tables": tables,
+            "text": {s: _pdf_text(folder / f"{s}.pdf") for s in build.REPORTS},
+            "quoted": {
+                s: json.loads((folder / f"quoted_{s}.json").read_text()) for s in build.REPORTS
+            },
+        }
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_placeholder_and_no_sentence_twice(built: dict, shape: str) -> None:
+    for stem, text in built[shape]["text"].items():
+        assert not re.search(r"\bn/a\b|\bnan\b|\binf\b", text, re.IGNORECASE), (shape, stem)
+        sentences = [s for s in re.split(r"(?<=[.;])\s+", text) if len(s.split()) >= 6]
+        repeated = {s for s in sentences if sentences.count(s) > 1}
+        assert not repeated, (shape, stem, repeated)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_latex_log_is_clean(built: dict, shape: str) -> None:
+    for stem in build.REPORTS:
+        log = (built[shape]["dir"] / f"{stem}.log").read_text(errors="replace")
+        assert "Overfull \\hbox" not in log and "Overfull \\vbox" not in log, (shape, stem)
+        assert "undefined" not in log.lower(), (shape, stem)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_quoted_number_is_printed(built: dict, shape: str) -> None:
+    for stem, quoted in built[shape]["quoted"].items():
+        text = built[shape]["text"][stem]
+        for name, quote in quoted.items():
+            assert quote["text"] in text, (shape, stem, name, quote)
+
+
+def _quote(built: dict, shape: str, stem: str, name: str) -> str:
+    return built[shape]["quoted"][stem][name]["text"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_headline_numbers_equal_the_dataset(built: dict, shape: str) -> None:
+    tables, data = built[shape]["tables"], built[shape]["data"]
+    latest = tables["cells"].sort_values("attempt").groupby("cell_id").tail(1)
+    counts = latest["status"].value_counts()
+    for stem in build.REPORTS:
+        assert _quote(built, shape, stem, "num_cells") == str(latest["cell_id"].nunique())
+    for status, n in counts.items():  # the postmortem counts every status (main: "all ok")
+        assert _quote(built, shape, "postmortem", f"num_cells_{status}") == f"{n:,}"
+        assert (
+            built[shape]["quoted"]["main"].get(f"num_cells_{status}", {"text": f"{n:,}"})["text"]
+            == f"{n:,}"
+        )
+    main = built[shape]["quoted"]["main"]
+    if data.merged.empty:
+        assert "No cell completed" in built[shape]["text"]["main"]
+        return
+    # the largest exposed share: per configuration run without the profiler (where there is
+    # one), the median over its rank-steps
+    plain = data.summary[~data.summary["profile"].astype(bool)]
+    cells = plain if len(plain) else data.summary
+    steps = data.breakdown.merge(cells[["cell_id", "attempt", "config_key"]])
+    share = 100.0 * steps.groupby("config_key")["comm_overhead_fraction"].median()
+    worst = [v for k, v in main.items() if k.startswith("exposed_share[")]
+    assert f"{share.max():,.1f}" == max(worst, key=lambda v: v["value"])["text"]
+    # the cap gain per (model, p): median step per cap from the raw steps table
+    ok = latest[(latest["status"] == "ok") & ~latest["profile"]]
+    raw_steps = tables["steps"][tables["steps"]["measured"]].merge(ok)
+    med = raw_steps.groupby(["model", "world_size", "bucket_cap_mb"])["step_ns"].median()
+    for (model, ws), part in med.groupby(level=[0, 1]):
+        name = f"cap_gain[{model},p={ws}]"
+        if len(part) < 2:
+            assert name not in main
+        else:
+            assert main[name]["text"] == f"{100 * (1 - part.min() / part.max()):,.1f}"
+    # the model's per-cell error, from the per-cell sums of the bucket table
+    sums = data.buckets.groupby("cell_id")[["transfer_ns", "modelled_ns"]].sum()
+    err = 100 * (sums["modelled_ns"] - sums["transfer_ns"]) / sums["transfer_ns"]
+    assert main["cell_abs_err_median_pct"]["text"] == f"{err.abs().median():,.1f}"
+
+
+def test_one_world_size_has_no_scaling_and_one_fit_sentence(built: dict) -> None:
+    text = built["one_world_size"]["text"]["main"]
+    assert not (built["one_world_size"]["dir"] / "figures" / "scaling.pdf").exists()
+    assert "grow with the world size" not in text
+    assert text.count("the fit gives") == 1
+    assert built["two_world_sizes"]["text"]["main"].count("the fit gives") == 2
+    assert (built["two_world_sizes"]["dir"] / "figures" / "scaling.png").exists()
+
+
+@pytest.mark.parametrize("shape", ["one_cell", "one_world_size", "two_world_sizes"])
+def test_no_rejection_no_repeat_no_trace_sections(built: dict, shape: str) -> None:
+    main, post = built[shape]["text"]["main"], built[shape]["text"]["postmortem"]
+    assert "The memory guard rejected no cell of this dataset." in main
+    assert not (built[shape]["dir"] / "figures" / "memory_guard.pdf").exists()
+    body = (built[shape]["dir"] / "generated" / "main_body.tex").read_text()
+    assert "fig:memory_guard" not in body
+    assert "Repeatability" not in post and "pooled; how far" not in main
+    assert "Hook against trace" not in post
+    assert "The dataset does not record the host's load average." in post
+
+
+def test_rejections_are_shown_with_their_arithmetic(built: dict) -> None:
+    for shape in ("full", "all_failed"):
+        post = built[shape]["text"]["postmortem"].replace(" ,", ",")
+        cells = built[shape]["tables"]["cells"]
+        rejected = cells[cells["status"] == "rejected"].iloc[0]
+        over = next(p for p in json.loads(rejected["guard_json"])["pools"] if not p["ok"])
+        assert f"{over['need_bytes']:,} B" in post
+
+
+def test_repeats_traces_and_load_are_quoted_from_the_data(built: dict) -> None:
+    shape = built["repeats_traces_load"]
+    post, quoted = shape["text"]["postmortem"], shape["quoted"]["postmortem"]
+    assert "Repeatability" in post and "Hook against trace" in post
+    load_avg = shape["tables"]["cells"]["load_avg_1m"]
+    assert quoted["load_median"]["text"] == f"{load_avg.median():,.2f}"
+    assert quoted["load_max"]["text"] == f"{load_avg.max():,.2f}"
+    assert quoted["num_load_over"]["text"] == str(int((load_avg > LOAD_CPUS).sum()))
+    # hook and trace overlap of the same rank-steps, from the raw trace_metrics table
+    data: Processed = shape["data"]
+    trace = shape["tables"]["trace_metrics"]
+    keys = ["cell_id", "attempt", "rank", "step"]
+    both = data.breakdown.merge(trace, on=keys, suffixes=("", "_trace"))
+    both = both.dropna(subset=["overlap_efficiency", "overlap_efficiency_trace"])
+    assert quoted["num_trace_steps"]["text"] == str(len(both))
+    assert quoted["trace_overlap_median"]["text"] == (
+        f"{both['overlap_efficiency_trace'].median():.2f}"
+    )
+    assert quoted["hook_overlap_median"]["text"] == f"{both['overlap_efficiency'].median():.2f}"
+
+
+def test_attribution_adds_up_to_the_cells_all_reduce_time(built: dict) -> None:
+    data: Processed = built["full"]["data"]
+    main = built["full"]["quoted"]["main"]
+    for name, quote in main.items():
+        if name.startswith("attributed_ms["):
+            cell_id = name[len("attributed_ms[") : -1]
+            total = data.summary.set_index("cell_id").loc[cell_id, "allreduce_sum_measured_ns"]
+            assert quote["text"] == f"{total / 1e6:,.2f}"
+
+
+def _prose(tex: str) -> str:
+    """The running text of a generated body: no floats, math, references or section titles."""
+    tex = re.sub(r"\\begin\{(table|figure)\}.*?\\end\{\1\}", " ", tex, flags=re.DOTALL)
+    tex = re.sub(r"\\begin\{description\}.*?\\end\{description\}", " ", tex, flags=re.DOTALL)
+    tex = re.sub(r"\$[^$]*\$", " ", tex)
+    tex = re.sub(r"\\(ref|label|section|title|texttt)\{[^}]*\}", " ", tex)
+    tex = re.sub(r"\d+\.\d+\.\d+\S*", " ", tex)  # versions (PyTorch 2.13.0+cpu)
+    return re.sub(r"[\d.]+~MiB|p=\d+|srn-\w+", " ", tex)  # configuration labels
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_measured_number_in_the_prose_is_a_quote(built: dict, shape: str) -> None:
+    # a decimal, a count with a thousands comma or a percentage typed into the text without
+    # going through Quotes (so without a recomputable record) fails here
+    for stem in build.REPORTS:
+        tex = (built[shape]["dir"] / "generated" / f"{stem}_body.tex").read_text()
+        quoted = {q["text"] for q in built[shape]["quoted"][stem].values()}
+        numbers = re.findall(r"-?\d[\d,]*\.\d+|-?\d[\d,]*(?=\\%)|\d{1,3}(?:,\d{3})+", _prose(tex))
+        assert set(numbers) <= quoted, (shape, stem, set(numbers) - quoted)
