@@ -32,6 +32,8 @@ import pandas as pd
 
 KEY = ["group", "step_key", "index"]
 """Columns that identify one collective across ranks."""
+DOUBTFUL_RESIDUAL = 0.25
+"""Median end residual, as a share of the median transfer, past which matching is doubtful."""
 NO_STEP = -1
 """``step_key`` where the index does not depend on the step (sequence numbers, trace order)."""
 
@@ -207,7 +209,19 @@ class CrossRank:
             "wait_ns": int(self.collectives["wait_ns"].sum()),
             "residual_p50_ns": int(self.offsets["residual_p50_ns"].median()),
             "residual_max_ns": int(residual.max()) if residual.size else 0,
+            "matching_doubtful": self.matching_doubtful(),
         }
+
+    def matching_doubtful(self) -> bool:
+        """Whether the aligned ends disagree by more than DOUBTFUL_RESIDUAL of a transfer.
+
+        Ends of one collective meet within the link's latency; a median residual that is a
+        sizeable share of the median transfer says that matching by order paired different
+        calls (traces without sequence numbers whose ranks saw different collectives).
+        """
+        transfer = float(self.collectives["transfer_ns"].median())
+        residual = float(self.offsets["residual_p50_ns"].median())
+        return residual > DOUBTFUL_RESIDUAL * transfer
 
 
 def _per_collective(m: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,150 @@
+"""Many ranks at once: a folder's traces parsed in parallel, on local processes or Ray tasks.
+
+Each trace is parsed where it is assigned and only its small results travel back: the step
+table, the collectives and a few header fields (:class:`RankResult`), not the interval sets.
+Local processes (``concurrent.futures.ProcessPoolExecutor`` over a forkserver, safe in a
+process that already runs threads) are the default; ``use_ray`` (or a cluster ``address``)
+runs one Ray task per trace, so a large job's traces are read on the cluster that holds them.
+Ray is imported only on that path (docs/design.md, Layers).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from commprof.profiling.crossrank import rank_collectives
+from commprof.profiling.metrics import step_metrics
+from commprof.profiling.trace_parser import parse_trace
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankResult:
+    """What the analysis keeps of one rank's trace."""
+
+    source: str
+    """The trace file."""
+    rank: int
+    """Rank (``ParsedTrace.rank``)."""
+    world_size: int | None
+    """World size from distributedInfo, if present."""
+    regime: str
+    """Rule table used."""
+    window_source: str
+    """Where the step windows came from (``ParsedTrace.step_source``)."""
+    steps: pd.DataFrame = field(repr=False)
+    """Step metrics (:func:`commprof.profiling.metrics.step_metrics`)."""
+    collectives: pd.DataFrame = field(repr=False)
+    """``ParsedTrace.collectives`` with rank and matching group."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """A worker's answer for one file: a result, a skip note or an error message."""
+
+    path: str
+    result: RankResult | None = None
+    skipped: str = ""
+    error: str = ""
+
+
+def analyze_file(path: str, regime: str | None) -> Outcome:
+    """Parse one trace and compute its step metrics (runs in a worker process or Ray task).
+
+    Errors come back as text, not as exceptions: the caller reports every failed rank at
+    once, whichever backend ran it.
+    """
+    try:
+        parsed = parse_trace(path, regime=regime, source=path)
+        result = RankResult(
+            source=path,
+            rank=parsed.rank,
+            world_size=parsed.world_size,
+            regime=parsed.regime,
+            window_source=parsed.step_source,
+            steps=step_metrics(parsed),
+            collectives=rank_collectives(parsed.collectives, parsed.rank, parsed.regime),
+        )
+    except ValueError as exc:
+        if "not a Chrome trace" in str(exc):
+            return Outcome(path=path, skipped="not a trace")
+        return Outcome(path=path, error=str(exc))
+    return Outcome(path=path, result=result)
+
+
+def default_workers(num_files: int) -> int:
+    """One worker per trace, at most one per CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(num_files, cpus or 1))
+
+
+def _on_processes(paths: list[str], regime: str | None, workers: int) -> list[Outcome]:
+    if workers == 1 or len(paths) == 1:
+        return [analyze_file(p, regime) for p in paths]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # workers start with the parser imported
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(analyze_file, paths, [regime] * len(paths)))
+
+
+def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[Outcome]:
+    import ray  # only on the --ray path: profiling imports no ray at module level
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        task = ray.remote(num_cpus=1)(analyze_file)
+        return list(ray.get([task.remote(p, regime) for p in paths]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def analyze_files(
+    files: Sequence[Path],
+    *,
+    regime: str | None = None,
+    workers: int | None = None,
+    use_ray: bool = False,
+    address: str | None = None,
+) -> list[RankResult]:
+    """Parse each trace file in parallel; results in file order, non-traces skipped.
+
+    Args:
+        files: Trace files.
+        regime: Force a regime (detected per trace if None).
+        workers: Local processes (default :func:`default_workers`); 1 parses in this process.
+        use_ray: One Ray task per file; connects to ``address`` (or ``RAY_ADDRESS``, else a
+            local Ray) unless this process already runs Ray.
+        address: Ray cluster address (implies ``use_ray``).
+
+    Raises:
+        ValueError: If ``workers`` < 1, or any trace cannot be parsed (every failed file
+            is named in one message).
+    """
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    paths = [str(p) for p in files]
+    if not paths:
+        return []
+    if use_ray or address is not None:
+        outcomes = _on_ray(paths, regime, address)
+    else:
+        outcomes = _on_processes(paths, regime, workers or default_workers(len(paths)))
+    errors = [o.error for o in outcomes if o.error]
+    if errors:
+        more = f" ({len(errors)} of {len(paths)} traces failed)" if len(errors) > 1 else ""
+        raise ValueError("; ".join(errors) + more)
+    for o in outcomes:
+        if o.skipped:
+            print(f"commprof analyze: skipping {Path(o.path).name}: {o.skipped}", file=sys.stderr)
+    return [o.result for o in outcomes if o.result is not None]
