@@ -113,3 +113,11 @@ def test_closed_stdout_is_no_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def test_workers_flag_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from commprof.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(GOLDEN), "--workers", "0"])
+    assert exc.value.code == 2 and "--workers" in capsys.readouterr().err

@@ -2,8 +2,8 @@
 
 Each trace is parsed where it is assigned and only its small results travel back: the step
 table, the collectives and a few header fields (:class:`RankResult`), not the interval sets.
-Local processes (``concurrent.futures.ProcessPoolExecutor`` over a forkserver, safe in a
-process that already runs threads) are the default; ``use_ray`` (or a cluster ``address``)
+Local processes (``concurrent.futures.ProcessPoolExecutor``; forked, or started by a
+forkserver where this process already runs threads) are the default; ``use_ray`` (or a cluster ``address``)
 runs one Ray task per trace, so a large job's traces are read on the cluster that holds them.
 Ray is imported only on that path (docs/design.md, Layers).
 """
@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -86,12 +87,21 @@ def default_workers(num_files: int) -> int:
     return max(1, min(num_files, cpus or 1))
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    """fork where this process runs no other thread (workers start with everything imported,
+    in milliseconds); else a forkserver, since forking a threaded process (Ray's driver, say)
+    can deadlock the child."""
+    if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # workers start with the parser imported
+    return ctx
+
+
 def _on_processes(paths: list[str], regime: str | None, workers: int) -> list[Outcome]:
     if workers == 1 or len(paths) == 1:
         return [analyze_file(p, regime) for p in paths]
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # workers start with the parser imported
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         return list(pool.map(analyze_file, paths, [regime] * len(paths)))
 
 
