@@ -3,8 +3,9 @@
 Each trace is parsed where it is assigned and only its small results travel back: the step
 table, the collectives and a few header fields (:class:`RankResult`), not the interval sets.
 Local processes (``concurrent.futures.ProcessPoolExecutor``; forked, or started by a
-forkserver where this process already runs threads) are the default; ``use_ray`` (or a cluster ``address``)
-runs one Ray task per trace, so a large job's traces are read on the cluster that holds them.
+forkserver where this process already runs threads) are the default; ``use_ray`` (or a
+cluster ``address``) runs one Ray task per trace, so a large job's traces are read on the
+cluster that holds them.
 Ray is imported only on that path (docs/design.md, Layers).
 """
 
