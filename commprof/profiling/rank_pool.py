@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,11 +99,27 @@ def _context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+def _progress(done: int, total: int) -> None:
+    """A one-line count on stderr for a person waiting at a terminal (none in logs or pipes)."""
+    if total > 1 and sys.stderr.isatty():
+        end = "\n" if done == total else ""
+        print(f"\rcommprof analyze: {done}/{total} traces parsed", end=end, file=sys.stderr)
+
+
 def _on_processes(paths: list[str], regime: str | None, workers: int) -> list[Outcome]:
     if workers == 1 or len(paths) == 1:
-        return [analyze_file(p, regime) for p in paths]
+        out = []
+        for path in paths:
+            out.append(analyze_file(path, regime))
+            _progress(len(out), len(paths))
+        return out
+    done: list[Outcome | None] = [None] * len(paths)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
-        return list(pool.map(analyze_file, paths, [regime] * len(paths)))
+        futures = {pool.submit(analyze_file, p, regime): i for i, p in enumerate(paths)}
+        for n, future in enumerate(as_completed(futures), 1):
+            done[futures[future]] = future.result()
+            _progress(n, len(paths))
+    return [o for o in done if o is not None]
 
 
 def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[Outcome]:
@@ -114,7 +130,12 @@ def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[O
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
-        return list(ray.get([task.remote(p, regime) for p in paths]))
+        refs = [task.remote(p, regime) for p in paths]
+        pending = list(refs)
+        while pending:  # results are fetched in file order below; this only counts
+            _, pending = ray.wait(pending, num_returns=1)
+            _progress(len(paths) - len(pending), len(paths))
+        return list(ray.get(refs))
     finally:
         if started:
             ray.shutdown()
