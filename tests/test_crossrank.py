@@ -10,7 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commprof.profiling.crossrank import CrossRank, cross_rank, rank_collectives
+from commprof.profiling.crossrank import (
+    CrossRank,
+    collective_groups,
+    cross_rank,
+    rank_collectives,
+)
 from commprof.profiling.trace_parser import parse_trace
 from tests.trace_events import (
     DELAY_US,
@@ -89,6 +94,18 @@ def test_streams_stand_in_for_missing_group_names() -> None:
     cr = line_up(traces)
     assert cr.matched_by == {"stream #0": "step order"}
     assert cr.offsets["offset_ns"].tolist() == us_to_ns(np.array(OFFSET_US) - OFFSET_US[0])
+
+
+def test_groups_by_name_stream_or_one_lane() -> None:
+    colls = pd.DataFrame({
+        "process_group": ["", "", "", "7"], "thread": [31, 24, 31, 24],
+        "start_ns": [30, 10, 50, 60],
+    })  # fmt: skip
+    assert collective_groups(colls, "cuda-nccl").tolist() == [
+        "stream #1", "stream #0", "stream #1", "pg 7",
+    ]  # fmt: skip
+    # gloo annotations run on whichever worker thread is free: the thread is no lane.
+    assert collective_groups(colls, "cuda-gloo").tolist() == ["default"] * 3 + ["pg 7"]
 
 
 def test_subgroup_and_reference_rank() -> None:

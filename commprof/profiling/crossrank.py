@@ -34,6 +34,9 @@ KEY = ["group", "step_key", "index"]
 """Columns that identify one collective across ranks."""
 DOUBTFUL_RESIDUAL = 0.25
 """Median end residual, as a share of the median transfer, past which matching is doubtful."""
+STREAM_REGIMES = frozenset({"cuda-nccl"})
+"""Regimes whose collectives are device kernels, ``thread`` their stream (in cuda-gloo they are
+host annotations on whichever gloo worker thread was free: no lane)."""
 NO_STEP = -1
 """``step_key`` where the index does not depend on the step (sequence numbers, trace order)."""
 
@@ -43,7 +46,7 @@ def collective_groups(collectives: pd.DataFrame, regime: str) -> pd.Series:
 
     Args:
         collectives: One rank's ``ParsedTrace.collectives`` (process_group, start_ns; thread).
-        regime: The trace's regime; on ``cuda-*`` traces the stream (``thread``) stands in for
+        regime: The trace's regime; in STREAM_REGIMES the stream (``thread``) stands in for
             a missing process group name.
 
     Returns:
@@ -55,7 +58,7 @@ def collective_groups(collectives: pd.DataFrame, regime: str) -> pd.Series:
     missing = pg == ""
     if not missing.any():
         return out
-    if regime.startswith("cuda") and "thread" in collectives.columns:
+    if regime in STREAM_REGIMES and "thread" in collectives.columns:
         first = collectives[missing].groupby("thread")["start_ns"].min().sort_values(kind="stable")
         number = {t: i for i, t in enumerate(first.index)}
         lanes = collectives.loc[missing, "thread"].map(number)
