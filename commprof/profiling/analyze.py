@@ -211,6 +211,8 @@ def _plain(v: Any) -> Any:
         return None if math.isnan(v) else v
     if isinstance(v, str | bool) or v is None:
         return v
+    if v is pd.NA or v is pd.NaT:
+        return None
     if hasattr(v, "item"):
         return _plain(v.item())
     return int(v)
