@@ -103,7 +103,7 @@ def test_traces_in_subfolders(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_closed_stdout_is_no_traceback() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commprof", "analyze", str(GOLDEN), "--workers", "1"],
+        [sys.executable, "-m", "commprof", "analyze", str(GOLDEN), "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
