@@ -21,15 +21,11 @@ from commprof.actors.rank_actor import RankActor
 log = logging.getLogger(__name__)
 
 PLACEMENT_READY_TIMEOUT_S = 60.0
-"""How long a new gang's placement group may take to be scheduled before the gang is given up."""
+"""How long a placed gang's actors may take to start and report where they run."""
 ACTOR_NAMESPACE = "commprof"
 """Ray namespace of the driver; rank actors are named ``<driver>-gang<N>-rank<R>`` in it."""
 
 _gang_ids = itertools.count()
-
-
-class PlacementTimeout(TimeoutError):
-    """The cluster did not place a gang's placement group in time (not: an actor was slow)."""
 
 
 _DRIVER_TAG = uuid.uuid4().hex[:8]
@@ -97,25 +93,27 @@ def bundle_for(device: str) -> dict[str, float]:
     return {"CPU": 1.0, "GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
 
 
-def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
-    """Reserve a placement group for ``shape`` and start one rank actor per bundle.
+def reserve(shape: tuple[int, str, str]) -> PlacementGroup:
+    """Ask the cluster for a placement group of ``shape``; returns at once (placing is async).
 
-    Raises:
-        PlacementTimeout: the cluster could not place the group in time (e.g. STRICT_SPREAD
-            over more ranks than nodes, or too few GPUs).
-        ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: the group was placed but
-            an actor did not start in time, or died starting.
+    ``group.ready()`` resolves once every bundle is placed; until then the group holds nothing,
+    so a cluster that is busy keeps it waiting without blocking the caller.
     """
     world_size, device, strategy = shape
-    bundles = [bundle_for(device) for _ in range(world_size)]
-    group = placement_group(bundles, strategy=strategy)
-    ready, _ = ray.wait([group.ready()], timeout=ready_timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise PlacementTimeout(
-            f"placement group of {world_size} x {bundles[0]} ({strategy}) not placed within "
-            f"{ready_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}"
-        )
+    return placement_group([bundle_for(device) for _ in range(world_size)], strategy=strategy)
+
+
+def start_gang(
+    shape: tuple[int, str, str], group: PlacementGroup, *, ready_timeout_s: float
+) -> Gang:
+    """Start one rank actor per bundle of a placed ``group``.
+
+    Raises:
+        ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: an actor did not start
+            in time, or died starting (the group and the actors are gone then).
+    """
+    world_size, device, _ = shape
+    bundle = bundle_for(device)
     gang_id = next(_gang_ids)
     remote = ray.remote(RankActor)
     gang = Gang(shape=shape, group=group, actors=[], gang_id=gang_id)
@@ -128,8 +126,8 @@ def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
                 remote.options(
                     name=f"{_DRIVER_TAG}-gang{gang_id}-rank{rank}",
                     namespace=ACTOR_NAMESPACE,
-                    num_cpus=bundles[rank]["CPU"],
-                    num_gpus=bundles[rank].get("GPU", 0),
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
                     max_restarts=0,
                     scheduling_strategy=bundle_slot,
                 ).remote()

@@ -279,13 +279,15 @@ def _check(args: argparse.Namespace) -> int:
 
 def _ray_resources() -> dict[str, float] | None:
     """Resources of a reachable Ray cluster, without starting one."""
-    address = os.environ.get("RAY_ADDRESS")
-    if address is None and not Path("/tmp/ray/ray_current_cluster").exists():
+    from commprof.sweeps.cluster import reachable, recorded_address
+
+    address = os.environ.get("RAY_ADDRESS") or recorded_address()
+    if address is None or not reachable(address):  # the driver's rule: never a driver's own Ray
         return None
     import ray
 
     try:
-        ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.ERROR)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError):
         return None
     try:

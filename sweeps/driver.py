@@ -1,15 +1,20 @@
 """The sweep driver: cells -> gangs of rank actors -> the dataset, resumably.
 
-The loop keeps as many cells running as the cluster's resources allow (one at a time where the
-matrix asks for exclusive use of the links), reuses idle gangs of the right shape, writes every
-finished attempt atomically (``commprof.results.write_attempt``), resubmits transient failures
-up to the matrix's attempt limit and never reruns a cell that is complete in the dataset.
+The loop keeps as many cells running as the cluster's free resources allow (one at a time where
+the matrix asks for exclusive use of the links), reuses idle gangs of the right shape, writes
+every finished attempt atomically (``commprof.results.write_attempt``), resubmits transient
+failures up to the matrix's attempt limit and never reruns a cell that is complete in the
+dataset. A cell is rejected as "cannot be placed" only where the cluster is too small for it
+(``commprof.sweeps.placement``); on a busy cluster it waits. A lost cluster
+(``commprof.sweeps.cluster``) or a stop request (SIGINT, SIGTERM) ends the loop: the running
+attempts are abandoned, nothing is recorded for them, and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +27,8 @@ from commprof import results
 from commprof.actors.execution import CellExecution, Outcome
 from commprof.actors.gang import Gang, bundle_for
 from commprof.matrix import Cell, Matrix
+from commprof.sweeps import placement
+from commprof.sweeps.cluster import ClusterLost, ClusterWatch
 from commprof.sweeps.guard import GuardPlan, probe_budgets
 from commprof.sweeps.plan import FailurePolicy, Plan, plan_cells, select
 from commprof.sweeps.pool import GangPool
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.05
 """How long the loop waits for any rank to report before it looks at timeouts again."""
+RECHECK_S = 1.0
+"""While cells wait for resources, how often the loop tries to place them again."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +57,8 @@ class DriverOptions:
     max_concurrent: int | None = None
     """At most this many cells at once (None: as many as resources allow)."""
     gang_ready_timeout_s: float = 60.0
-    """How long a new gang may take to be placed and started."""
+    """How long a placed gang's actors may take to start (a gang waiting for free resources
+    waits as long as it takes, logging every this many seconds)."""
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Test-only fault injection by cell id (``RankActor.run``); a fault applies to the
     attempts listed under its ``attempts`` key, the first only by default."""
@@ -82,9 +92,13 @@ class Summary:
     """Wall time of the run."""
     statuses: dict[str, str] = field(default_factory=dict)
     """Final status by cell id."""
+    stopped_by: str | None = None
+    """The signal that stopped the run early (``SIGINT``, ``SIGTERM``), if one did."""
+    abandoned: int = 0
+    """Attempts that were running when the run stopped early (not recorded; a rerun runs them)."""
 
 
-__all__ = ["Driver", "DriverOptions", "Summary", "select"]
+__all__ = ["ClusterLost", "Driver", "DriverOptions", "Summary", "select"]
 
 
 class Driver:
@@ -99,10 +113,21 @@ class Driver:
         matrix: the validated matrix.
         options: the run's options.
         stream: where progress goes (stderr by default).
+        watch: the watch on the cluster's GCS (:func:`commprof.sweeps.cluster.ClusterWatch`);
+            None trusts the cluster to stay.
     """
 
-    def __init__(self, matrix: Matrix, options: DriverOptions, stream: TextIO | None = None):
+    def __init__(
+        self,
+        matrix: Matrix,
+        options: DriverOptions,
+        stream: TextIO | None = None,
+        *,
+        watch: ClusterWatch | None = None,
+    ):
         self.matrix = matrix
+        self.watch = watch
+        self.stop_signal: int | None = None
         self.options = options
         self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s)
         self.policy = FailurePolicy(max_attempts=matrix.run.max_attempts)
@@ -111,6 +136,9 @@ class Driver:
         self._guard: GuardPlan | None = None
         self._budget_base: dict[str, int] = {}
         self._unplaceable: set[tuple[int, str, str]] = set()
+        self._placeable: dict[tuple[int, str, str], bool] = {}
+        self._nodes: list[dict[str, float]] | None = None
+        self._last_start_pass = 0.0
 
     @property
     def guard(self) -> GuardPlan:
@@ -146,8 +174,20 @@ class Driver:
 
     # -- running -----------------------------------------------------------------------------
 
+    def request_stop(self, signum: int) -> None:
+        """Stop after the current pass: start nothing more, abandon the running attempts.
+
+        Safe to call from a signal handler (it only sets a flag the loop reads).
+        """
+        self.stop_signal = signum
+
     def run(self) -> Summary:
-        """Run every planned cell to completion (or its attempt limit)."""
+        """Run every planned cell to completion (or its attempt limit), or until stopped.
+
+        Raises:
+            ClusterLost: the cluster's GCS stopped answering (nothing recorded for the running
+                attempts; a rerun resumes).
+        """
         started = time.monotonic()
         plan = self.plan()
         self._budget_base = plan.budget_base
@@ -161,39 +201,79 @@ class Driver:
         self.summary.planned = len(plan.todo) + len(plan.rejected)
         queue = collections.deque(plan.todo)
         running: list[CellExecution] = []
-        attempts: dict[str, int] = {}
-        changed = True  # replan only when a cell finished: placing is a control-plane call
+        lost = False
         try:
-            while queue or running:
-                if changed:
-                    self._start_ready(queue, running, attempts)
-                    changed = not running  # nothing started (a gang broke): try again
-
-                pending = [ref for ex in running for ref in ex.pending]
-                if pending:
-                    ray.wait(pending, num_returns=1, timeout=POLL_INTERVAL_S)
-                for ex in list(running):
-                    outcome = ex.poll()
-                    if outcome is None:
-                        continue
-                    running.remove(ex)
-                    attempt = attempts[ex.cell.cell_id]
-                    self._finish(ex.cell, ex.gang, ex.started_unix_s, outcome, attempt, queue)
-                    changed = True
-                self.progress.show(self.summary, len(queue), len(running))
+            self._loop(queue, running)
+        except ClusterLost:
+            lost = True  # its actors and groups went with it; calls to it would only block
+            raise
         finally:
-            for ex in running:
-                ex.gang.kill()
-            self.pool.close()
+            self.summary.abandoned = len(running)
+            if not lost:
+                for ex in running:
+                    ex.gang.kill()
+                self.pool.close()
+        if self.stop_signal is not None:
+            self.summary.stopped_by = signal.Signals(self.stop_signal).name
         self.summary.gangs_created = self.pool.created
         self.summary.wall_s = time.monotonic() - started
         self.progress.show(self.summary, 0, 0, final=True)
         return self.summary
 
+    def _loop(
+        self, queue: collections.deque[tuple[Cell, int]], running: list[CellExecution]
+    ) -> None:
+        attempts: dict[str, int] = {}
+        changed = True  # replan only when a cell finished: placing is a control-plane call
+        while (queue or running) and self.stop_signal is None:
+            if self.watch is not None:
+                self.watch.check()
+            if changed or (queue and self._placement_due(idle=not running)):
+                self._start_ready(queue, running, attempts)
+                changed = False
+            waiting = [ref for ex in running for ref in ex.pending] + self.pool.waiting()
+            if waiting:
+                ray.wait(waiting, num_returns=1, timeout=POLL_INTERVAL_S)
+            else:
+                time.sleep(POLL_INTERVAL_S)
+            for ex in list(running):
+                outcome = ex.poll()
+                if outcome is None:
+                    continue
+                if outcome.status != "ok" and self.watch is not None:
+                    self.watch.check(now=True)  # a rank lost with the cluster is no failure
+                running.remove(ex)
+                attempt = attempts[ex.cell.cell_id]
+                self._finish(ex.cell, ex.gang, ex.started_unix_s, outcome, attempt, queue)
+                changed = True
+            self.progress.show(self.summary, len(queue), len(running))
+
+    def _placement_due(self, *, idle: bool) -> bool:
+        """Cells wait for resources: try again once a reservation is placed, or now and then
+        while none of this driver's cells runs (a finished one would trigger a pass anyway)."""
+        waiting = self.pool.waiting()
+        if waiting and ray.wait(waiting, num_returns=1, timeout=0)[0]:
+            return True
+        return idle and time.monotonic() - self._last_start_pass > RECHECK_S
+
     def _limit(self) -> int:
         if self.matrix.run.exclusive:
             return 1
         return self.options.max_concurrent or 1_000_000
+
+    def _fits_cluster(self, cell: Cell) -> bool:
+        """Whether the cluster, empty, could hold the cell's gang (asked once per shape)."""
+        shape = cell.gang_shape
+        if shape not in self._placeable:
+            self._placeable[shape] = placement.fits(
+                self._node_resources(), bundle_for(cell.device), cell.world_size, cell.placement
+            )
+        return self._placeable[shape]
+
+    def _node_resources(self) -> list[dict[str, float]]:
+        if self._nodes is None:
+            self._nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        return self._nodes
 
     def _start_ready(
         self,
@@ -201,25 +281,17 @@ class Driver:
         running: list[CellExecution],
         attempts: dict[str, int],
     ) -> None:
+        self._last_start_pass = time.monotonic()
         deferred = []
         blocked: set[tuple[int, str, str]] = set()  # shapes that got no gang in this pass
         total = ray.cluster_resources()  # one control-plane round trip per pass, not per cell
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
-            skip = cell.gang_shape in blocked or cell.gang_shape in self._unplaceable
-            gang = None if skip else self.pool.acquire(cell, total)
-            if gang is None and not running:
-                # Nothing runs and no idle gang is left to drop: the cluster cannot place it.
-                need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
-                self._reject(
-                    cell,
-                    attempt,
-                    f"cannot be placed: needs {need} in one {cell.placement} placement group; "
-                    f"the cluster has {dict(total)}. Add nodes or resources, or --exclude it.",
-                )
-                self._unplaceable.add(cell.gang_shape)  # the same shape would wait in vain again
+            if cell.gang_shape in self._unplaceable or not self._fits_cluster(cell):
+                self._reject_unplaceable(cell, attempt)
                 continue
-            if gang is None:
+            gang = None if cell.gang_shape in blocked else self.pool.acquire(cell, total)
+            if gang is None:  # the cluster is busy: wait for free resources
                 blocked.add(cell.gang_shape)
                 deferred.append((cell, attempt))
                 continue
@@ -246,6 +318,19 @@ class Driver:
                 )
                 self._finish(cell, gang, time.time(), failed, attempt, queue)
         queue.extendleft(reversed(deferred))
+
+    def _reject_unplaceable(self, cell: Cell, attempt: int) -> None:
+        """Record a cell whose gang the cluster could not hold even if it were empty."""
+        bundle = bundle_for(cell.device)
+        self._reject(
+            cell,
+            attempt,
+            f"cannot be placed: needs {cell.world_size} ranks of {bundle} ({cell.placement}); "
+            f"the cluster has {placement.describe(self._node_resources(), bundle)} such ranks. "
+            "Add nodes or resources, or --exclude it.",
+        )
+        self._unplaceable.add(cell.gang_shape)
+        self.pool.cancel(cell.gang_shape)
 
     # -- committing --------------------------------------------------------------------------
 

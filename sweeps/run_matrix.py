@@ -1,8 +1,11 @@
 """Run a matrix of cells on Ray: ``python sweeps/run_matrix.py [--matrix FILE] [--out DIR]``.
 
-Connects to the cluster named by ``--address`` or ``RAY_ADDRESS``, else to a running local
-cluster (``ray start --head``), else starts an embedded Ray on this machine. Results land in the
-dataset folder (default ``results/<matrix name>/``); rerunning the same command resumes there.
+Connects to the cluster named by ``--address`` or ``RAY_ADDRESS``, else to the cluster that
+``ray start --head`` recorded on this machine, else starts an embedded Ray of its own (never
+another driver's). Results land in the dataset folder (default ``results/<matrix name>/``);
+rerunning the same command resumes there. SIGINT or SIGTERM stops the sweep cleanly (exit 130 or
+143; a second SIGINT stops at once), a lost cluster stops it with exit 4; either way a rerun
+resumes.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,21 +92,38 @@ def matrix_path(value: str) -> Path:
     return path
 
 
-def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
+def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, str]:
     """Connect to a Ray cluster or start an embedded one.
 
     Args:
-        address: an explicit address; None tries ``RAY_ADDRESS``, then a local cluster.
+        address: an explicit address; None tries ``RAY_ADDRESS``, then the cluster ``ray start``
+            recorded on this machine (``commprof.sweeps.cluster.recorded_address``).
         num_cpus: CPUs an embedded Ray advertises.
 
     Returns:
-        (whether Ray was started here, the dashboard URL if there is one).
+        (whether Ray was started here, the dashboard URL if there is one, the GCS address).
     """
     import ray
 
     from commprof.actors.gang import ACTOR_NAMESPACE
+    from commprof.sweeps.cluster import reachable, recorded_address
 
     address = address or os.environ.get("RAY_ADDRESS")
+    if address is None:
+        address = recorded_address()
+        if address is not None and not reachable(address):
+            log.info("the cluster `ray start` recorded at %s is gone", address)
+            address = None
+    if address is None:
+        log.info("no running Ray cluster found; starting an embedded one (%d CPUs)", num_cpus)
+        ray.init(
+            address="local",  # never attach to a cluster found by scanning processes
+            num_cpus=num_cpus,
+            namespace=ACTOR_NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+        return True, None, ray.get_runtime_context().gcs_address
     runtime_env: dict[str, Any] = {}
     if IN_SOURCE_CHECKOUT:  # ship this checkout; an installed package is on the nodes already
         runtime_env = {
@@ -109,28 +131,31 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None]:
             "excludes": RUNTIME_ENV_EXCLUDES,
             "env_vars": {"PYTHONPATH": "."},
         }
-    if address is None:
-        try:
-            ctx = ray.init(
-                address="auto",
-                namespace=ACTOR_NAMESPACE,
-                runtime_env=runtime_env,
-                log_to_driver=False,
-            )
-            return False, ctx.dashboard_url or None
-        except ConnectionError:
-            log.info("no running Ray cluster found; starting an embedded one (%d CPUs)", num_cpus)
-        ray.init(
-            num_cpus=num_cpus,
-            namespace=ACTOR_NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        return True, None
     ctx = ray.init(
         address=address, namespace=ACTOR_NAMESPACE, runtime_env=runtime_env, log_to_driver=False
     )
-    return False, ctx.dashboard_url or None
+    return False, ctx.dashboard_url or None, ray.get_runtime_context().gcs_address
+
+
+def install_stop_handlers(driver: Any) -> None:
+    """SIGINT and SIGTERM ask ``driver`` to stop after its current pass; a second SIGINT
+    raises ``KeyboardInterrupt`` at once. Only from the main thread (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if driver.stop_signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        print(
+            f"\n{signal.Signals(signum).name}: stopping; the running cells are abandoned and run "
+            "again when you rerun the same command (SIGINT again: stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+        driver.request_stop(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
     except DatasetLocked as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        print(
+            "interrupted: committed cells are kept; rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
 
 
 def _run_locked(
@@ -181,15 +212,17 @@ def _run_locked(
     import ray
 
     from commprof.results import load
+    from commprof.sweeps.cluster import EXIT_CLUSTER_LOST, ClusterLost, ClusterWatch
     from commprof.sweeps.driver import Driver, DriverOptions
 
-    started_here, dashboard = connect(args.address, num_cpus=num_cpus)
+    started_here, dashboard, gcs_address = connect(args.address, num_cpus=num_cpus)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", file=sys.stderr)
     print(
         f"sweep {matrix.name!r}: {len(selected)} cells from {matrix.source} -> {out}",
         file=sys.stderr,
     )
+    lost = False
     try:
         options = DriverOptions(
             out=out,
@@ -198,12 +231,19 @@ def _run_locked(
             exclude=tuple(args.exclude),
             max_concurrent=args.max_concurrent,
         )
-        summary = Driver(matrix, options).run()
+        with ClusterWatch(gcs_address) as watch:
+            driver = Driver(matrix, options, watch=watch)
+            install_stop_handlers(driver)  # after ray.init, which sets its own SIGTERM handler
+            summary = driver.run()
+    except ClusterLost as err:
+        lost = True
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CLUSTER_LOST
     except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
-        if started_here:
+        if started_here or not lost:
             ray.shutdown()
     if out.is_dir():
         print(summary_table(load(out), [c.cell_id for c in selected]))
@@ -213,6 +253,12 @@ def _run_locked(
         f"with --retry-failed); {summary.attempts} attempts in {summary.wall_s:.1f} s; "
         f"dataset: {out}"
     )
+    if summary.stopped_by is not None:
+        print(
+            f"stopped by {summary.stopped_by}: {summary.abandoned} running attempts abandoned "
+            "(not recorded); rerun the same command to resume"
+        )
+        return 128 + signal.Signals[summary.stopped_by].value
     return 1 if summary.failed or summary.failed_earlier else 0
 
 

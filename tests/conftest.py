@@ -23,10 +23,8 @@ def ray_cluster() -> Iterator[str]:
 
     from commprof.actors.gang import ACTOR_NAMESPACE
 
-    # address="local": a new cluster of our own, never one that another process left in
-    # /tmp/ray/ray_current_cluster (a stale one makes ray.init refuse num_cpus).
     ctx = ray.init(
-        address="local",
+        address="local",  # a fresh Ray, even where `ray start` or a Cluster recorded another
         num_cpus=RAY_TEST_CPUS,
         include_dashboard=False,
         namespace=ACTOR_NAMESPACE,

@@ -1,0 +1,118 @@
+"""Which Ray cluster the driver uses, and noticing when it is gone.
+
+Attaching: an address the user gave (``--address``, ``RAY_ADDRESS``) or the cluster that
+``ray start`` recorded on this machine; never another process's embedded Ray (Ray's
+``address="auto"`` also finds those by scanning processes, and such a cluster vanishes when its
+driver exits). Without either, the driver starts an embedded Ray of its own.
+
+Losing the cluster: when the GCS dies (``ray stop``, a lost head node) every control-plane call
+blocks, and Ray ends the process after its reconnect timeout (60 s). A :class:`ClusterWatch`
+thread probes the GCS port instead; the loop asks it before each pass and before committing a
+failure, so a lost cluster stops the sweep with an error and nothing recorded for that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0
+"""How often the watch connects to the GCS port."""
+PROBE_TIMEOUT_S = 2.0
+"""How long one probe may take (a refused connection answers at once)."""
+LOST_AFTER = 3
+"""Failed probes in a row after which the cluster counts as lost."""
+EXIT_GRACE_S = 15.0
+"""After the loss, how long the driver's loop may take to stop by itself before the watch ends
+the process (the loop can be stuck in a control-plane call until Ray's own 60 s limit)."""
+EXIT_CLUSTER_LOST = 4
+"""Exit status of a driver whose cluster was lost."""
+
+
+class ClusterLost(RuntimeError):
+    """The Ray cluster (its GCS) stopped answering; the message says what to do."""
+
+
+def recorded_address() -> str | None:
+    """The address ``ray start`` recorded on this machine, if any.
+
+    ``ray start --head`` writes it to ``<ray temp dir>/ray_current_cluster`` (``ray stop``
+    removes it); ``ray.init()`` of an embedded Ray does not, so another driver's embedded Ray is
+    never found here. ``ray.cluster_utils.Cluster`` (tests) writes it too.
+    """
+    from ray._private.utils import read_ray_address  # what ray.init() itself reads
+
+    return read_ray_address() or None
+
+
+def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to ``host:port`` succeeds (the GCS listens there)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class ClusterWatch:
+    """Probes the GCS of the cluster the driver uses, from a daemon thread.
+
+    Args:
+        gcs_address: ``host:port`` of the GCS.
+    """
+
+    def __init__(self, gcs_address: str) -> None:
+        self.gcs_address = gcs_address
+        self.lost = threading.Event()
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="commprof-cluster-watch")
+        self._thread.daemon = True
+
+    def __enter__(self) -> ClusterWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def check(self, *, now: bool = False) -> None:
+        """Raise :class:`ClusterLost` if the cluster is gone.
+
+        Args:
+            now: probe at once instead of trusting the thread's last verdict (before a failure
+                is committed: a rank that died with the cluster is not the cell's fault).
+        """
+        if now and not self.lost.is_set() and not reachable(self.gcs_address):
+            self.lost.set()
+        if self.lost.is_set():
+            raise ClusterLost(
+                f"the Ray cluster at {self.gcs_address} stopped answering (its GCS is "
+                "unreachable: `ray stop`, or the head node is gone). The running attempts were "
+                "abandoned and nothing was recorded for them; start the cluster again and rerun "
+                "the same command to resume."
+            )
+
+    def _watch(self) -> None:
+        failures = 0
+        while not self.done.wait(PROBE_INTERVAL_S):
+            failures = 0 if reachable(self.gcs_address) else failures + 1
+            if failures >= LOST_AFTER:
+                self.lost.set()
+                break
+        if self.done.wait(EXIT_GRACE_S):
+            return
+        # The loop is stuck in a call to the dead GCS: end the process before Ray does, with
+        # the same message (committed attempts are safe: every write is atomic).
+        try:
+            self.check()
+        except ClusterLost as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        log.error("exiting: the driver did not stop within %.0f s of the loss", EXIT_GRACE_S)
+        sys.stdout.flush()
+        os._exit(EXIT_CLUSTER_LOST)
