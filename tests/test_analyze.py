@@ -79,6 +79,7 @@ def test_run_json_prints_only_json(capsys: pytest.CaptureFixture[str], tmp_path:
         assert r["compute_ns"] + r["exposed_ns"] + r["idle_ns"] + r["other_ns"] == r["window_ns"]
     assert [r["window_source"] for r in doc["ranks"]] == ["ProfilerStep"] * 2
     assert [r["regime"] for r in doc["ranks"]] == ["cpu-gloo"] * 2
+    assert [(t["rank"], t["world_size"]) for t in doc["traces"]] == [(0, 2), (1, 2)]
     cross = doc["cross_rank"]
     assert cross["num_collectives"] == 3 * NUM_BUCKETS and len(cross["clock_offsets"]) == 2
     assert {s["rank"] for s in cross["stragglers"]} == {0, 1}

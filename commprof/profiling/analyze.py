@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,20 +119,28 @@ def rank_table(steps: pd.DataFrame) -> pd.DataFrame:
 class Analysis:
     """What ``commprof analyze`` found in one folder of rank traces."""
 
-    steps: pd.DataFrame
-    """One row per (rank, step): STEP_COLUMNS of :mod:`commprof.profiling.metrics`."""
-    ranks: pd.DataFrame
-    """One row per rank: sums of the steps, ratios of the sums, regime, window_source."""
-    collectives: pd.DataFrame
-    """Every collective of every rank (``ParsedTrace.collectives`` with rank and group)."""
+    per_rank: dict[str, pd.DataFrame] = field(repr=False)
+    """Tables with rows of every rank: "steps" (STEP_COLUMNS of
+    :mod:`commprof.profiling.metrics`), "ranks" (sums of the steps, ratios of the sums, regime,
+    window_source), "traces" (one row per trace file: rank, regime, window_source, ...),
+    "collectives" (every collective, with rank and matching group), and any other of
+    :data:`commprof.profiling.rank_pool.RANK_TABLES`."""
     cross: CrossRank | None = field(repr=False)
     """The ranks lined up (:mod:`commprof.profiling.crossrank`), None for one rank or job."""
     cross_note: str = ""
     """Why there is no cross-rank section, where there is none."""
 
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.per_rank["steps"]
+
+    @property
+    def ranks(self) -> pd.DataFrame:
+        return self.per_rank["ranks"]
+
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table by name (what ``--out`` writes as Parquet)."""
-        out = {"steps": self.steps, "ranks": self.ranks, "collectives": self.collectives}
+        out = dict(self.per_rank)
         if self.cross is not None:
             out |= {
                 "clock_offsets": self.cross.offsets,
@@ -156,6 +165,17 @@ def _line_up(results: list[RankResult], collectives: pd.DataFrame) -> tuple[Cros
     return cross, "" if cross is not None else "no collective seen on two ranks"
 
 
+def _checked_steps(steps: pd.DataFrame, trace_dir: Path) -> pd.DataFrame:
+    dup = steps.duplicated(["rank", "step"])
+    if dup.any():
+        first = steps[dup].iloc[0]
+        raise ValueError(
+            f"rank {first['rank']} step {first['step']} appears in two traces in {trace_dir}; "
+            "keep one trace per rank and step range"
+        )
+    return steps.sort_values(["rank", "step"]).reset_index(drop=True)
+
+
 def analyze(
     trace_dir: Path,
     *,
@@ -163,6 +183,7 @@ def analyze(
     workers: int | None = None,
     use_ray: bool = False,
     address: str | None = None,
+    parse_options: Mapping[str, Any] | None = None,
 ) -> Analysis:
     """Metrics tables of a folder of rank traces, parsed in parallel.
 
@@ -172,32 +193,34 @@ def analyze(
         workers: Local worker processes (default: one per trace, at most one per CPU).
         use_ray: Parse the traces as Ray tasks (the files must be readable on the cluster).
         address: Ray cluster to connect to (implies ``use_ray``).
+        parse_options: More keyword arguments of ``parse_trace`` for every trace.
 
     Raises:
         ValueError: If a (rank, step) appears in two traces, no trace is found, or a
             trace cannot be parsed.
     """
     trace_dir = Path(trace_dir)
-    files = trace_files(trace_dir)
-    results = analyze_files(files, regime=regime, workers=workers, use_ray=use_ray, address=address)
+    options = {"regime": regime, **(parse_options or {})}
+    results = analyze_files(
+        trace_files(trace_dir),
+        parse_options=options,
+        workers=workers,
+        use_ray=use_ray,
+        address=address,
+    )
     if not results:
         raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
-    steps = pd.concat([r.steps for r in results], ignore_index=True)
-    dup = steps.duplicated(["rank", "step"])
-    if dup.any():
-        first = steps[dup].iloc[0]
-        raise ValueError(
-            f"rank {first['rank']} step {first['step']} appears in two traces in {trace_dir}; "
-            "keep one trace per rank and step range"
-        )
-    steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
-    info = pd.DataFrame(
-        [{"rank": r.rank, "regime": r.regime, "window_source": r.window_source} for r in results]
-    ).drop_duplicates("rank")
-    ranks = rank_table(steps).merge(info, on="rank", how="left")
-    collectives = pd.concat([r.collectives for r in results], ignore_index=True)
-    cross, note = _line_up(results, collectives)
-    return Analysis(steps=steps, ranks=ranks, collectives=collectives, cross=cross, cross_note=note)
+    per_rank = {
+        name: pd.concat([r.tables[name] for r in results], ignore_index=True)
+        for name in results[0].tables
+    }
+    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
+    traces = pd.DataFrame([r.trace for r in results])
+    info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")
+    per_rank["ranks"] = rank_table(per_rank["steps"]).merge(info, on="rank", how="left")
+    per_rank["traces"] = traces
+    cross, note = _line_up(results, per_rank["collectives"])
+    return Analysis(per_rank=per_rank, cross=cross, cross_note=note)
 
 
 def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.DataFrame]:

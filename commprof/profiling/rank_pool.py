@@ -16,36 +16,60 @@ import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from commprof.profiling.crossrank import rank_collectives
 from commprof.profiling.metrics import step_metrics
-from commprof.profiling.trace_parser import parse_trace
+from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+
+
+def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
+    """One row of the ``traces`` table: what is said of a trace as a whole."""
+    return {
+        "rank": parsed.rank,
+        "source": parsed.source,
+        "world_size": parsed.world_size,
+        "regime": parsed.regime,
+        "window_source": parsed.step_source,
+    }
+
+
+def _collectives(parsed: ParsedTrace) -> pd.DataFrame:
+    return rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+
+
+RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
+    "steps": step_metrics,
+    "collectives": _collectives,
+}
+"""Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
+("steps": :func:`commprof.profiling.metrics.step_metrics`, "collectives": the collectives
+with rank and matching group, :func:`commprof.profiling.crossrank.rank_collectives`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankResult:
-    """What the analysis keeps of one rank's trace."""
+    """What the analysis keeps of one rank's trace: no interval set travels back."""
 
-    source: str
-    """The trace file."""
-    rank: int
-    """Rank (``ParsedTrace.rank``)."""
-    world_size: int | None
-    """World size from distributedInfo, if present."""
-    regime: str
-    """Rule table used."""
-    window_source: str
-    """Where the step windows came from (``ParsedTrace.step_source``)."""
-    steps: pd.DataFrame = field(repr=False)
-    """Step metrics (:func:`commprof.profiling.metrics.step_metrics`)."""
-    collectives: pd.DataFrame = field(repr=False)
-    """``ParsedTrace.collectives`` with rank and matching group."""
+    trace: dict[str, Any]
+    """Its row of the ``traces`` table (:func:`trace_row`)."""
+    tables: dict[str, pd.DataFrame] = field(repr=False)
+    """Each of RANK_TABLES for this trace."""
+
+    @property
+    def rank(self) -> int:
+        return int(self.trace["rank"])
+
+    @property
+    def world_size(self) -> int | None:
+        size = self.trace["world_size"]
+        return None if size is None else int(size)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,22 +82,22 @@ class Outcome:
     error: str = ""
 
 
-def analyze_file(path: str, regime: str | None) -> Outcome:
-    """Parse one trace and compute its step metrics (runs in a worker process or Ray task).
+def analyze_file(path: str, parse_options: Mapping[str, Any]) -> Outcome:
+    """Parse one trace and compute its RANK_TABLES (runs in a worker process or Ray task).
+
+    Args:
+        path: The trace file.
+        parse_options: Keyword arguments of
+            :func:`commprof.profiling.trace_parser.parse_trace` (``regime``, ...).
 
     Errors come back as text, not as exceptions: the caller reports every failed rank at
     once, whichever backend ran it.
     """
     try:
-        parsed = parse_trace(path, regime=regime, source=path)
+        parsed = parse_trace(path, source=path, **parse_options)
         result = RankResult(
-            source=path,
-            rank=parsed.rank,
-            world_size=parsed.world_size,
-            regime=parsed.regime,
-            window_source=parsed.step_source,
-            steps=step_metrics(parsed),
-            collectives=rank_collectives(parsed.collectives, parsed.rank, parsed.regime),
+            trace=trace_row(parsed),
+            tables={name: make(parsed) for name, make in RANK_TABLES.items()},
         )
     except ValueError as exc:
         if "not a Chrome trace" in str(exc):
@@ -106,23 +130,23 @@ def _progress(done: int, total: int) -> None:
         print(f"\rcommprof analyze: {done}/{total} traces parsed", end=end, file=sys.stderr)
 
 
-def _on_processes(paths: list[str], regime: str | None, workers: int) -> list[Outcome]:
+def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) -> list[Outcome]:
     if workers == 1 or len(paths) == 1:
         out = []
         for path in paths:
-            out.append(analyze_file(path, regime))
+            out.append(analyze_file(path, options))
             _progress(len(out), len(paths))
         return out
     done: list[Outcome | None] = [None] * len(paths)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
-        futures = {pool.submit(analyze_file, p, regime): i for i, p in enumerate(paths)}
+        futures = {pool.submit(analyze_file, p, options): i for i, p in enumerate(paths)}
         for n, future in enumerate(as_completed(futures), 1):
             done[futures[future]] = future.result()
             _progress(n, len(paths))
     return [o for o in done if o is not None]
 
 
-def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[Outcome]:
+def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
     import ray  # only on the --ray path: profiling imports no ray at module level
 
     started = not ray.is_initialized()
@@ -130,7 +154,7 @@ def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[O
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
-        refs = [task.remote(p, regime) for p in paths]
+        refs = [task.remote(p, dict(options)) for p in paths]
         pending = list(refs)
         while pending:  # results are fetched in file order below; this only counts
             _, pending = ray.wait(pending, num_returns=1)
@@ -144,7 +168,7 @@ def _on_ray(paths: list[str], regime: str | None, address: str | None) -> list[O
 def analyze_files(
     files: Sequence[Path],
     *,
-    regime: str | None = None,
+    parse_options: Mapping[str, Any] | None = None,
     workers: int | None = None,
     use_ray: bool = False,
     address: str | None = None,
@@ -153,7 +177,7 @@ def analyze_files(
 
     Args:
         files: Trace files.
-        regime: Force a regime (detected per trace if None).
+        parse_options: Keyword arguments of ``parse_trace`` for every file (``regime``, ...).
         workers: Local processes (default :func:`default_workers`); 1 parses in this process.
         use_ray: One Ray task per file; connects to ``address`` (or ``RAY_ADDRESS``, else a
             local Ray) unless this process already runs Ray.
@@ -165,13 +189,14 @@ def analyze_files(
     """
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    options = dict(parse_options or {})
     paths = [str(p) for p in files]
     if not paths:
         return []
     if use_ray or address is not None:
-        outcomes = _on_ray(paths, regime, address)
+        outcomes = _on_ray(paths, options, address)
     else:
-        outcomes = _on_processes(paths, regime, workers or default_workers(len(paths)))
+        outcomes = _on_processes(paths, options, workers or default_workers(len(paths)))
     errors = [o.error for o in outcomes if o.error]
     if errors:
         more = f" ({len(errors)} of {len(paths)} traces failed)" if len(errors) > 1 else ""

@@ -66,17 +66,28 @@ def cross_text(cross: CrossRank) -> list[str]:
     return lines
 
 
+BASIC_TABLES = ("steps", "ranks", "traces", "collectives")
+"""Tables printed in their own places; any other per-rank table prints after them."""
+
+
+def _extras(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    return {k: v for k, v in analysis.per_rank.items() if k not in BASIC_TABLES and not v.empty}
+
+
 def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
     """The printed report of ``commprof analyze``."""
-    rank_cols = ["rank", "regime", "window_source", "num_steps"]
-    rest = [c for c in analysis.ranks.columns if c not in rank_cols]
+    ranks = analysis.ranks.drop(columns=["regime", "window_source"], errors="ignore")
+    traces = analysis.per_rank["traces"].drop(columns=["source"])
     lines = [
         "Per step (durations in ms, shares in %):",
         _table(analysis.steps[step_columns]),
-        "\nPer rank (durations in ms, shares in %; window_source: where the step windows "
-        "came from):",
-        _table(analysis.ranks[[*rank_cols, *rest]]),
+        "\nPer rank (durations in ms, shares in %):",
+        _table(ranks),
+        "\nTraces (regime: the rule table used; window_source: where the step windows came from):",
+        _table(traces),
     ]
+    for name, table in _extras(analysis).items():
+        lines += [f"\nPer {name.replace('_', ' ')} (durations in ms, shares in %):", _table(table)]
     if analysis.cross is not None:
         lines += cross_text(analysis.cross)
     else:
@@ -85,7 +96,7 @@ def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
 
 
 def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``--json`` document: steps, ranks and the cross-rank section (ns and ratios)."""
+    """The ``--json`` document: steps, ranks, traces, the cross-rank section (ns and ratios)."""
     from commprof.profiling.analyze import records
 
     cross: dict[str, Any] | None = None
@@ -101,6 +112,8 @@ def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dic
     return {
         "steps": step_records,
         "ranks": records(analysis.ranks),
+        "traces": records(analysis.per_rank["traces"]),
+        **{name: records(table) for name, table in _extras(analysis).items()},
         "cross_rank": cross,
         "cross_rank_note": analysis.cross_note,
     }
