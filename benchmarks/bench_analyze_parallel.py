@@ -8,6 +8,9 @@ the cross-rank line-up) and reports the wall time of that call alone, imports ex
 pool's start (a forkserver and its workers importing the parser) is inside the timed call, as
 a user pays it. The sides alternate (1, 2, 1, 2, ...) so that a change of load hits both; the
 ratio quoted is median(1 worker) / median(2 workers). Both sides must give the same tables.
+Before each pair a control measures what parallelism the machine gives at that moment: two
+equal pure-Python loops one after the other vs on two forked processes at once (2.0 on two idle
+cores, 1.0 where other work leaves one core's worth).
 
 Usage::
 
@@ -62,6 +65,39 @@ def _worker(trace_dir: Path, workers: int) -> int:
     return 0
 
 
+SPIN_ITERATIONS = 10_000_000
+"""Pure-Python loop of the control (about 0.5 s of CPU here)."""
+
+
+def _spin(n: int = SPIN_ITERATIONS) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def _control() -> int:
+    """Control (fresh process): two equal CPU-bound tasks one after the other, then on two
+    forked processes at once; the ratio of the walls is the parallelism the machine gives now
+    (2.0 on two idle cores, 1.0 where the others leave one core's worth)."""
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    _spin()
+    _spin()
+    serial_s = time.perf_counter() - t0
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_spin) for _ in range(2)]
+    t1 = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    parallel_s = time.perf_counter() - t1
+    print(json.dumps({"serial_s": serial_s, "parallel_s": parallel_s}))
+    return 0
+
+
 def build_traces(trace_dir: Path, min_events: int) -> list[dict[str, Any]]:
     """Write ranks 0..7 of one simulated job into ``trace_dir`` (one file a rank)."""
     sys.path.insert(0, str(HERE))
@@ -79,14 +115,18 @@ def build_traces(trace_dir: Path, min_events: int) -> list[dict[str, Any]]:
     return built
 
 
-def _run_side(trace_dir: Path, workers: int) -> dict[str, Any]:
+def _fresh(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", str(workers), str(trace_dir)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"workers={workers} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{args} failed:\n{proc.stderr[-4000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _run_side(trace_dir: Path, workers: int) -> dict[str, Any]:
+    return _fresh(["--_worker", str(workers), str(trace_dir)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--_worker", nargs=2, metavar=("WORKERS", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--_control", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args._control:
+        return _control()
     if args._worker:
         return _worker(Path(args._worker[1]), int(args._worker[0]))
     if args.repeats < 1:
@@ -127,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": [],
     }
+    result["control"] = []
     for i in range(args.repeats):
+        control = _fresh(["--_control"])
+        control["repeat"] = i
+        result["control"].append(control)
         for workers in SIDES:
             run = _run_side(trace_dir, workers)
             run["repeat"] = i
@@ -146,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["median_wall_s"] = {str(w): med[w] for w in SIDES}
     result["speedup_2_vs_1"] = med[1] / med[2]
+    result["control_parallelism"] = statistics.median(
+        c["serial_s"] / c["parallel_s"] for c in result["control"]
+    )
     result["median_cpu_s"] = {
         str(w): statistics.median(r["cpu_s"] for r in result["runs"] if r["workers"] == w)
         for w in SIDES
@@ -155,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(
         f"1 worker {med[1]:.2f} s, 2 workers {med[2]:.2f} s: "
-        f"{result['speedup_2_vs_1']:.2f}x (medians of {args.repeats}); wrote {args.out}"
+        f"{result['speedup_2_vs_1']:.2f}x (medians of {args.repeats}); the machine's "
+        f"parallelism for two CPU-bound processes meanwhile: {result['control_parallelism']:.2f}x "
+        f"(2.0 on two idle cores); wrote {args.out}"
     )
     return 0
 
