@@ -75,8 +75,22 @@ def main(argv: list[str] | None = None) -> int:
     analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
     analyze.add_argument("trace_dir", type=Path, help="folder of Kineto/chrome traces")
     analyze.add_argument("--out", type=Path, help="write the tables as Parquet here")
-    analyze.add_argument("--json", action="store_true", help="print per-(rank, step) records")
+    analyze.add_argument(
+        "--json", action="store_true", help="print one JSON document (steps, ranks, cross_rank)"
+    )
     analyze.add_argument("--regime", choices=tuple(REGIMES), help="force the rule table")
+    analyze.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="local processes parsing traces (default: one per trace, at most one per CPU)",
+    )
+    analyze.add_argument(
+        "--ray", action="store_true", help="parse the traces as Ray tasks (RAY_ADDRESS or local)"
+    )
+    analyze.add_argument(
+        "--address", help="Ray cluster to parse on (implies --ray; files readable there)"
+    )
     analyze.set_defaults(func=_analyze)
 
     for name, help_text in (
@@ -403,7 +417,17 @@ def _report(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     from commprof.profiling.analyze import run
 
-    return int(run(args.trace_dir, args.out, args.json, args.regime))
+    return int(
+        run(
+            args.trace_dir,
+            args.out,
+            args.json,
+            args.regime,
+            workers=args.workers,
+            use_ray=args.ray,
+            address=args.address,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def test_transfer_wait_on_golden(tables: dict[str, pd.DataFrame]) -> None:
     assert len(tw) == 2 * 3 * NUM_BUCKETS
     assert (tw["wait_ns"] >= 0).all()
     # For every collective one rank waited nothing: its duration is the transfer.
-    assert (tw.groupby(["step", "position"])["wait_ns"].min() == 0).all()
+    assert (tw.groupby(["step_key", "index"])["wait_ns"].min() == 0).all()
+    assert set(tables["clock_offsets"]["rank"]) == {0, 1}
 
 
 def test_hook_records_match_trace_collectives() -> None:
@@ -67,15 +68,25 @@ def test_hook_records_match_trace_collectives() -> None:
 def test_run_json_prints_only_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert run(GOLDEN, tmp_path / "out", True, None) == 0
     captured = capsys.readouterr()
-    records = json.loads(captured.out)
+    doc = json.loads(captured.out)
+    records = doc["steps"]
     assert len(records) == 6
     assert set(records[0]) == {
         "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
-        "idle_ns", "overlap_efficiency", "comm_overhead_fraction",
+        "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
     }  # fmt: skip
+    for r in records:  # docs/design.md: compute + exposed + idle + other = |W|
+        assert r["compute_ns"] + r["exposed_ns"] + r["idle_ns"] + r["other_ns"] == r["window_ns"]
+    assert [r["window_source"] for r in doc["ranks"]] == ["ProfilerStep"] * 2
+    assert [r["regime"] for r in doc["ranks"]] == ["cpu-gloo"] * 2
+    assert [(t["rank"], t["world_size"]) for t in doc["traces"]] == [(0, 2), (1, 2)]
+    cross = doc["cross_rank"]
+    assert cross["num_collectives"] == 3 * NUM_BUCKETS and len(cross["clock_offsets"]) == 2
+    assert {s["rank"] for s in cross["stragglers"]} == {0, 1}
     steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
     assert steps["window_ns"].tolist() == [r["window_ns"] for r in records]
-    assert (tmp_path / "out" / "ranks.parquet").exists()
+    for name in ("ranks", "clock_offsets", "stragglers", "matched_collectives"):
+        assert (tmp_path / "out" / f"{name}.parquet").exists()
 
 
 def test_run_prints_tables_and_reports_errors(
@@ -95,7 +106,7 @@ def test_run_prints_tables_and_reports_errors(
 def test_json_null_for_undefined_efficiency() -> None:
     steps = pd.DataFrame([{
         "rank": 0, "step": 1, "window_ns": 10, "comm_ns": 0, "compute_ns": 10, "overlap_ns": 0,
-        "exposed_ns": 0, "idle_ns": 0, "overlap_efficiency": float("nan"),
+        "exposed_ns": 0, "idle_ns": 0, "other_ns": 0, "overlap_efficiency": float("nan"),
         "comm_overhead_fraction": 0.0,
     }])  # fmt: skip
     assert json.loads(json.dumps(records_from_steps(steps)))[0]["overlap_efficiency"] is None

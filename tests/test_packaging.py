@@ -30,9 +30,10 @@ def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
     [
         ("import commprof.analysis.dataset, commprof.reporting.build", ("torch", "ray")),
         ("import commprof.sweeps.driver", ("torch",)),
+        ("import commprof.profiling.analyze", ("torch", "ray")),
         (HELP, ("torch", "ray", "pandas", "scipy")),
     ],
-    ids=["analysis-and-reporting", "sweep-driver", "commprof-help"],
+    ids=["analysis-and-reporting", "sweep-driver", "trace-analysis", "commprof-help"],
 )
 def test_entry_points_leave_heavy_modules_out(code: str, absent: tuple[str, ...]) -> None:
     assert _loaded(code, absent) == []

@@ -1,30 +1,36 @@
-"""``commprof analyze TRACE_DIR``: per-step and per-rank overlap tables of a folder of traces.
+"""``commprof analyze TRACE_DIR``: per-step, per-rank and cross-rank tables of a folder of traces.
 
-Works on any folder of Kineto rank traces (``*.json`` / ``*.json.gz``), commprof's
-or a user's own; JSON files that are not traces are skipped with a note on stderr.
+Works on any folder of Kineto rank traces (``*.json`` / ``*.json.gz``), commprof's or a user's
+own; JSON files that are not traces are skipped with a note on stderr. A folder whose traces
+sit one level or more down (``results/<sweep>/traces/<cell>/``) is read where there is one
+such subfolder, and named in the error where there are several. The traces are parsed in
+parallel (:mod:`commprof.profiling.rank_pool`); printing is :mod:`commprof.profiling.report_text`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from commprof.profiling.metrics import STEP_COLUMNS, ratio, step_metrics, transfer_wait
+from commprof.profiling.crossrank import CrossRank, cross_rank
+from commprof.profiling.metrics import ratio
+from commprof.profiling.rank_pool import RankResult, analyze_files
 from commprof.profiling.trace_parser import ParsedTrace, parse_trace
 
 JSON_FIELDS = (
     "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
-    "idle_ns", "overlap_efficiency", "comm_overhead_fraction",
+    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
 )  # fmt: skip
-"""Fields of each ``analyze --json`` record (docs/design.md, Definitions)."""
+"""Fields of each ``analyze --json`` step record (docs/design.md, Definitions)."""
 SUM_COLUMNS = (
     "window_ns",
     "comm_ns",
@@ -34,19 +40,49 @@ SUM_COLUMNS = (
     "idle_ns",
     "other_ns",
 )
+MAX_NAMED_FOLDERS = 10
+"""Subfolders an error names before it says how many more there are."""
 
 
-def trace_files(trace_dir: Path) -> list[Path]:
-    """Candidate trace files in ``trace_dir`` (not recursive), sorted by name."""
-    if not trace_dir.is_dir():
-        raise ValueError(f"TRACE_DIR {trace_dir} is not a directory")
+def _candidates(folder: Path) -> list[Path]:
     return sorted(
-        p for p in trace_dir.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
+        p for p in folder.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
     )
 
 
+def trace_files(trace_dir: Path) -> list[Path]:
+    """Candidate trace files of ``trace_dir``, sorted by name.
+
+    The files directly in ``trace_dir``; where it holds none, those of its one subfolder
+    (at any depth) that holds some.
+
+    Raises:
+        ValueError: If ``trace_dir`` is no folder, or several of its subfolders hold traces
+            (the error names them: pass one).
+    """
+    if not trace_dir.is_dir():
+        raise ValueError(f"TRACE_DIR {trace_dir} is not a directory")
+    top = _candidates(trace_dir)
+    if top:
+        return top
+    folders = sorted(
+        {p.parent for p in trace_dir.rglob("*.json*") if p.name.endswith((".json", ".json.gz"))}
+    )
+    if len(folders) == 1:
+        print(f"commprof analyze: reading the traces in {folders[0]}", file=sys.stderr)
+        return _candidates(folders[0])
+    if len(folders) > 1:
+        names = [str(f.relative_to(trace_dir)) for f in folders[:MAX_NAMED_FOLDERS]]
+        more = len(folders) - len(names)
+        raise ValueError(
+            f"no trace files directly in {trace_dir}; {len(folders)} of its subfolders hold "
+            f"some: {', '.join(names)}{f' and {more} more' if more else ''}; pass one of them"
+        )
+    return []
+
+
 def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace]:
-    """Parse every trace in ``trace_dir``; non-trace JSON files are skipped.
+    """Parse every trace in ``trace_dir`` in this process; non-trace JSON files are skipped.
 
     Raises:
         ValueError: If the folder holds no trace.
@@ -79,23 +115,57 @@ def rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     return ranks
 
 
-def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.DataFrame]:
-    """Metrics tables of a folder of rank traces.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Analysis:
+    """What ``commprof analyze`` found in one folder of rank traces."""
 
-    Args:
-        trace_dir: Folder with one or more traces per rank.
-        regime: Force a regime for every trace (detected per trace if None).
+    per_rank: dict[str, pd.DataFrame] = field(repr=False)
+    """Tables with rows of every rank: "steps" (STEP_COLUMNS of
+    :mod:`commprof.profiling.metrics`), "ranks" (sums of the steps, ratios of the sums, regime,
+    window_source), "traces" (one row per trace file: rank, regime, window_source, ...),
+    "collectives" (every collective, with rank and matching group), and any other of
+    :data:`commprof.profiling.rank_pool.RANK_TABLES`."""
+    cross: CrossRank | None = field(repr=False)
+    """The ranks lined up (:mod:`commprof.profiling.crossrank`), None for one rank or job."""
+    cross_note: str = ""
+    """Why there is no cross-rank section, where there is none."""
 
-    Returns:
-        Tables by name: "steps" (one row per rank and step, STEP_COLUMNS),
-        "ranks" (per-rank sums), "collectives" (every collective with its rank),
-        "transfer_wait" (see :func:`commprof.profiling.metrics.transfer_wait`).
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.per_rank["steps"]
 
-    Raises:
-        ValueError: If a (rank, step) appears in two traces, or no trace is found.
-    """
-    parsed = parse_dir(Path(trace_dir), regime=regime)
-    steps = pd.concat([step_metrics(p) for p in parsed], ignore_index=True)
+    @property
+    def ranks(self) -> pd.DataFrame:
+        return self.per_rank["ranks"]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table by name (what ``--out`` writes as Parquet)."""
+        out = dict(self.per_rank)
+        if self.cross is not None:
+            out |= {
+                "clock_offsets": self.cross.offsets,
+                "stragglers": self.cross.stragglers,
+                "matched_collectives": self.cross.collectives,
+                "transfer_wait": self.cross.per_rank,
+            }
+        return out
+
+
+def _line_up(results: list[RankResult], collectives: pd.DataFrame) -> tuple[CrossRank | None, str]:
+    """Cross-rank section where the folder holds several ranks of one job."""
+    ranks = {r.rank for r in results}
+    sizes = {r.world_size for r in results if r.world_size is not None}
+    if len(ranks) < 2:
+        return None, "one rank"
+    if len(sizes) > 1:
+        return None, f"traces of several jobs (world sizes {sorted(sizes)})"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # set-apart ranks: said in the offsets table
+        cross = cross_rank(collectives)
+    return cross, "" if cross is not None else "no collective seen on two ranks"
+
+
+def _checked_steps(steps: pd.DataFrame, trace_dir: Path) -> pd.DataFrame:
     dup = steps.duplicated(["rank", "step"])
     if dup.any():
         first = steps[dup].iloc[0]
@@ -103,31 +173,83 @@ def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.D
             f"rank {first['rank']} step {first['step']} appears in two traces in {trace_dir}; "
             "keep one trace per rank and step range"
         )
-    steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
-    colls = [p.collectives.assign(rank=p.rank) for p in parsed]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tw = transfer_wait(colls) if len({p.rank for p in parsed}) > 1 else pd.DataFrame()
-    return {
-        "steps": steps,
-        "ranks": rank_table(steps),
-        "collectives": pd.concat(colls, ignore_index=True),
-        "transfer_wait": tw,
+    return steps.sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def analyze(
+    trace_dir: Path,
+    *,
+    regime: str | None = None,
+    workers: int | None = None,
+    use_ray: bool = False,
+    address: str | None = None,
+    parse_options: Mapping[str, Any] | None = None,
+) -> Analysis:
+    """Metrics tables of a folder of rank traces, parsed in parallel.
+
+    Args:
+        trace_dir: Folder with one or more traces per rank (see :func:`trace_files`).
+        regime: Force a regime for every trace (detected per trace if None).
+        workers: Local worker processes (default: one per trace, at most one per CPU).
+        use_ray: Parse the traces as Ray tasks (the files must be readable on the cluster).
+        address: Ray cluster to connect to (implies ``use_ray``).
+        parse_options: More keyword arguments of ``parse_trace`` for every trace.
+
+    Raises:
+        ValueError: If a (rank, step) appears in two traces, no trace is found, or a
+            trace cannot be parsed.
+    """
+    trace_dir = Path(trace_dir)
+    options = {"regime": regime, **(parse_options or {})}
+    results = analyze_files(
+        trace_files(trace_dir),
+        parse_options=options,
+        workers=workers,
+        use_ray=use_ray,
+        address=address,
+    )
+    if not results:
+        raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
+    per_rank = {
+        name: pd.concat([r.tables[name] for r in results], ignore_index=True)
+        for name in results[0].tables
     }
+    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
+    traces = pd.DataFrame([r.trace for r in results])
+    info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")
+    per_rank["ranks"] = rank_table(per_rank["steps"]).merge(info, on="rank", how="left")
+    per_rank["traces"] = traces
+    cross, note = _line_up(results, per_rank["collectives"])
+    return Analysis(per_rank=per_rank, cross=cross, cross_note=note)
+
+
+def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.DataFrame]:
+    """The tables of :func:`analyze` by name ("steps", "ranks", "collectives", ...)."""
+    return analyze(Path(trace_dir), regime=regime).tables()
+
+
+def _plain(v: Any) -> Any:
+    """A JSON value: NaN as None, numpy scalars as Python ones."""
+    if isinstance(v, float):
+        return None if math.isnan(v) else v
+    if isinstance(v, str | bool) or v is None:
+        return v
+    if v is pd.NA or v is pd.NaT:
+        return None
+    if hasattr(v, "item"):
+        return _plain(v.item())
+    return int(v)
+
+
+def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows as JSON-ready dicts (NaN as None)."""
+    part = frame if columns is None else frame[columns]
+    return [{str(k): _plain(v) for k, v in row.items()} for row in part.to_dict("records")]
 
 
 def records_from_steps(steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """The ``--json`` records: one per (rank, step), fields JSON_FIELDS, NaN as None."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, float):
-            return None if math.isnan(v) else v
-        return int(v)
-
-    return [
-        {str(k): plain(v) for k, v in row.items()}
-        for row in steps[list(JSON_FIELDS)].to_dict("records")
-    ]
+    """The ``--json`` step records: one per (rank, step), fields JSON_FIELDS, NaN as None."""
+    return records(steps, list(JSON_FIELDS))
 
 
 def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
@@ -149,35 +271,60 @@ def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     return written
 
 
-def run(trace_dir: Path, out: Path | None, as_json: bool, regime: str | None) -> int:
+def _emit(text: str) -> int:
+    """Write ``text`` to stdout; a reader that closed the pipe early (``| head``) is no error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The interpreter flushes stdout again at exit: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 0
+
+
+def run(
+    trace_dir: Path,
+    out: Path | None,
+    as_json: bool,
+    regime: str | None,
+    *,
+    workers: int | None = None,
+    use_ray: bool = False,
+    address: str | None = None,
+) -> int:
     """Entry point of ``commprof analyze``; returns the process exit code.
 
     Args:
         trace_dir: Folder of rank traces.
-        out: Folder for Parquet tables (steps, ranks, collectives, transfer_wait), or None.
-        as_json: Print only the JSON list of per-(rank, step) records on stdout.
+        out: Folder for the Parquet tables (:meth:`Analysis.tables`), or None.
+        as_json: Print one JSON document (steps, ranks, cross_rank) on stdout instead.
         regime: Force a regime (cpu-gloo, cuda-nccl, cuda-gloo).
+        workers: Local worker processes (default: one per trace, at most one per CPU).
+        use_ray: Parse the traces as Ray tasks.
+        address: Ray cluster address (implies use_ray).
 
     Returns:
         0 on success, 2 when the traces cannot be analysed (message on stderr).
     """
+    import json
+
+    from commprof.profiling.metrics import STEP_COLUMNS
+    from commprof.profiling.report_text import analysis_json, analysis_text
+
     try:
-        tables = analyze_dir(Path(trace_dir), regime=regime)
+        analysis = analyze(
+            Path(trace_dir), regime=regime, workers=workers, use_ray=use_ray, address=address
+        )
     except ValueError as exc:
         print(f"commprof analyze: {exc}", file=sys.stderr)
         return 2
     if out is not None:
-        for path in write_parquet(tables, Path(out)):
-            print(f"wrote {path}", file=sys.stderr if as_json else sys.stdout)
+        for path in write_parquet(analysis.tables(), Path(out)):
+            print(f"wrote {path}", file=sys.stderr)
     if as_json:
-        json.dump(records_from_steps(tables["steps"]), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
+        doc = analysis_json(analysis, records_from_steps(analysis.steps))
+        return _emit(json.dumps(doc, indent=1) + "\n")
     with pd.option_context("display.width", 200, "display.max_columns", None):
-        print("Per step (ns):")
-        print(
-            tables["steps"][list(STEP_COLUMNS)].to_string(index=False, float_format="{:.3f}".format)
-        )
-        print("\nPer rank (ns):")
-        print(tables["ranks"].to_string(index=False, float_format="{:.3f}".format))
-    return 0
+        return _emit(analysis_text(analysis, list(STEP_COLUMNS)) + "\n")

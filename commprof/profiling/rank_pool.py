@@ -1,0 +1,207 @@
+"""Many ranks at once: a folder's traces parsed in parallel, on local processes or Ray tasks.
+
+Each trace is parsed where it is assigned and only its small results travel back: the step
+table, the collectives and a few header fields (:class:`RankResult`), not the interval sets.
+Local processes (``concurrent.futures.ProcessPoolExecutor``; forked, or started by a
+forkserver where this process already runs threads) are the default; ``use_ray`` (or a
+cluster ``address``) runs one Ray task per trace, so a large job's traces are read on the
+cluster that holds them.
+Ray is imported only on that path (docs/design.md, Layers).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from commprof.profiling.crossrank import rank_collectives
+from commprof.profiling.metrics import step_metrics
+from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+
+
+def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
+    """One row of the ``traces`` table: what is said of a trace as a whole."""
+    return {
+        "rank": parsed.rank,
+        "source": parsed.source,
+        "world_size": parsed.world_size,
+        "regime": parsed.regime,
+        "window_source": parsed.step_source,
+    }
+
+
+def _collectives(parsed: ParsedTrace) -> pd.DataFrame:
+    return rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+
+
+RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
+    "steps": step_metrics,
+    "collectives": _collectives,
+}
+"""Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
+("steps": :func:`commprof.profiling.metrics.step_metrics`, "collectives": the collectives
+with rank and matching group, :func:`commprof.profiling.crossrank.rank_collectives`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankResult:
+    """What the analysis keeps of one rank's trace: no interval set travels back."""
+
+    trace: dict[str, Any]
+    """Its row of the ``traces`` table (:func:`trace_row`)."""
+    tables: dict[str, pd.DataFrame] = field(repr=False)
+    """Each of RANK_TABLES for this trace."""
+
+    @property
+    def rank(self) -> int:
+        return int(self.trace["rank"])
+
+    @property
+    def world_size(self) -> int | None:
+        size = self.trace["world_size"]
+        return None if size is None else int(size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """A worker's answer for one file: a result, a skip note or an error message."""
+
+    path: str
+    result: RankResult | None = None
+    skipped: str = ""
+    error: str = ""
+
+
+def analyze_file(path: str, parse_options: Mapping[str, Any]) -> Outcome:
+    """Parse one trace and compute its RANK_TABLES (runs in a worker process or Ray task).
+
+    Args:
+        path: The trace file.
+        parse_options: Keyword arguments of
+            :func:`commprof.profiling.trace_parser.parse_trace` (``regime``, ...).
+
+    Errors come back as text, not as exceptions: the caller reports every failed rank at
+    once, whichever backend ran it.
+    """
+    try:
+        parsed = parse_trace(path, source=path, **parse_options)
+        result = RankResult(
+            trace=trace_row(parsed),
+            tables={name: make(parsed) for name, make in RANK_TABLES.items()},
+        )
+    except ValueError as exc:
+        if "not a Chrome trace" in str(exc):
+            return Outcome(path=path, skipped="not a trace")
+        return Outcome(path=path, error=str(exc))
+    return Outcome(path=path, result=result)
+
+
+def default_workers(num_files: int) -> int:
+    """One worker per trace, at most one per CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(num_files, cpus or 1))
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """fork where this process runs no other thread (workers start with everything imported,
+    in milliseconds); else a forkserver, since forking a threaded process (Ray's driver, say)
+    can deadlock the child."""
+    if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # workers start with the parser imported
+    return ctx
+
+
+def _progress(done: int, total: int) -> None:
+    """A one-line count on stderr for a person waiting at a terminal (none in logs or pipes)."""
+    if total > 1 and sys.stderr.isatty():
+        end = "\n" if done == total else ""
+        print(f"\rcommprof analyze: {done}/{total} traces parsed", end=end, file=sys.stderr)
+
+
+def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) -> list[Outcome]:
+    if workers == 1 or len(paths) == 1:
+        out = []
+        for path in paths:
+            out.append(analyze_file(path, options))
+            _progress(len(out), len(paths))
+        return out
+    done: list[Outcome | None] = [None] * len(paths)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+        futures = {pool.submit(analyze_file, p, options): i for i, p in enumerate(paths)}
+        for n, future in enumerate(as_completed(futures), 1):
+            done[futures[future]] = future.result()
+            _progress(n, len(paths))
+    return [o for o in done if o is not None]
+
+
+def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
+    import ray  # only on the --ray path: profiling imports no ray at module level
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        task = ray.remote(num_cpus=1)(analyze_file)
+        refs = [task.remote(p, dict(options)) for p in paths]
+        pending = list(refs)
+        while pending:  # results are fetched in file order below; this only counts
+            _, pending = ray.wait(pending, num_returns=1)
+            _progress(len(paths) - len(pending), len(paths))
+        return list(ray.get(refs))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def analyze_files(
+    files: Sequence[Path],
+    *,
+    parse_options: Mapping[str, Any] | None = None,
+    workers: int | None = None,
+    use_ray: bool = False,
+    address: str | None = None,
+) -> list[RankResult]:
+    """Parse each trace file in parallel; results in file order, non-traces skipped.
+
+    Args:
+        files: Trace files.
+        parse_options: Keyword arguments of ``parse_trace`` for every file (``regime``, ...).
+        workers: Local processes (default :func:`default_workers`); 1 parses in this process.
+        use_ray: One Ray task per file; connects to ``address`` (or ``RAY_ADDRESS``, else a
+            local Ray) unless this process already runs Ray.
+        address: Ray cluster address (implies ``use_ray``).
+
+    Raises:
+        ValueError: If ``workers`` < 1, or any trace cannot be parsed (every failed file
+            is named in one message).
+    """
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    options = dict(parse_options or {})
+    paths = [str(p) for p in files]
+    if not paths:
+        return []
+    if use_ray or address is not None:
+        outcomes = _on_ray(paths, options, address)
+    else:
+        outcomes = _on_processes(paths, options, workers or default_workers(len(paths)))
+    errors = [o.error for o in outcomes if o.error]
+    if errors:
+        more = f" ({len(errors)} of {len(paths)} traces failed)" if len(errors) > 1 else ""
+        raise ValueError("; ".join(errors) + more)
+    for o in outcomes:
+        if o.skipped:
+            print(f"commprof analyze: skipping {Path(o.path).name}: {o.skipped}", file=sys.stderr)
+    return [o.result for o in outcomes if o.result is not None]
