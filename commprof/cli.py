@@ -279,10 +279,10 @@ def _check(args: argparse.Namespace) -> int:
 
 def _ray_resources() -> dict[str, float] | None:
     """Resources of a reachable Ray cluster, without starting one."""
-    from commprof.sweeps.cluster import reachable, recorded_address
+    from commprof.ray_address import cluster_address
 
-    address = os.environ.get("RAY_ADDRESS") or recorded_address()
-    if address is None or not reachable(address):  # the driver's rule: never a driver's own Ray
+    address = cluster_address()  # the driver's rule: never another driver's embedded Ray
+    if address is None:
         return None
     import ray
 

@@ -1,9 +1,5 @@
-"""Which Ray cluster the driver uses, and noticing when it is gone.
-
-Attaching: an address the user gave (``--address``, ``RAY_ADDRESS``) or the cluster that
-``ray start`` recorded on this machine; never another process's embedded Ray (Ray's
-``address="auto"`` also finds those by scanning processes, and such a cluster vanishes when its
-driver exits). Without either, the driver starts an embedded Ray of its own.
+"""Noticing that the driver's Ray cluster is gone (which cluster it attaches to:
+``commprof.ray_address``).
 
 Losing the cluster: when the GCS dies (``ray stop``, a lost head node) every control-plane call
 blocks, and Ray ends the process after its reconnect timeout (60 s). A :class:`ClusterWatch`
@@ -15,16 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import threading
+
+from commprof.ray_address import reachable
 
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 1.0
 """How often the watch connects to the GCS port."""
-PROBE_TIMEOUT_S = 2.0
-"""How long one probe may take (a refused connection answers at once)."""
 LOST_AFTER = 3
 """Failed probes in a row after which the cluster counts as lost."""
 EXIT_GRACE_S = 15.0
@@ -36,28 +31,6 @@ EXIT_CLUSTER_LOST = 4
 
 class ClusterLost(RuntimeError):
     """The Ray cluster (its GCS) stopped answering; the message says what to do."""
-
-
-def recorded_address() -> str | None:
-    """The address ``ray start`` recorded on this machine, if any.
-
-    ``ray start --head`` writes it to ``<ray temp dir>/ray_current_cluster`` (``ray stop``
-    removes it); ``ray.init()`` of an embedded Ray does not, so another driver's embedded Ray is
-    never found here. ``ray.cluster_utils.Cluster`` (tests) writes it too.
-    """
-    from ray._private.utils import read_ray_address  # what ray.init() itself reads
-
-    return read_ray_address() or None
-
-
-def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to ``host:port`` succeeds (the GCS listens there)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 class ClusterWatch:

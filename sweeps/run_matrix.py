@@ -97,7 +97,7 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
 
     Args:
         address: an explicit address; None tries ``RAY_ADDRESS``, then the cluster ``ray start``
-            recorded on this machine (``commprof.sweeps.cluster.recorded_address``).
+            recorded on this machine (``commprof.ray_address.cluster_address``).
         num_cpus: CPUs an embedded Ray advertises.
 
     Returns:
@@ -106,14 +106,9 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
     import ray
 
     from commprof.actors.gang import ACTOR_NAMESPACE
-    from commprof.sweeps.cluster import reachable, recorded_address
+    from commprof.ray_address import cluster_address
 
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address is None:
-        address = recorded_address()
-        if address is not None and not reachable(address):
-            log.info("the cluster `ray start` recorded at %s is gone", address)
-            address = None
+    address = cluster_address(address)
     if address is None:
         log.info("no running Ray cluster found; starting an embedded one (%d CPUs)", num_cpus)
         ray.init(

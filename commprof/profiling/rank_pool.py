@@ -149,9 +149,15 @@ def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) ->
 def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
     import ray  # only on the --ray path: profiling imports no ray at module level
 
+    from commprof.ray_address import cluster_address
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    if started:  # a cluster the user named or `ray start` recorded, else a Ray of our own
+        ray.init(
+            address=cluster_address(address) or "local",
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
         refs = [task.remote(p, dict(options)) for p in paths]

@@ -1,0 +1,55 @@
+"""Which Ray cluster to attach to: the one rule for the driver, ``commprof check`` and
+``commprof analyze --ray``.
+
+An address the user gave (a flag, ``RAY_ADDRESS``) or the cluster that ``ray start`` recorded
+on this machine, if it still answers; never another process's embedded Ray, which Ray's own
+``address="auto"`` also finds by scanning processes and which vanishes when that process exits.
+No module-level ray import: this module is read by torch- and ray-free commands.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+PROBE_TIMEOUT_S = 2.0
+"""How long one TCP probe of a GCS may take (a refused connection answers at once)."""
+
+
+def recorded_address() -> str | None:
+    """The address ``ray start`` recorded on this machine, if any.
+
+    ``ray start --head`` writes it to ``<ray temp dir>/ray_current_cluster`` (``ray stop``
+    removes it); ``ray.init()`` of an embedded Ray does not, so another driver's embedded Ray is
+    never found here. ``ray.cluster_utils.Cluster`` (tests) writes it too.
+    """
+    from ray._private.utils import read_ray_address  # what ray.init() itself reads
+
+    return read_ray_address() or None
+
+
+def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to ``host:port`` succeeds (the GCS listens there)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def cluster_address(explicit: str | None = None) -> str | None:
+    """The cluster to attach to, or None where the caller should start its own Ray.
+
+    Args:
+        explicit: an address from the command line; wins over everything.
+
+    Returns:
+        ``explicit``, else ``RAY_ADDRESS``, else the address ``ray start`` recorded if its GCS
+        answers; None otherwise (start an embedded Ray with ``ray.init(address="local")``).
+    """
+    address = explicit or os.environ.get("RAY_ADDRESS")
+    if address:
+        return address
+    recorded = recorded_address()
+    return recorded if recorded is not None and reachable(recorded) else None
