@@ -210,6 +210,11 @@ class Cell:
     microbench_passes: int = _spec(
         1, help="rounds over the microbenchmark sizes, each in a shuffled order", since=1
     )
+    interference_iters: int = _spec(
+        5,
+        help="timed iterations per size of the microbenchmark's interference arms (0: none)",
+        since=0,
+    )
     profile: bool = _spec(
         False,
         help="also record a torch.profiler trace per rank and derive trace metrics from it",
@@ -247,6 +252,8 @@ class Cell:
                 "step (step 0 and the warm-up steps are not measured); raise steps "
                 "(--steps) or lower warmup_steps (--warmup-steps)"
             )
+        if self.interference_iters < 0:
+            raise MatrixError(f"interference_iters must be >= 0, got {self.interference_iters!r}")
         if any(n <= 0 for n in self.microbench_sizes_bytes):
             raise MatrixError(f"microbench sizes must be > 0 bytes: {self.microbench_sizes_bytes}")
 
