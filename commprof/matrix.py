@@ -569,6 +569,8 @@ def cell_from_config(config: Mapping[str, Any]) -> Cell:
     """Rebuild a cell from its ``config()`` (as stored in the dataset)."""
     names = {f.name for f in dataclasses.fields(Cell)}
     values = {k: v for k, v in config.items() if k in names}
+    # A config stored before a later identity field existed had that field's earlier value.
+    values = {**{k: v for k, v in _LATER_ID_DEFAULTS.items() if k not in values}, **values}
     if "microbench_sizes_bytes" in values:
         values["microbench_sizes_bytes"] = tuple(values["microbench_sizes_bytes"])
     return Cell(**values)

@@ -230,19 +230,22 @@ def calibrate_step(
 
 
 def _hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
-    """(fixed ns, ns per byte) of ``launch_ns - ready_ns``: least absolute deviations would
-    resist outliers better; medians per size then a line through them do that cheaply."""
+    """(fixed ns, ns per byte) of the hook's time ``launch_ns - ready_ns``.
+
+    A line through the median per bucket size (medians resist the descheduled outliers of a
+    loaded host). A negative slope means no per-byte cost was seen (the median is the fixed
+    part); a negative intercept, a line through the origin.
+    """
     hook = (buckets["launch_ns"] - buckets["ready_ns"]).astype(np.float64)
     med = hook.groupby(buckets["num_bytes"]).median()
-    if med.size < 2:
-        return max(0.0, float(med.iloc[0])), 0.0
-    slope, intercept = np.polyfit(med.index.to_numpy(np.float64), med.to_numpy(), 1)
-    if intercept < 0 or slope < 0:
-        return (
-            (0.0, float(med.sum() / med.index.to_numpy(np.float64).sum()))
-            if slope > 0
-            else (float(med.median()), 0.0)
-        )
+    x, y = med.index.to_numpy(np.float64), med.to_numpy(np.float64)
+    if x.size < 2:
+        return max(0.0, float(y[0])), 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope < 0:
+        return max(0.0, float(np.median(y))), 0.0
+    if intercept < 0:
+        return 0.0, float(np.dot(x, y) / np.dot(x, x))
     return float(intercept), float(slope)
 
 
