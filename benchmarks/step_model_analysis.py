@@ -83,12 +83,17 @@ def _baselines(
     points = bucket_latency_points(
         buckets[buckets["cell_id"] == cal.cell_id], tables["steps"], time_column="transfer_ns"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        train_fit = fit_alpha_beta(points["num_bytes"], points["transfer_ns"], cal.world_size)
-    in_training = float(
-        train_fit.predict_ns([b.num_bytes for b in idle.prediction.buckets], world_size).sum()
-    )
+    nbytes = [b.num_bytes for b in idle.prediction.buckets]
+    if points["num_bytes"].nunique() < 2:
+        # one bucket size in the calibration cell (srn-1m at 25 MiB is one bucket): a ring fit
+        # cannot separate alpha and beta, so the time is taken proportional to bytes
+        per_byte = float((points["transfer_ns"] / points["num_bytes"]).median())
+        in_training = per_byte * sum(nbytes)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)
+            fit = fit_alpha_beta(points["num_bytes"], points["transfer_ns"], cal.world_size)
+        in_training = float(fit.predict_ns(nbytes, world_size).sum())
     return {
         "simulator": (sim.step_ns, sim.exposed_ns),
         "idle_ring": (idle.step_ns, idle.exposed_ns),

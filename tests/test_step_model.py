@@ -13,6 +13,8 @@ import pytest
 
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
+from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
+from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_model import (
     calibrate_step,
     cpu_share_scale,
@@ -141,3 +143,11 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     assert four["prediction"]["compute_end_ns"] == pytest.approx(
         scale * two["prediction"]["compute_end_ns"], rel=1e-6, abs=2
     )
+    # a published link: the measured compute kept, each bucket's all-reduce the ring model's
+    swapped = json.loads(
+        _commprof(*common, "--world-size", "2", "--interconnect", "nvlink4", "--no-interference")
+    )
+    link = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
+    for b in swapped["prediction"]["buckets"]:
+        assert b["service_ns"] == round(float(ring_allreduce_ns(b["num_bytes"], 2, link)))
+    assert swapped["prediction"]["compute_end_ns"] == two["prediction"]["compute_end_ns"]

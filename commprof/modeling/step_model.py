@@ -182,6 +182,8 @@ def calibrate_step(
     if steps.empty or steps["start_ns"].isna().any():
         raise ValueError(f"cell {key['cell_id']} has no measured steps with start times; rerun it")
     buckets = tables["buckets"].merge(steps, on=list(STEP_KEYS))
+    if buckets.empty:
+        raise ValueError(f"cell {key['cell_id']} has no bucket rows of measured steps; rerun it")
     # Per (rank, step): the compute work at each hook entry and at the last hand-over.
     works: dict[int, list[np.ndarray]] = {}
     other: list[float] = []
@@ -202,8 +204,6 @@ def calibrate_step(
     slowest = np.stack([np.max(np.stack(w), axis=0) for w in works.values()])
     per_bucket = {int(k): slowest[:, i].tolist() for i, k in enumerate(index)}
     compute = slowest[:, -1]
-    if not per_bucket:
-        raise ValueError(f"cell {key['cell_id']} has no bucket rows of measured steps; rerun it")
     fixed, per_byte = _hook_fit(buckets)
     sizes = buckets.groupby("bucket_index")["num_bytes"].first().sort_index()
     hooks = fixed + per_byte * sizes.to_numpy(np.float64)
