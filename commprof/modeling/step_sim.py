@@ -240,7 +240,8 @@ def simulate_step(
         compute_end_ns=compute_end,
         exposed_ns=exposed,
         comm_busy_ns=busy,
-        overlap_efficiency=(busy - exposed) / busy if busy > 0 else float("nan"),
+        # clamped: busy and exposed are sums of the same float steps, equal up to rounding
+        overlap_efficiency=min(1.0, max(0.0, busy - exposed) / busy) if busy > 0 else math.nan,
         buckets=tuple(
             BucketTiming(
                 index=k,
