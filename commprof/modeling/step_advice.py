@@ -6,8 +6,7 @@ reads the interference factors and calibrates the simulator (``step_model``).
 :func:`recommend_cap` predicts the step at each cap and names the fastest. Both are what
 ``commprof estimate --fit RESULTS`` uses, and what a report calls::
 
-    model = load_step_model(tables, "srn-10m", world_size=2)
-    advice = recommend_cap(model, param_sizes("srn-10m"), world_size=2)
+    advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
     advice.best_cap_mb, [(c.bucket_cap_mb, c.step_ns, c.exposed_ns) for c in advice.curve]
 
 This module imports no torch and no ray.
@@ -257,3 +256,34 @@ def recommend_cap(
     )
     best = min(curve, key=lambda c: (c.step_ns, c.num_buckets))
     return CapAdvice(best_cap_mb=best.bucket_cap_mb, curve=curve)
+
+
+def advise_cap(
+    tables: dict[str, pd.DataFrame],
+    model: str,
+    world_size: int,
+    *,
+    caps_mb: Sequence[float | None] = CAP_GRID_MB,
+    backend: str = "gloo",
+) -> CapAdvice:
+    """Bucket-cap advice for a catalog model from a dataset in one call (for reports).
+
+    Args:
+        tables: the dataset (``commprof.results.load``).
+        model: a ``commprof.catalog`` model name that has a completed cell in the dataset.
+        world_size: ranks to advise for (a calibration cell of this size is preferred; another
+            size is predicted with the ring model's p dependence, ranks on their own devices).
+        caps_mb: caps to compare (MiB; None is DDP's default).
+        backend: the backend of the calibration cell.
+
+    Returns:
+        The advice: the cap with the shortest predicted step, and the curve, each point with
+        step time, exposed communication, overlap efficiency and their ranges.
+    """
+    from commprof.catalog import parameter_sizes  # closed form, torch-free
+
+    sizes = parameter_sizes(model)
+    fitted = load_step_model(
+        tables, model, world_size=world_size, param_sizes=sizes, backend=backend
+    )
+    return recommend_cap(fitted, sizes, world_size=world_size, caps_mb=caps_mb)

@@ -8,10 +8,10 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
   Backward compute ran slower wherever an all-reduce was in flight, so the compute *work* done
   by time x is ``W(x) = x - sum over in-flight pieces of len * (1 - 1 / f)``, ``f`` the compute
   slowdown at the in-flight bucket's size. Bucket k's ready work is ``W(ready_k) - k L``, with
-  ``L`` the hooks' own time (``launch_ns - ready_ns``, fitted as ``a + b * bytes``: PyTorch's
-  ``allreduce_hook`` divides the bucket by the world size on the training thread before the
-  enqueue), which the simulator adds back for the buckets another cap makes. Medians over
-  ranks and steps.
+  ``L`` the hooks' own time (``launch_ns - ready_ns``, its lower quartile per bucket size
+  fitted as ``a + b * bytes``: PyTorch's ``allreduce_hook`` divides the bucket by the world
+  size on the training thread before the enqueue), which the simulator adds back for the
+  buckets another cap makes. Per step the slowest rank, then the median over steps.
 * Parameters inside a bucket are placed between the previous bucket's work and this one's by
   cumulative bytes (as ``timeline.parameter_ready_ns`` does), so any cap can be re-bucketed
   (``buckets.assign_buckets``, DDP's rules).
@@ -62,7 +62,8 @@ def interference_from_rows(rows: pd.DataFrame) -> Interference:
         rows: rows of the dataset's ``interference`` table (one or more cells).
 
     Returns:
-        Factors per measured size, spread the half interquartile range; without rows
+        Factors per measured size, at least 1 (overlap speeds neither side up: a factor below
+        1 is the noise of a loaded host), spread the half interquartile range; without rows
         :data:`NO_INTERFERENCE`.
     """
     if rows.empty:
@@ -76,7 +77,7 @@ def interference_from_rows(rows: pd.DataFrame) -> Interference:
         factors, spread = [], []
         for n in sizes:
             row = table.get((arm, n))
-            factors.append(1.0 if row is None else float(row["slowdown"]))
+            factors.append(1.0 if row is None else max(1.0, float(row["slowdown"])))
             spread.append(
                 0.0 if row is None else float(row["slowdown_q75"] - row["slowdown_q25"]) / 2.0
             )
@@ -229,18 +230,26 @@ def calibrate_step(
     )
 
 
+HOOK_QUANTILE = 0.25
+"""Quantile of the hook's time per bucket size taken as its cost: on a shared host the training
+thread is sometimes descheduled inside the hook for a whole all-reduce (tens of ms against a
+fraction of one), noise that only adds, so a low quantile estimates the cost, not the median."""
+
+
 def _hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     """(fixed ns, ns per byte) of the hook's time ``launch_ns - ready_ns``.
 
-    A line through the median per bucket size (medians resist the descheduled outliers of a
-    loaded host). A negative slope means no per-byte cost was seen (the median is the fixed
-    part); a negative intercept, a line through the origin.
+    A line through the ``HOOK_QUANTILE`` of each bucket size. With one size (a model in one
+    bucket) the two cannot be told apart and all of it is taken per byte: the hook's cost is
+    ``allreduce_hook``'s division of the bucket, the enqueue is tens of microseconds
+    (docs/design.md). A negative slope means no per-byte cost was seen (the quantile's median
+    is the fixed part); a negative intercept, a line through the origin.
     """
     hook = (buckets["launch_ns"] - buckets["ready_ns"]).astype(np.float64)
-    med = hook.groupby(buckets["num_bytes"]).median()
-    x, y = med.index.to_numpy(np.float64), med.to_numpy(np.float64)
+    low = hook.groupby(buckets["num_bytes"]).quantile(HOOK_QUANTILE)
+    x, y = low.index.to_numpy(np.float64), low.to_numpy(np.float64)
     if x.size < 2:
-        return max(0.0, float(y[0])), 0.0
+        return 0.0, max(0.0, float(y[0])) / float(x[0])
     slope, intercept = np.polyfit(x, y, 1)
     if slope < 0:
         return max(0.0, float(np.median(y))), 0.0
