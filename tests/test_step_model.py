@@ -16,7 +16,7 @@ from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.step_advice import advise_cap
+from commprof.modeling.step_advice import _cell_fit, advise_cap
 from commprof.modeling.step_model import (
     calibrate_step,
     cpu_share_scale,
@@ -172,3 +172,27 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     )
     by_cap = {c["bucket_cap_mb"]: c["step_ns"] for c in rec["curve"]}
     assert [round(c.step_ns) for c in advice.curve] == [by_cap[0.25], by_cap[32.0]]
+
+
+def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
+    # two older cells of one group, two microbenchmark sizes each: together four sizes
+    cells = pd.DataFrame(
+        [
+            {"cell_id": c, "attempt": 1, "status": "ok", "backend": "gloo", "device": "cpu",
+             "world_size": 2}
+            for c in ("a" * 12, "b" * 12)
+        ]
+    )  # fmt: skip
+    # times of an exact ring model, alpha 1000 ns and beta 1 ns/B at p = 2: 2000 + n
+    micro = pd.DataFrame(
+        [
+            {"cell_id": c, "attempt": 1, "num_bytes": n, "time_p50_ns": 2000 + n, "num_wrong": 0}
+            for c, sizes in (("a" * 12, (1000, 4000)), ("b" * 12, (16000, 64000)))
+            for n in sizes
+        ]
+    )
+    fit = _cell_fit({"cells": cells, "microbench": micro}, "a" * 12)
+    assert fit.num_points == 4  # type: ignore[union-attr]
+    assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
+    with pytest.raises(ValueError, match="rerun it"):
+        _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, "a" * 12)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
-from commprof.modeling.calibration import CalibrationWarning, Fit, fit_table
+from commprof.modeling.calibration import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.step_model import (
     StepCalibration,
@@ -83,15 +83,24 @@ def select_calibration_cell(
 
 
 def _cell_fit(tables: dict[str, pd.DataFrame], cell_id: str) -> Fit:
-    micro = tables["microbench"]
-    cells = tables["cells"][["cell_id", "attempt", "backend", "device", "world_size"]]
-    rows = micro[micro["cell_id"] == cell_id].merge(cells, on=["cell_id", "attempt"])
-    if rows.empty:
+    """Ring fit of the cell's microbenchmark; with fewer than ``MIN_POINTS`` sizes there (a
+    dataset from before cells measured ``CALIBRATION_SIZES_BYTES`` by default), of every ok
+    cell's of its backend, device and world size."""
+    cells = tables["cells"]
+    cells = cells[cells["status"] == "ok"][
+        ["cell_id", "attempt", "backend", "device", "world_size"]
+    ]
+    rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
+    own = rows[rows["cell_id"] == cell_id]
+    if own.empty:
         raise ValueError(f"cell {cell_id} has no microbenchmark rows to fit the link on")
+    if own["num_bytes"].nunique() < MIN_POINTS:
+        group = own[["backend", "device", "world_size"]].iloc[0]
+        own = rows[(rows[list(group.index)] == group).all(axis=1)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         try:
-            fits = fit_table(rows)
+            fits = fit_table(own)
         except ValueError as err:
             raise ValueError(
                 f"cell {cell_id}: {err}. A cell run by this version measures "
