@@ -7,16 +7,18 @@ overlap). Per message size ``S`` two arms measure it:
 
 * ``comm_under_compute``: the all-reduce of ``S`` bytes timed as the idle microbenchmark does
   (barrier, then ``all_reduce(...).wait()``, max over ranks per iteration), alone and while the
-  rank computes: on CPU a thread of the rank runs matrix products back to back (a
-  backward-like load: DDP backward on CPU is matrix products on the training thread, and
-  ``torch.mm`` releases the GIL); on CUDA the products run on another stream.
+  rank computes, alternating (one pair per iteration, so that load drift hits both alike): on
+  CPU a thread of the rank runs matrix products back to back (a backward-like load: DDP
+  backward on CPU is matrix products on the training thread, and ``torch.mm`` releases the
+  GIL); on CUDA the products run on another stream.
 * ``compute_under_comm``: one unit of compute (a ``COMPUTE_DIM``-square matrix product) timed
   alone and while a thread of the rank (CPU) or the communication stream (CUDA) runs all-reduces
   of ``S`` bytes back to back; a unit counts only if the all-reduces were still running when it
-  ended. On CUDA units are timed with events on the compute stream.
+  ended. On CUDA each unit is timed on the host up to a synchronize of the compute stream.
 
-The slowdown is ``time_loaded_p50 / time_alone_p50``; its quartiles ``slowdown_q25`` and
-``slowdown_q75`` (loaded quartiles over the alone median) say how much it varies. Rows go to
+The comm arm's slowdown is the median of the pairs' ratios loaded / alone, the compute arm's
+``time_loaded_p50 / time_alone_p50``; the quartiles ``slowdown_q25`` and ``slowdown_q75`` (of
+the ratios; of the loaded units over the alone median) say how much it varies. Rows go to
 the dataset's ``interference`` table (docs/design.md) and the step simulator takes them
 (``commprof.modeling.step_model.interference_from_rows``).
 """
@@ -39,6 +41,8 @@ ARMS = ("comm_under_compute", "compute_under_comm")
 """Arm names, as the ``interference`` table's ``arm`` column holds them."""
 WARMUP_ITERS = 3
 """Untimed iterations per size and arm."""
+PAUSE_POLL_S = 0.001
+"""How often a paused compute thread checks whether to resume (s)."""
 MAX_BACKGROUND_ALLREDUCES = 400
 """Most all-reduces the compute-under-comm arm runs behind one size."""
 
@@ -96,40 +100,55 @@ def _compute_unit(device: torch.device) -> Callable[[], None]:
     return unit
 
 
-def _time_allreduce(buf: torch.Tensor, iters: int, device: torch.device) -> list[int]:
-    durations = []
-    for it in range(WARMUP_ITERS + iters):
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # sync point: outside the window
-        dist.barrier()  # sync point: all ranks start together
-        start = time.perf_counter_ns()
-        work = dist.all_reduce(buf, async_op=True)
-        assert work is not None
-        work.wait()
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # sync point: reduction done
-        if it >= WARMUP_ITERS:
-            durations.append(time.perf_counter_ns() - start)
-    return durations
+def _time_allreduce(buf: torch.Tensor, device: torch.device) -> int:
+    """One all-reduce, all ranks starting together; its duration on this rank."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync point: outside the window
+    dist.barrier()  # sync point: all ranks start together
+    start = time.perf_counter_ns()
+    work = dist.all_reduce(buf, async_op=True)
+    assert work is not None
+    work.wait()
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync point: reduction done
+    return time.perf_counter_ns() - start
 
 
 def _comm_under_compute(
     numel: int, iters: int, device: torch.device
 ) -> tuple[list[int], list[int]]:
+    """(alone, loaded) durations, max over ranks, in alternating pairs.
+
+    Alone and loaded iterations alternate (the compute thread paused and resumed between them)
+    so that a drift of the host's load hits both alike: each pair's ratio is a slowdown.
+    """
     buf = torch.ones(numel, device=device)
-    alone = _time_allreduce(buf, iters, device)
     unit = _compute_unit(device)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    loading = threading.Event()
 
     def compute(stop: threading.Event) -> None:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             while not stop.is_set():
+                if not loading.wait(timeout=PAUSE_POLL_S):
+                    continue
                 unit()
                 if side is not None:
                     side.synchronize()  # sync point: keeps a bounded queue of GEMMs
 
+    alone: list[int] = []
+    loaded: list[int] = []
     with _Background(compute):
-        loaded = _time_allreduce(buf, iters, device)
+        for it in range(WARMUP_ITERS + iters):
+            for out, load in ((alone, False), (loaded, True)):
+                if load:
+                    loading.set()
+                else:
+                    loading.clear()
+                duration = _time_allreduce(buf, device)
+                if it >= WARMUP_ITERS:
+                    out.append(duration)
+        loading.clear()
     return _max_over_ranks(alone, device), _max_over_ranks(loaded, device)
 
 
@@ -178,11 +197,22 @@ def _compute_under_comm(
 def interference_record(
     alone_ns: Sequence[int], loaded_ns: Sequence[int], *, arm: str, num_bytes: int
 ) -> dict[str, object]:
-    """One ``interference`` row from the alone and loaded durations of one arm and size."""
+    """One ``interference`` row from the alone and loaded durations of one arm and size.
+
+    The comm arm's durations come in pairs (iteration i alone, then loaded): its slowdown and
+    quartiles are those of the pairs' ratios. The compute arm's loaded units are many short
+    ones against the alone median: loaded quartiles over the alone median.
+    """
     if arm not in ARMS or not alone_ns or not loaded_ns:
         raise ValueError(f"arm must be one of {ARMS} with durations, got {arm!r}")
     alone_p50 = statistics.median(alone_ns)
-    q25, p50, q75 = _quartiles(loaded_ns)
+    p50 = statistics.median(loaded_ns)
+    if arm == ARMS[0]:
+        if len(alone_ns) != len(loaded_ns):
+            raise ValueError("the comm arm's alone and loaded durations come in pairs")
+        q25, ratio, q75 = _quartiles([lo / al for al, lo in zip(alone_ns, loaded_ns, strict=True)])
+    else:
+        q25, ratio, q75 = (q / alone_p50 for q in _quartiles(loaded_ns))
     return {
         "arm": arm,
         "num_bytes": int(num_bytes),
@@ -190,9 +220,9 @@ def interference_record(
         "num_iters_loaded": len(loaded_ns),
         "time_alone_p50_ns": int(alone_p50),
         "time_loaded_p50_ns": int(p50),
-        "slowdown": p50 / alone_p50,
-        "slowdown_q25": q25 / alone_p50,
-        "slowdown_q75": q75 / alone_p50,
+        "slowdown": ratio,
+        "slowdown_q25": q25,
+        "slowdown_q75": q75,
     }
 
 
