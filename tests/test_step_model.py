@@ -18,9 +18,11 @@ from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import _cell_fit, advise_cap
 from commprof.modeling.step_model import (
+    StepCalibration,
     calibrate_step,
     cpu_share_scale,
     interference_from_rows,
+    predict_step,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
 
@@ -196,3 +198,32 @@ def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
     assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
     with pytest.raises(ValueError, match="rerun it"):
         _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, "a" * 12)
+
+
+def test_prediction_in_closed_form() -> None:
+    # two parameters, each 1000 float32 (4000 B): a huge cap makes one bucket of 8000 B, ready
+    # once all compute (300 ns of work) is done; the hook costs 10 + 0.01 ns/B = 90 ns; the link
+    # has alpha 0 and 1 ns/B, so at p = 2 the all-reduce takes 2 (1/2) 8000 = 8000 ns, all exposed
+    cal = StepCalibration(
+        cell_id=CELL, world_size=2, backend="nccl", param_ready_work_ns=(300.0, 100.0),
+        compute_work_ns=300.0, hook_fixed_ns=10.0, hook_ns_per_byte=0.01, forward_ns=50.0,
+        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0,
+    )  # fmt: skip
+    sizes = [("a", 1000), ("b", 1000)]
+    link = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)
+    p = predict_step(cal, sizes, bucket_cap_mb=512, link=link)
+    assert len(p.buckets) == 1 and p.exposed_ns == pytest.approx(8000)
+    assert p.step_ns == pytest.approx(50 + 300 + 90 + 8000 + 20 + 5)
+    # p = 4: 2 (3/4) 8000 = 12000 ns; compute scaled by 2: forward, work, hooks and optimizer
+    p4 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, world_size=4, compute_scale=2)
+    assert p4.step_ns == pytest.approx(2 * (50 + 300 + 90 + 20) + 12000 + 5)
+    # a cap of 4000 B: b (registration index 1) is ready first at 100, then a at 300
+    two = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link)
+    hook = 10 + 0.01 * 4000
+    assert [b.ready_ns for b in two.buckets] == pytest.approx([100, 300 + hook])
+    assert two.compute_end_ns == pytest.approx(300 + 2 * hook)
+    # 4000 ns all-reduces: the first handed over at 100 + 50, done at 4150; the second handed
+    # over at 400 and queued behind it on nccl's one channel until 4150, done at 8150
+    assert two.buckets[1].end_ns == pytest.approx(4150 + 4000)
+    with pytest.raises(ValueError, match="parameters"):
+        predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
