@@ -91,6 +91,12 @@ def test_hook_time_delays_compute_and_hand_over() -> None:
     )
     assert p.buckets[1].ready_ns == 25 and p.buckets[1].start_ns == 30
     assert p.compute_end_ns == 30
+    # compute that goes on after the last hook: 50 of work plus both hooks' 10
+    more = simulate_step(
+        ready_work_ns=[10, 20], service_ns=[1, 1], num_bytes=[1, 1], launch_overhead_ns=5,
+        compute_work_ns=50,
+    )  # fmt: skip
+    assert more.compute_end_ns == 50 + 2 * 5
 
 
 def test_no_communication() -> None:

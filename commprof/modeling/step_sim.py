@@ -192,8 +192,8 @@ def simulate_step(
             backward start) after which its gradients are ready.
         service_ns: Per bucket: its all-reduce time on an idle link.
         num_bytes: Per bucket: its bytes (selects the interference factors).
-        compute_work_ns: Total backward compute work; default the last ready work (the last
-            bucket's gradients are the last ones autograd produces).
+        compute_work_ns: Total backward compute work, hooks excluded; default the last ready
+            work (the last bucket's gradients are the last ones autograd produces).
         num_channels: Collectives the backend runs at once (:data:`BACKEND_CHANNELS`).
         interference: Slowdown factors; :data:`NO_INTERFERENCE` for none.
         launch_overhead_ns: Training-thread time of each hook (one for all, or one per
@@ -228,7 +228,7 @@ def simulate_step(
     for k in range(nb):
         milestones.append((float(work[k] + before[k]), k))  # hook entered
         milestones.append((float(work[k] + before[k + 1]), nb + k))  # handed over
-    milestones.append((max(total, milestones[-1][0] if nb else 0.0), 2 * nb))  # compute ends
+    milestones.append((total + float(before[-1]), 2 * nb))  # compute ends, after every hook
     timeline = _play(milestones, service_ns, num_bytes, num_channels, interference)
     ready, start, end, compute_end, busy = timeline
     comm_end = max(end) if nb else 0.0
