@@ -4,7 +4,8 @@ Checks (each runs in its own spawned processes and is reported, pass or fail, on
 
 1. ``nccl1-allreduce``: a cell on NCCL with world size 1 through ``run_local`` (trainer, timing
    hook around the plain all-reduce, all-reduce microbenchmark). Every bucket row must carry a
-   CUDA-event ``device_latency_ns`` > 0; every microbenchmark row ``num_wrong == 0``.
+   CUDA-event ``device_latency_ns`` > 0; every microbenchmark row ``num_wrong == 0``; the
+   interference arms (a GEMM on a side stream) give rows with finite slowdowns > 0.
 2. ``nccl1-fp16``: the same with the fp16 compression hook inside the timing wrapper.
 3. ``cuda-gloo2``: gloo over CUDA tensors, 2 ranks sharing GPU 0 (the cuda-gloo regime): the
    same record checks.
@@ -96,6 +97,13 @@ def _record_checks(records: dict[str, list[dict[str, Any]]]) -> tuple[list[str],
     wrong = [r for r in micro if r["num_wrong"] != 0]
     if wrong:
         problems.append(f"microbench sizes with wrong elements: {[r['num_bytes'] for r in wrong]}")
+    # the interference arms (on by default): a GEMM on a side stream against the all-reduce
+    interference = records.get("interference", [])
+    if not interference:
+        problems.append("no interference rows")
+    bad = [r for r in interference if not 0 < r["slowdown"] < float("inf")]
+    if bad:
+        problems.append(f"interference rows with a slowdown that is not > 0 and finite: {bad}")
     later = [r for r in buckets if r["step"] >= 1]
     measured = [s for s in records.get("steps", []) if s["measured"]]
     figures = {
@@ -114,6 +122,10 @@ def _record_checks(records: dict[str, list[dict[str, Any]]]) -> tuple[list[str],
         "microbench": [
             {k: r[k] for k in ("source", "num_bytes", "time_p50_ns", "busbw_gbps", "num_wrong")}
             for r in micro
+        ],
+        "interference": [
+            {k: r[k] for k in ("arm", "num_bytes", "slowdown", "slowdown_q25", "slowdown_q75")}
+            for r in interference
         ],
     }
     return problems, figures

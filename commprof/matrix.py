@@ -210,6 +210,11 @@ class Cell:
     microbench_passes: int = _spec(
         1, help="rounds over the microbenchmark sizes, each in a shuffled order", since=1
     )
+    interference_iters: int = _spec(
+        5,
+        help="timed iterations per size of the microbenchmark's interference arms (0: none)",
+        since=0,
+    )
     profile: bool = _spec(
         False,
         help="also record a torch.profiler trace per rank and derive trace metrics from it",
@@ -247,6 +252,8 @@ class Cell:
                 "step (step 0 and the warm-up steps are not measured); raise steps "
                 "(--steps) or lower warmup_steps (--warmup-steps)"
             )
+        if self.interference_iters < 0:
+            raise MatrixError(f"interference_iters must be >= 0, got {self.interference_iters!r}")
         if any(n <= 0 for n in self.microbench_sizes_bytes):
             raise MatrixError(f"microbench sizes must be > 0 bytes: {self.microbench_sizes_bytes}")
 
@@ -562,6 +569,8 @@ def cell_from_config(config: Mapping[str, Any]) -> Cell:
     """Rebuild a cell from its ``config()`` (as stored in the dataset)."""
     names = {f.name for f in dataclasses.fields(Cell)}
     values = {k: v for k, v in config.items() if k in names}
+    # A config stored before a later identity field existed had that field's earlier value.
+    values = {**{k: v for k, v in _LATER_ID_DEFAULTS.items() if k not in values}, **values}
     if "microbench_sizes_bytes" in values:
         values["microbench_sizes_bytes"] = tuple(values["microbench_sizes_bytes"])
     return Cell(**values)

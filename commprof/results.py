@@ -126,6 +126,20 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("source", pa.string()),  # "sizes" (from the matrix) or "bucket" (the model's)
         ]
     ),
+    "interference": pa.schema(
+        [
+            *_KEY,
+            ("arm", pa.string()),  # comm_under_compute | compute_under_comm
+            ("num_bytes", pa.int64()),  # all-reduce message size
+            ("num_iters_alone", pa.int32()),
+            ("num_iters_loaded", pa.int32()),
+            ("time_alone_p50_ns", pa.int64()),
+            ("time_loaded_p50_ns", pa.int64()),
+            ("slowdown", pa.float64()),  # loaded p50 / alone p50
+            ("slowdown_q25", pa.float64()),
+            ("slowdown_q75", pa.float64()),
+        ]
+    ),
     "trace_metrics": pa.schema(
         [
             *_KEY,

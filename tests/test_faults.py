@@ -33,6 +33,7 @@ axes:
 defaults:
   steps: {steps}
   batch_size: 8
+  interference_iters: 0  # keeps the cells short: the hung-rank bound below is 10 s
 run:
   max_attempts: {attempts}
   cell_timeout_s: {cell_timeout}

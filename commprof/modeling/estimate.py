@@ -34,6 +34,7 @@ import numpy as np
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
+from commprof.modeling.estimate_step import add_step_arguments, run_step
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.timeline import load_parameter_ready_ns
 from commprof.yamlio import load_yaml, read_text
@@ -299,7 +300,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interconnect", help="published link name (see --interconnect-file)")
     parser.add_argument("--interconnect-file", help="YAML file with extra links")
     parser.add_argument(
-        "--fit", help="a dataset folder (fitted now) or a fits JSON (save_fits), instead of a link"
+        "--fit",
+        help="a dataset folder: the step simulator calibrated on a cell of --model (see "
+        "commprof.modeling.estimate_step); or a fits JSON (save_fits): the idle ring model",
     )
     parser.add_argument("--fit-backend", default="gloo", help="backend of the fit to use")
     parser.add_argument(
@@ -321,7 +324,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RESULTS",
         help="take the backward timeline measured in a cell of this dataset (with --cell)",
     )
-    parser.add_argument("--cell", help="cell id (or a unique prefix) for --timeline")
+    parser.add_argument(
+        "--cell", help="cell id (or a unique prefix) for --timeline, or to calibrate --fit DIR on"
+    )
     parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS)
     parser.add_argument("--device-tflops", type=float, default=DEFAULT_DEVICE_FLOPS_PER_S / 1e12)
     parser.add_argument(
@@ -330,6 +335,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="search the cap that minimises exposed communication",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_step_arguments(parser)
 
 
 def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
@@ -385,6 +391,8 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     Returns:
         Process exit status.
     """
+    if args.fit and Path(args.fit).is_dir() and args.fit_source == "microbench":
+        return run_step(args, param_sizes)
     link, label = _link_from_args(args)
     ready_ns = None
     if args.timeline or args.cell:

@@ -76,7 +76,22 @@ def parameter_ready_ns(
     offsets = bucket_ready_offsets(tables, cell_id)
     params = tables["bucket_params"]
     cell = tables["cells"].loc[tables["cells"]["cell_id"].str.startswith(cell_id), "cell_id"]
-    params = params[params["cell_id"] == cell.iloc[0]]
+    return spread_to_parameters(offsets, params[params["cell_id"] == cell.iloc[0]], param_sizes)
+
+
+def spread_to_parameters(
+    offsets: pd.Series, params: pd.DataFrame, param_sizes: Sequence[ParamSize]
+) -> np.ndarray:
+    """Per-parameter times from per-bucket ones, by cumulative bytes inside each bucket.
+
+    Args:
+        offsets: a time per bucket index (e.g. :func:`bucket_ready_offsets`).
+        params: the cell's ``bucket_params`` rows.
+        param_sizes: ``(name, numel[, element_size])`` in registration order.
+
+    Returns:
+        Times indexed by registration order.
+    """
     index = {str(p[0]): i for i, p in enumerate(param_sizes)}
     missing = sorted(set(params["param_name"]) ^ set(index))
     if missing:

@@ -39,6 +39,12 @@ ALWAYS_EXCLUDED_STEPS = 1
 SGD_LR = 0.01
 SGD_MOMENTUM = 0.9
 ADAM_LR = 1e-4
+CALIBRATION_SIZES_BYTES = tuple(4**k * 16 * 2**10 for k in range(6))
+"""Microbenchmark sizes (16 KiB to 16 MiB, factor 4) when the matrix names none: enough distinct
+sizes for a ring fit (``calibration.MIN_POINTS``) from one cell, however few buckets it has."""
+INTERFERENCE_SIZES_BYTES = (64 * 2**10, 2**20, 16 * 2**20)
+"""Message sizes of the interference arms (``commprof.training.interference``): one per decade
+and a half of the bucket sizes DDP makes; the simulator interpolates between them."""
 MAX_TRACE_BYTES = 16 * 2**20
 """Compressed traces up to this size travel back to the driver; larger ones stay on the node."""
 
@@ -116,6 +122,13 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
     bucket_sizes = sorted({int(row["num_bytes"]) for row in buckets if row["step"] >= 1})
     microbench = _microbench(cell, rank=rank, device=device, bucket_sizes=bucket_sizes)
     records["microbench"] = microbench if rank == 0 else []
+    if cell.interference_iters > 0:
+        from commprof.training.interference import run_interference_bench
+
+        rows = run_interference_bench(
+            INTERFERENCE_SIZES_BYTES, iters=cell.interference_iters, device=device
+        )
+        records["interference"] = rows if rank == 0 else []
     return {"records": records, "traces": traces}
 
 
@@ -209,11 +222,13 @@ def _plain_row(row: dict[Any, Any]) -> dict[str, Any]:
 def _microbench(
     cell: Cell, *, rank: int, device: torch.device, bucket_sizes: list[int]
 ) -> list[dict[str, Any]]:
-    """The all-reduce microbenchmark over the matrix's sizes and the model's bucket sizes."""
+    """The all-reduce microbenchmark over the matrix's sizes (``CALIBRATION_SIZES_BYTES`` when it
+    names none) and the model's bucket sizes."""
     from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
 
     rows: list[dict[str, Any]] = []
-    for source, sizes in (("sizes", list(cell.microbench_sizes_bytes)), ("bucket", bucket_sizes)):
+    matrix_sizes = list(cell.microbench_sizes_bytes or CALIBRATION_SIZES_BYTES)
+    for source, sizes in (("sizes", matrix_sizes), ("bucket", bucket_sizes)):
         if not sizes:
             continue
         config = MicrobenchConfig(

@@ -1,0 +1,181 @@
+"""Does the step simulator predict training out of sample? Side by side with simpler models.
+
+Collection (one run, this machine: gloo over loopback, ranks spawned locally, no Ray): cells
+srn-1m, srn-10m and resnet18 at caps 0.25, 1, 4 and 25 MiB on 2 ranks, and srn-10m at 25 MiB on
+4 ranks, in interleaved rounds (every cell once per round, the order shuffled per round with a
+fixed seed) so that load drifts hit every cap alike; a round's 2-rank cells share one gang of
+rank processes (one process group for all), as a sweep's reused gangs do. Round 0's 25 MiB cell
+of each model is run with the defaults of ``commprof run`` (microbenchmark and interference
+arms); the others with a minimal microbenchmark. The raw dataset is kept (``--data``).
+
+The split, fixed here before any error was looked at:
+
+* Calibration: per model, round 0's 25 MiB cell at p = 2 (its timeline, the ring fit of its
+  microbenchmark, its interference rows). Nothing else.
+* Validation: every other cap of the model at p = 2 (median over rounds of the measured step
+  time and of the per-step exposed communication, both from the timing hook's own records);
+  and srn-10m at p = 4, predicted from the p = 2 calibration.
+
+Models compared (all from the same calibration): ``simulator`` (step_sim with interference),
+``idle_ring`` (the same timeline and fit, no interference, one channel: ``commprof estimate``'s
+model), ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the
+``buckets`` fit of the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of
+idle all-reduce times). Error: step time APE, and |predicted - measured exposed| / measured step.
+
+Advice by regret: per round, the cap the simulator recommends among the four (calibration
+only) against the best measured cap of that round; within 3 % counts as a hit.
+
+Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 780]``; writes
+``benchmarks/results/step_model.json`` and the dataset under ``benchmarks/results/step_model_data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from bench_env import environment  # noqa: E402
+
+from commprof import results  # noqa: E402
+from commprof.matrix import Cell  # noqa: E402
+from commprof.outcomes import merge_rank_records  # noqa: E402
+from commprof.training.launcher import spawn_ranks  # noqa: E402
+
+MODELS = {"srn-1m": 8, "srn-10m": 8, "resnet18": 1}
+"""Models and their per-rank batch size (resnet18 at 1 keeps a round short on a loaded host)."""
+CAPS_MB = (0.25, 1.0, 4.0, 25.0)
+CALIBRATION_CAP_MB = 25.0
+"""The cap each model is calibrated on (DDP's default size)."""
+BIG_WORLD = ("srn-10m", 4, 25.0)
+"""(model, world size, cap) predicted from the model's p = 2 calibration."""
+STEPS, WARMUP = 6, 2
+"""Steps 2 to 5 measured (step 0 never is)."""
+SEED = 1
+MINIMAL_MICROBENCH = {
+    "microbench_sizes_bytes": (4096,),
+    "microbench_iters": 1,
+    "interference_iters": 0,
+}
+"""Validation cells: no interference arms, one tiny microbenchmark size (bucket sizes are still
+measured once each): the model never reads them."""
+
+
+def _cells(round_index: int, models: dict[str, int]) -> list[Cell]:
+    cells = []
+    for model, batch in models.items():
+        for cap in CAPS_MB:
+            calibration = round_index == 0 and cap == CALIBRATION_CAP_MB
+            extra: dict[str, Any] = {} if calibration else dict(MINIMAL_MICROBENCH)
+            cells.append(
+                Cell(
+                    model=model, world_size=2, bucket_cap_mb=cap, batch_size=batch, steps=STEPS,
+                    warmup_steps=WARMUP, seed=SEED, repeat=round_index, **extra,
+                )
+            )  # fmt: skip
+    model, world, cap = BIG_WORLD
+    cells.append(
+        Cell(
+            model=model, world_size=world, bucket_cap_mb=cap, batch_size=MODELS[model],
+            steps=STEPS, warmup_steps=WARMUP, seed=SEED, repeat=round_index, **MINIMAL_MICROBENCH,
+        )
+    )  # fmt: skip
+    return cells
+
+
+def _gang(rank: int, world_size: int, store_path: str, cells: list[Cell]) -> list[dict[str, Any]]:
+    """One rank running several cells in one process group, as a reused Ray gang does."""
+    import torch.distributed as dist
+
+    from commprof.training.launcher import fingerprint, process_group
+    from commprof.training.trainer import train_rank
+
+    out = []
+    device = torch.device("cpu")
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
+        for cell in cells:
+            out.append({**train_rank(cell, rank=rank, device=device), "env": fingerprint(device)})
+    return out
+
+
+def _commit(data: Path, cells: list[Cell], per_rank: list[list[dict[str, Any]]]) -> None:
+    for i, cell in enumerate(cells):
+        ranks = [results_of_rank[i] for results_of_rank in per_rank]
+        row = results.cell_row(
+            cell, sweep="step-model", attempt=1, status="ok", env=ranks[0]["env"]
+        )
+        results.write_attempt(data, row, merge_rank_records(ranks))
+
+
+def collect(data: Path, rounds: int, budget_s: float, models: dict[str, int]) -> dict[str, Any]:
+    """Run the rounds into ``data``; stop starting rounds once ``budget_s`` is spent.
+
+    Per round one 2-rank gang (fresh processes) runs the twelve p = 2 cells in a shuffled order
+    in one process group, then a 4-rank gang the p = 4 cell: process start (seconds a cell on a
+    loaded host) is paid once a round instead of once a cell.
+    """
+    started = time.monotonic()
+    done = 0
+    orders = []
+    for r in range(rounds):
+        if r > 0 and time.monotonic() - started > budget_s:
+            break
+        cells = _cells(r, models)
+        random.Random(SEED + r).shuffle(cells)
+        for world in (2, 4):
+            group = [c for c in cells if c.world_size == world]
+            per_rank = spawn_ranks(_gang, world, args=(group,), limit_s=1800)
+            _commit(data, group, per_rank)
+            orders.append([c.cell_id for c in group])
+        done += 1
+        print(f"round {r} done at {time.monotonic() - started:.0f} s", flush=True)
+    return {"rounds_done": done, "collect_s": time.monotonic() - started, "orders": orders}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--budget-s", type=float, default=780.0, help="no new round after this")
+    parser.add_argument("--data", type=Path, default=REPO / "benchmarks/results/step_model_data")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_model.json")
+    parser.add_argument("--analyze-only", action="store_true", help="reuse --data as it is")
+    parser.add_argument("--collect-only", action="store_true", help="collect, analyze later")
+    parser.add_argument("--smoke", action="store_true", help="srn-10m only (checks the script)")
+    args = parser.parse_args()
+
+    meta: dict[str, Any] = {}
+    if not args.analyze_only:
+        if args.data.exists():
+            shutil.rmtree(args.data)
+        load_at_start = os.getloadavg()[0]
+        models = {"srn-10m": MODELS["srn-10m"]} if args.smoke else MODELS
+        meta = collect(args.data, args.rounds, args.budget_s, models)
+        meta["environment"] = {**environment("end"), "load_avg_1m_at_start": load_at_start}
+        (args.data / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if args.collect_only:
+            return 0
+    else:
+        meta = json.loads((args.data / "collection.json").read_text())
+    from step_model_analysis import analyze
+
+    report = {**meta, **analyze(args.data)}
+    report.pop("orders", None)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["summary"], indent=1))
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""A calibrated step model from a dataset, and bucket-cap advice from it (public API).
+
+:func:`load_step_model` picks a calibration cell of a model in a dataset (the one a single
+``commprof run`` makes is enough), fits the ring model to that cell group's microbenchmark,
+reads the interference factors and calibrates the simulator (``step_model``).
+:func:`recommend_cap` predicts the step at each cap and names the fastest. Both are what
+``commprof estimate --fit RESULTS`` uses, and what a report calls::
+
+    advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
+    advice.best_cap_mb, [(c.bucket_cap_mb, c.step_ns, c.exposed_ns) for c in advice.curve]
+
+This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
+from commprof.modeling.calibration import MIN_POINTS, CalibrationWarning, Fit, fit_table
+from commprof.modeling.cost_model import LinkParams
+from commprof.modeling.step_model import (
+    StepCalibration,
+    calibrate_step,
+    cpu_share_scale,
+    interference_from_rows,
+    predict_range,
+)
+from commprof.modeling.step_sim import Interference, StepPrediction
+
+CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
+"""Caps searched by default: 0.125 MiB to 512 MiB."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepModel:
+    """Everything the simulator needs from a dataset, for one model."""
+
+    calibration: StepCalibration
+    """The calibration cell's timeline and fixed step parts."""
+    link: Fit
+    """Ring fit of the calibration cell group's microbenchmark (backend, regime, world size)."""
+    interference: Interference
+    """Factors from the calibration cell's interference rows (none: no slowdown)."""
+    device: str
+    """Where the calibration cell's tensors lived."""
+    cores_per_rank_host: float
+    """CPU cores of the calibration host over threads per rank (for :func:`cpu_share_scale`)."""
+
+
+def select_calibration_cell(
+    tables: dict[str, pd.DataFrame], model: str, *, backend: str = "gloo", world_size: int
+) -> str:
+    """The cell to calibrate on: latest ok cell of ``model`` and ``backend``, preferring this
+    world size, then DDP's default cap (25 MiB or unset), then the latest start.
+
+    Raises:
+        ValueError: naming the models and backends the dataset has, when none matches.
+    """
+    cells = tables["cells"]
+    ok = cells[
+        (cells["status"] == "ok") & (cells["model"] == model) & (cells["backend"] == backend)
+    ]
+    ok = ok[ok["cell_id"].isin(tables["buckets"]["cell_id"])]
+    if ok.empty:
+        have = sorted(set(zip(cells["model"], cells["backend"], strict=True)))
+        raise ValueError(
+            f"no completed {backend} cell of model {model!r} to calibrate on; the dataset has "
+            f"(model, backend) {have}: run one, e.g. commprof run --model {model} --world-size "
+            f"{world_size} --out DIR"
+        )
+    cap = ok["bucket_cap_mb"]
+    ranked = ok.assign(
+        _ws=(ok["world_size"] != world_size).astype(int),
+        _cap=~(cap.isna() | (cap == DEFAULT_BUCKET_CAP_MB)),
+    ).sort_values(["_ws", "_cap", "started_unix_s"], ascending=[True, True, False])
+    return str(ranked["cell_id"].iloc[0])
+
+
+def _cell_fit(tables: dict[str, pd.DataFrame], cell_id: str) -> Fit:
+    """Ring fit of the cell's microbenchmark; with fewer than ``MIN_POINTS`` sizes there (a
+    dataset from before cells measured ``CALIBRATION_SIZES_BYTES`` by default), of every ok
+    cell's of its backend, device and world size."""
+    cells = tables["cells"]
+    cells = cells[cells["status"] == "ok"][
+        ["cell_id", "attempt", "backend", "device", "world_size"]
+    ]
+    rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
+    own = rows[rows["cell_id"] == cell_id]
+    if own.empty:
+        raise ValueError(f"cell {cell_id} has no microbenchmark rows to fit the link on")
+    if own["num_bytes"].nunique() < MIN_POINTS:
+        group = own[["backend", "device", "world_size"]].iloc[0]
+        own = rows[(rows[list(group.index)] == group).all(axis=1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        try:
+            fits = fit_table(own)
+        except ValueError as err:
+            raise ValueError(
+                f"cell {cell_id}: {err}. A cell run by this version measures "
+                "training.trainer.CALIBRATION_SIZES_BYTES by default; rerun it"
+            ) from err
+    return next(iter(fits.values()))
+
+
+def load_step_model(
+    tables: dict[str, pd.DataFrame],
+    model: str,
+    *,
+    world_size: int,
+    param_sizes: Sequence[ParamSize],
+    backend: str = "gloo",
+    cell_id: str | None = None,
+) -> StepModel:
+    """Calibrate the simulator for ``model`` from a dataset.
+
+    Args:
+        tables: the dataset (``commprof.results.load``).
+        model: the model name of the cells (``cells.model``).
+        world_size: the world size asked about (a calibration cell of this size is preferred).
+        param_sizes: the model's ``(name, numel[, element_size])`` in registration order.
+        backend: the backend of the calibration cell.
+        cell_id: calibrate on this cell instead of choosing one.
+
+    Returns:
+        The step model.
+    """
+    chosen = cell_id or select_calibration_cell(
+        tables, model, backend=backend, world_size=world_size
+    )
+    cells = tables["cells"]
+    row = cells[cells["cell_id"].str.startswith(chosen)].iloc[-1]
+    chosen = str(row["cell_id"])
+    rows = tables["interference"]
+    interference = interference_from_rows(rows[rows["cell_id"] == chosen])
+    env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
+    cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
+    return StepModel(
+        calibration=calibrate_step(tables, chosen, param_sizes, interference),
+        link=_cell_fit(tables, chosen),
+        interference=interference,
+        device=str(row["device"]),
+        cores_per_rank_host=max(1.0, cores),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapPrediction:
+    """The predicted step at one cap, with the calibration's uncertainty."""
+
+    bucket_cap_mb: float | None
+    """The cap (MiB); None is DDP's default."""
+    num_buckets: int
+    """Buckets DDP makes at this cap."""
+    step_ns: float
+    """Predicted step time."""
+    exposed_ns: float
+    """Predicted exposed communication."""
+    overlap_efficiency: float
+    """Predicted overlap efficiency."""
+    step_ns_range: tuple[float, float]
+    """(low, high) step time under the calibration's uncertainty."""
+    exposed_ns_range: tuple[float, float]
+    """(low, high) exposed communication."""
+    prediction: StepPrediction
+    """The central simulation, per bucket."""
+
+
+def predict_cap(
+    model: StepModel,
+    param_sizes: Sequence[ParamSize],
+    *,
+    bucket_cap_mb: float | None,
+    world_size: int | None = None,
+    link: LinkParams | Fit | None = None,
+    same_host: bool = False,
+    interference: Interference | None = None,
+) -> CapPrediction:
+    """One what-if: a cap, a world size, a link (default: the calibrated ones).
+
+    Args:
+        model: from :func:`load_step_model`.
+        param_sizes: the model's parameter sizes.
+        bucket_cap_mb: DDP cap (MiB); None is DDP's default.
+        world_size: ranks (default: the calibration's).
+        link: another link (a published interconnect's parameters), keeping the measured
+            compute timeline; default the calibrated fit.
+        same_host: the ranks share the calibration's CPU host, so compute slows by the core
+            share (:func:`step_model.cpu_share_scale`); else each rank has its own.
+        interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model).
+
+    Returns:
+        The prediction with its range.
+    """
+    cal = model.calibration
+    ws = cal.world_size if world_size is None else world_size
+    scale = 1.0
+    if same_host and model.device == "cpu":
+        scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
+    low, mid, high = predict_range(
+        cal,
+        param_sizes,
+        bucket_cap_mb=bucket_cap_mb,
+        link=model.link if link is None else link,
+        interference=model.interference if interference is None else interference,
+        world_size=ws,
+        compute_scale=scale,
+    )
+    return CapPrediction(
+        bucket_cap_mb=bucket_cap_mb,
+        num_buckets=len(mid.buckets),
+        step_ns=mid.step_ns,
+        exposed_ns=mid.exposed_ns,
+        overlap_efficiency=mid.overlap_efficiency,
+        step_ns_range=(min(low.step_ns, high.step_ns), max(low.step_ns, high.step_ns)),
+        exposed_ns_range=(
+            min(low.exposed_ns, high.exposed_ns),
+            max(low.exposed_ns, high.exposed_ns),
+        ),
+        prediction=mid,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapAdvice:
+    """The cap search."""
+
+    best_cap_mb: float | None
+    """The cap with the shortest predicted step (ties: fewer buckets)."""
+    curve: tuple[CapPrediction, ...]
+    """Every cap tried, in the order given."""
+
+
+def recommend_cap(
+    model: StepModel,
+    param_sizes: Sequence[ParamSize],
+    *,
+    world_size: int | None = None,
+    caps_mb: Sequence[float | None] = CAP_GRID_MB,
+    **what_if: object,
+) -> CapAdvice:
+    """The cap with the shortest predicted step time among ``caps_mb``.
+
+    Args:
+        model: from :func:`load_step_model`.
+        param_sizes: the model's parameter sizes.
+        world_size: ranks (default: the calibration's).
+        caps_mb: caps to try (MiB; None is DDP's default).
+        **what_if: ``link``, ``same_host``, ``interference`` as :func:`predict_cap` takes them.
+
+    Returns:
+        The advice and the predicted curve.
+    """
+    if not caps_mb:
+        raise ValueError("caps_mb must name at least one cap")
+    curve = tuple(
+        predict_cap(model, param_sizes, bucket_cap_mb=cap, world_size=world_size, **what_if)  # type: ignore[arg-type]
+        for cap in caps_mb
+    )
+    best = min(curve, key=lambda c: (c.step_ns, c.num_buckets))
+    return CapAdvice(best_cap_mb=best.bucket_cap_mb, curve=curve)
+
+
+def advise_cap(
+    tables: dict[str, pd.DataFrame],
+    model: str,
+    world_size: int,
+    *,
+    caps_mb: Sequence[float | None] = CAP_GRID_MB,
+    backend: str = "gloo",
+) -> CapAdvice:
+    """Bucket-cap advice for a catalog model from a dataset in one call (for reports).
+
+    Args:
+        tables: the dataset (``commprof.results.load``).
+        model: a ``commprof.catalog`` model name that has a completed cell in the dataset.
+        world_size: ranks to advise for (a calibration cell of this size is preferred; another
+            size is predicted with the ring model's p dependence, ranks on their own devices).
+        caps_mb: caps to compare (MiB; None is DDP's default).
+        backend: the backend of the calibration cell.
+
+    Returns:
+        The advice: the cap with the shortest predicted step, and the curve, each point with
+        step time, exposed communication, overlap efficiency and their ranges.
+    """
+    from commprof.catalog import parameter_sizes  # closed form, torch-free
+
+    sizes = parameter_sizes(model)
+    fitted = load_step_model(
+        tables, model, world_size=world_size, param_sizes=sizes, backend=backend
+    )
+    return recommend_cap(fitted, sizes, world_size=world_size, caps_mb=caps_mb)

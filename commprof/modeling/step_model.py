@@ -1,0 +1,385 @@
+"""The step simulator calibrated from a dataset: one cell's timeline, the link fit, interference.
+
+Calibration (:func:`calibrate_step`), from one cell that completed (any cap; the default 25
+MiB is the usual one) and the interference factors (:func:`interference_from_rows`):
+
+* Per measured (rank, step), the timing hook gives each bucket's hook entry ``ready_ns`` and its
+  all-reduce ``[launch_ns, done_ns]``, the steps table backward's start (``start + forward``).
+  Backward compute ran slower wherever an all-reduce was in flight, so the compute *work* done
+  by time x is ``W(x) = x - sum over in-flight pieces of len * (1 - 1 / f)``, ``f`` the compute
+  slowdown at the in-flight bucket's size. Bucket k's ready work is ``W(ready_k) - k L``, with
+  ``L`` the hooks' own time (``launch_ns - ready_ns``, its lower quartile per bucket size
+  fitted as ``a + b * bytes``: PyTorch's ``allreduce_hook`` divides the bucket by the world
+  size on the training thread before the enqueue), which the simulator adds back for the
+  buckets another cap makes. Per step the slowest rank, then the median over steps.
+* Parameters inside a bucket are placed between the previous bucket's work and this one's by
+  cumulative bytes (as ``timeline.parameter_ready_ns`` does), so any cap can be re-bucketed
+  (``buckets.assign_buckets``, DDP's rules).
+* ``other_ns`` is what backward spends after its last all-reduce and compute (DDP's finalize:
+  copying the reduced buckets back into the gradients), forward and optimizer are medians: all
+  three are taken as they are at every cap.
+
+Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
+world size asked for (the ring model's p dependence), :func:`step_sim.simulate_step` plays the
+step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on another link
+or world size whose ranks have their own devices; on one CPU host whose cores the ranks share,
+the ratio of the ranks' core shares (:func:`cpu_share_scale`). Uncertainty: the same prediction
+with alpha and beta at the ends of their 95 % intervals and the interference factors at their
+quartiles (:func:`predict_range`).
+
+This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from commprof.modeling.buckets import ParamSize, assign_buckets
+from commprof.modeling.calibration import STEP_KEYS, Fit, PiecewiseFit, RingFit
+from commprof.modeling.cost_model import LinkParams, allreduce_ns
+from commprof.modeling.step_sim import (
+    BACKEND_CHANNELS,
+    NO_INTERFERENCE,
+    Interference,
+    StepPrediction,
+    simulate_step,
+)
+from commprof.modeling.timeline import spread_to_parameters
+
+ARM_COMM = "comm_under_compute"
+ARM_COMPUTE = "compute_under_comm"
+
+
+def interference_from_rows(rows: pd.DataFrame) -> Interference:
+    """Interference factors from ``interference`` table rows (median over cells per size).
+
+    Args:
+        rows: rows of the dataset's ``interference`` table (one or more cells).
+
+    Returns:
+        Factors per measured size, at least 1 (overlap speeds neither side up: a factor below
+        1 is the noise of a loaded host), spread the half interquartile range; without rows
+        :data:`NO_INTERFERENCE`.
+    """
+    if rows.empty:
+        return NO_INTERFERENCE
+    med = rows.groupby(["arm", "num_bytes"])[["slowdown", "slowdown_q25", "slowdown_q75"]].median()
+    sizes = sorted({int(n) for n in rows["num_bytes"]})
+
+    table = med.to_dict("index")
+
+    def column(arm: str) -> tuple[list[float], list[float]]:
+        factors, spread = [], []
+        for n in sizes:
+            row = table.get((arm, n))
+            factors.append(1.0 if row is None else max(1.0, float(row["slowdown"])))
+            spread.append(
+                0.0 if row is None else float(row["slowdown_q75"] - row["slowdown_q25"]) / 2.0
+            )
+        return factors, spread
+
+    comm, comm_spread = column(ARM_COMM)
+    comp, comp_spread = column(ARM_COMPUTE)
+    return Interference(
+        sizes_bytes=tuple(float(n) for n in sizes),
+        comm_slowdown=tuple(comm),
+        compute_slowdown=tuple(comp),
+        comm_spread=tuple(comm_spread),
+        compute_spread=tuple(comp_spread),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepCalibration:
+    """A cell's step, in idle compute units, ready to be replayed at another cap or link."""
+
+    cell_id: str
+    """The calibration cell."""
+    world_size: int
+    """Its ranks."""
+    backend: str
+    """Its backend."""
+    param_ready_work_ns: tuple[float, ...]
+    """Per parameter (registration order): backward compute work until its gradient is ready."""
+    compute_work_ns: float
+    """Backward compute work in all (hooks excluded)."""
+    hook_fixed_ns: float
+    """Training-thread time of one hook, fixed part (fit of launch_ns - ready_ns on bytes)."""
+    hook_ns_per_byte: float
+    """Training-thread time of one hook per bucket byte (``allreduce_hook`` divides the bucket
+    by the world size before the enqueue)."""
+    forward_ns: float
+    """Median forward time."""
+    optimizer_ns: float
+    """Median optimizer time."""
+    other_ns: float
+    """Median backward time after the last all-reduce and compute (DDP's finalize)."""
+    measured_step_ns: float
+    """Median measured step time of the cell (for reference)."""
+
+
+def _work_at(x: np.ndarray, pieces: list[tuple[float, float, float]]) -> np.ndarray:
+    """W(x): time minus what in-flight pieces (start, end, factor) took from compute."""
+    out = x.astype(np.float64).copy()
+    for s, e, f in pieces:
+        overlap = np.clip(np.minimum(x, e) - s, 0.0, None)
+        out -= overlap * (1.0 - 1.0 / f)
+    return out
+
+
+def _in_flight_pieces(
+    launch: np.ndarray, done: np.ndarray, nbytes: np.ndarray, interference: Interference
+) -> list[tuple[float, float, float]]:
+    # The union of the all-reduce intervals, each stretch charged to the bucket that first
+    # covered it (sorted by start; the covered frontier only moves right).
+    pieces: list[tuple[float, float, float]] = []
+    covered = -math.inf
+    for k in np.argsort(launch, kind="stable"):
+        s = max(float(launch[k]), covered)
+        if float(done[k]) > s:
+            pieces.append((s, float(done[k]), interference.compute_factor(float(nbytes[k]))))
+        covered = max(covered, float(done[k]))
+    return pieces
+
+
+def _latest_ok(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
+    cells = tables["cells"]
+    ok = cells[(cells["status"] == "ok") & cells["cell_id"].str.startswith(cell_id)]
+    if ok["cell_id"].nunique() != 1:
+        raise ValueError(
+            f"cell {cell_id!r} must name exactly one cell that completed; "
+            f"matches: {sorted(set(ok['cell_id']))}"
+        )
+    return ok.sort_values("attempt").iloc[-1]
+
+
+def calibrate_step(
+    tables: dict[str, pd.DataFrame],
+    cell_id: str,
+    param_sizes: Sequence[ParamSize],
+    interference: Interference,
+) -> StepCalibration:
+    """Idle compute timeline and fixed step parts of one cell (module docstring).
+
+    Args:
+        tables: the dataset (``commprof.results.load``).
+        cell_id: the calibration cell (or a unique prefix).
+        param_sizes: its model's ``(name, numel[, element_size])`` in registration order.
+        interference: the factors used to take interference out of the measured timeline.
+
+    Returns:
+        The calibration.
+    """
+    row = _latest_ok(tables, cell_id)
+    key = {"cell_id": row["cell_id"], "attempt": row["attempt"]}
+    steps = tables["steps"]
+    steps = steps[(steps["cell_id"] == key["cell_id"]) & (steps["attempt"] == key["attempt"])]
+    steps = steps[steps["measured"].astype(bool)]
+    if steps.empty or steps["start_ns"].isna().any():
+        raise ValueError(f"cell {key['cell_id']} has no measured steps with start times; rerun it")
+    buckets = tables["buckets"].merge(steps, on=list(STEP_KEYS))
+    if buckets.empty:
+        raise ValueError(f"cell {key['cell_id']} has no bucket rows of measured steps; rerun it")
+    # Per (rank, step): the compute work at each hook entry and at the last hand-over.
+    works: dict[int, list[np.ndarray]] = {}
+    other: list[float] = []
+    for _, group in buckets.groupby(["rank", "step"]):
+        group = group.sort_values("bucket_index")
+        origin = float(group["start_ns"].iloc[0] + group["forward_ns"].iloc[0])
+        ready = group["ready_ns"].to_numpy(np.float64) - origin
+        launch = group["launch_ns"].to_numpy(np.float64) - origin
+        done = group["done_ns"].to_numpy(np.float64) - origin
+        pieces = _in_flight_pieces(launch, done, group["num_bytes"].to_numpy(), interference)
+        works.setdefault(int(group["step"].iloc[0]), []).append(
+            _work_at(np.append(ready, launch[-1]), pieces)
+        )
+        other.append(float(group["backward_ns"].iloc[0]) - max(float(done.max()), launch[-1]))
+    index = np.sort(buckets["bucket_index"].unique())
+    # An all-reduce starts when the slowest rank hands its bucket over: per step, the max over
+    # ranks of each bucket's ready work (and of the compute's end), then the median over steps.
+    slowest = np.stack([np.max(np.stack(w), axis=0) for w in works.values()])
+    per_bucket = {int(k): slowest[:, i].tolist() for i, k in enumerate(index)}
+    compute = slowest[:, -1]
+    fixed, per_byte = _hook_fit(buckets)
+    sizes = buckets.groupby("bucket_index")["num_bytes"].first().sort_index()
+    hooks = fixed + per_byte * sizes.to_numpy(np.float64)
+    before = np.concatenate([[0.0], np.cumsum(hooks)])
+    offsets = pd.Series(
+        {k: float(np.median(v)) - before[i] for i, (k, v) in enumerate(sorted(per_bucket.items()))}
+    )
+    params = tables["bucket_params"]
+    params = params[params["cell_id"] == key["cell_id"]]
+    ready_work = spread_to_parameters(offsets, params, param_sizes)
+    return StepCalibration(
+        cell_id=str(key["cell_id"]),
+        world_size=int(row["world_size"]),
+        backend=str(row["backend"]),
+        param_ready_work_ns=tuple(float(v) for v in ready_work),
+        compute_work_ns=max(float(np.median(compute)) - before[-1], ready_work.max()),
+        hook_fixed_ns=fixed,
+        hook_ns_per_byte=per_byte,
+        forward_ns=float(steps["forward_ns"].median()),
+        optimizer_ns=float(steps["optimizer_ns"].median()),
+        other_ns=max(0.0, float(np.median(other))),
+        measured_step_ns=float(steps["step_ns"].median()),
+    )
+
+
+HOOK_QUANTILE = 0.25
+"""Quantile of the hook's time per bucket size taken as its cost: on a shared host the training
+thread is sometimes descheduled inside the hook for a whole all-reduce (tens of ms against a
+fraction of one), noise that only adds, so a low quantile estimates the cost, not the median."""
+
+
+def _hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
+    """(fixed ns, ns per byte) of the hook's time ``launch_ns - ready_ns``.
+
+    A line through the ``HOOK_QUANTILE`` of each bucket size. With one size (a model in one
+    bucket) the two cannot be told apart and all of it is taken per byte: the hook's cost is
+    ``allreduce_hook``'s division of the bucket, the enqueue is tens of microseconds
+    (docs/design.md). A negative slope means no per-byte cost was seen (the quantile's median
+    is the fixed part); a negative intercept, a line through the origin.
+    """
+    hook = (buckets["launch_ns"] - buckets["ready_ns"]).astype(np.float64)
+    low = hook.groupby(buckets["num_bytes"]).quantile(HOOK_QUANTILE)
+    x, y = low.index.to_numpy(np.float64), low.to_numpy(np.float64)
+    if x.size < 2:
+        return 0.0, max(0.0, float(y[0])) / float(x[0])
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope < 0:
+        return max(0.0, float(np.median(y))), 0.0
+    if intercept < 0:
+        return 0.0, float(np.dot(x, y) / np.dot(x, x))
+    return float(intercept), float(slope)
+
+
+def cpu_share_scale(world_size: int, calibrated_world_size: int, *, num_cores: int) -> float:
+    """Compute slowdown of ranks sharing one host's cores (one compute thread a rank).
+
+    ``max(1, p / cores) / max(1, p_cal / cores)``: with more ranks than cores each rank gets
+    ``cores / p`` of a core. Only for ranks on one CPU host; 1 elsewhere.
+    """
+    if min(world_size, calibrated_world_size, num_cores) < 1:
+        raise ValueError("world sizes and num_cores must be >= 1")
+    return max(1.0, world_size / num_cores) / max(1.0, calibrated_world_size / num_cores)
+
+
+def _service_ns(link: LinkParams | Fit, sizes: np.ndarray, world_size: int) -> np.ndarray:
+    if isinstance(link, LinkParams):
+        return allreduce_ns(sizes, world_size, link)
+    return link.predict_ns(sizes, world_size)
+
+
+def predict_step(
+    calibration: StepCalibration,
+    param_sizes: Sequence[ParamSize],
+    *,
+    bucket_cap_mb: float | None,
+    link: LinkParams | Fit,
+    world_size: int | None = None,
+    interference: Interference = NO_INTERFERENCE,
+    num_channels: int | None = None,
+    compute_scale: float = 1.0,
+) -> StepPrediction:
+    """Simulate the calibrated step at a cap, link and world size.
+
+    Args:
+        calibration: from :func:`calibrate_step`.
+        param_sizes: the same model's parameter sizes.
+        bucket_cap_mb: DDP cap (MiB); None is DDP's default.
+        link: a calibrated fit or published link parameters.
+        world_size: ranks (default: the calibration's).
+        interference: slowdown factors (:data:`NO_INTERFERENCE`: the idle model).
+        num_channels: collectives in flight at once (default: the backend's).
+        compute_scale: multiplies forward, backward compute and optimizer (module docstring).
+
+    Returns:
+        The simulated step.
+    """
+    if len(param_sizes) != len(calibration.param_ready_work_ns):
+        raise ValueError(
+            f"the model has {len(param_sizes)} parameters, the calibration cell "
+            f"{calibration.cell_id} {len(calibration.param_ready_work_ns)}: use its own model"
+        )
+    if not compute_scale > 0:
+        raise ValueError(f"compute_scale must be > 0, got {compute_scale}")
+    ws = calibration.world_size if world_size is None else world_size
+    if ws < 2:
+        raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
+    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
+    work = calibration.param_ready_work_ns
+    ready = [compute_scale * max(work[i] for i in b.param_indices) for b in buckets]
+    sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
+    channels = (
+        BACKEND_CHANNELS.get(calibration.backend, 1) if num_channels is None else num_channels
+    )
+    return simulate_step(
+        ready_work_ns=ready,
+        service_ns=_service_ns(link, sizes, ws).tolist(),
+        num_bytes=[b.num_bytes for b in buckets],
+        compute_work_ns=max(compute_scale * calibration.compute_work_ns, max(ready)),
+        num_channels=channels,
+        interference=interference,
+        launch_overhead_ns=[
+            compute_scale * (calibration.hook_fixed_ns + calibration.hook_ns_per_byte * n)
+            for n in sizes
+        ],
+        forward_ns=compute_scale * calibration.forward_ns,
+        optimizer_ns=compute_scale * calibration.optimizer_ns,
+        other_ns=calibration.other_ns,
+    )
+
+
+def _fit_bound(fit: Fit, side: int) -> Fit:
+    """The fit with alpha and beta at the lower (side 0) or upper (1) end of their intervals."""
+    if isinstance(fit, PiecewiseFit):
+        return PiecewiseFit(
+            upper_bytes=fit.upper_bytes,
+            segments=tuple(_fit_bound(s, side) for s in fit.segments),  # type: ignore[misc]
+        )
+    assert isinstance(fit, RingFit)
+    alpha, beta = fit.alpha_ci_ns[side], fit.beta_ci_ns_per_byte[side]
+    return replace(
+        fit,
+        alpha_ns=max(0.0, alpha) if math.isfinite(alpha) else fit.alpha_ns,
+        beta_ns_per_byte=max(0.0, beta) if math.isfinite(beta) else fit.beta_ns_per_byte,
+    )
+
+
+def predict_range(
+    calibration: StepCalibration,
+    param_sizes: Sequence[ParamSize],
+    *,
+    bucket_cap_mb: float | None,
+    link: LinkParams | Fit,
+    interference: Interference,
+    **kwargs: float | int | None,
+) -> tuple[StepPrediction, StepPrediction, StepPrediction]:
+    """(low, central, high) predictions: the calibration's uncertainty carried through.
+
+    Low: alpha and beta at the lower ends of their 95 % intervals and the interference factors
+    at their lower quartiles; high: the upper ends. Published links have no interval.
+    """
+    central = predict_step(
+        calibration, param_sizes, bucket_cap_mb=bucket_cap_mb, link=link,
+        interference=interference, **kwargs,  # type: ignore[arg-type]
+    )  # fmt: skip
+    ends = []
+    for side, sign in ((0, -1.0), (1, 1.0)):
+        bound = link if isinstance(link, LinkParams) else _fit_bound(link, side)
+        ends.append(
+            predict_step(
+                calibration,
+                param_sizes,
+                bucket_cap_mb=bucket_cap_mb,
+                link=bound,
+                interference=interference.shifted(sign),
+                **kwargs,  # type: ignore[arg-type]
+            )
+        )
+    return ends[0], central, ends[1]

@@ -1,0 +1,229 @@
+"""Calibrating the step simulator from a dataset, and `commprof estimate --fit` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from commprof import results
+from commprof.catalog import parameter_sizes
+from commprof.modeling.buckets import assign_buckets
+from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
+from commprof.modeling.estimate import DEFAULT_ALPHA_NS
+from commprof.modeling.step_advice import _cell_fit, advise_cap
+from commprof.modeling.step_model import (
+    StepCalibration,
+    calibrate_step,
+    cpu_share_scale,
+    interference_from_rows,
+    predict_step,
+)
+from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
+
+CELL = "0123456789ab"
+
+
+def _tables(hook_ns: int = 0) -> dict[str, pd.DataFrame]:
+    """One cell, two ranks, one measured step; parameters a (100 B) and b (300 B), b first."""
+    key = {"cell_id": CELL, "attempt": 1}
+    cells = pd.DataFrame([{**key, "status": "ok", "world_size": 2, "backend": "gloo"}])
+    # backward starts at 1000 + 100; step = 100 + 900 + 50
+    steps = pd.DataFrame(
+        [
+            {**key, "rank": r, "step": 1, "measured": True, "start_ns": 1000, "forward_ns": 100,
+             "backward_ns": 900, "optimizer_ns": 50, "step_ns": 1050}
+            for r in (0, 1)
+        ]
+    )  # fmt: skip
+    # rank 0: bucket 0 ready at 200 into backward, in flight 200..600; bucket 1 ready at 800,
+    # in flight 800..850. Rank 1 hands bucket 0 over later (300): the slowest rank counts.
+    rows = []
+    for rank, r0 in ((0, 200), (1, 300)):
+        for b, (ready, done, nbytes) in enumerate(((r0, 600, 300), (800, 850, 100))):
+            rows.append(
+                {**key, "rank": rank, "step": 1, "bucket_index": b, "num_bytes": nbytes,
+                 "ready_ns": 1100 + ready, "launch_ns": 1100 + ready + hook_ns,
+                 "done_ns": 1100 + done}
+            )  # fmt: skip
+    params = pd.DataFrame(
+        [
+            {**key, "bucket_index": 0, "position": 0, "param_name": "b", "num_bytes": 300},
+            {**key, "bucket_index": 1, "position": 0, "param_name": "a", "num_bytes": 100},
+        ]
+    )
+    return {"cells": cells, "steps": steps, "buckets": pd.DataFrame(rows), "bucket_params": params}
+
+
+def test_calibration_takes_interference_out_of_the_timeline() -> None:
+    slow = Interference(sizes_bytes=(1.0,), comm_slowdown=(1.0,), compute_slowdown=(2.0,))
+    cal = calibrate_step(_tables(), CELL, [("a", 25), ("b", 75)], slow)
+    # rank 1: bucket 0 ready at 300 (nothing in flight before) -> work 300; bucket 1 at 800,
+    # of which 300..600 ran under its all-reduce at half speed: 800 - 300 * (1 - 1/2) = 650.
+    # rank 0 is at most that; the max over ranks is rank 1's.
+    assert cal.param_ready_work_ns == (650.0, 300.0)  # registration order: a, b
+    assert cal.compute_work_ns == 650.0  # the last hand-over (hooks take no time here)
+    assert cal.other_ns == 900 - 850  # backward after the last all-reduce
+    assert (cal.forward_ns, cal.optimizer_ns, cal.measured_step_ns) == (100, 50, 1050)
+    idle = calibrate_step(_tables(), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
+    assert idle.param_ready_work_ns == (800.0, 300.0)
+
+
+def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:
+    cal = calibrate_step(_tables(hook_ns=10), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
+    # both buckets' hooks took 10 ns: the line through (100 B, 10) and (300 B, 10) is flat
+    assert cal.hook_fixed_ns == pytest.approx(10) and cal.hook_ns_per_byte == pytest.approx(0)
+    # bucket 1's ready time holds bucket 0's hook: 800 - 10
+    assert cal.param_ready_work_ns == pytest.approx((790.0, 300.0))
+
+
+def test_one_bucket_size_puts_the_hook_time_on_bytes() -> None:
+    tables = _tables(hook_ns=40)
+    tables["buckets"]["num_bytes"] = 200  # both buckets one size: fixed and per byte are one
+    cal = calibrate_step(tables, CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
+    assert (cal.hook_fixed_ns, cal.hook_ns_per_byte) == (0.0, 40 / 200)
+
+
+def test_interference_rows_to_factors() -> None:
+    rows = pd.DataFrame(
+        [
+            {"arm": "comm_under_compute", "num_bytes": 1024, "slowdown": 3.0,
+             "slowdown_q25": 2.0, "slowdown_q75": 4.0},
+            {"arm": "compute_under_comm", "num_bytes": 1024, "slowdown": 1.2,
+             "slowdown_q25": 1.1, "slowdown_q75": 1.3},
+            {"arm": "compute_under_comm", "num_bytes": 4096, "slowdown": 0.9,
+             "slowdown_q25": 0.8, "slowdown_q75": 1.0},
+            {"arm": "comm_under_compute", "num_bytes": 4096, "slowdown": 5.0,
+             "slowdown_q25": 5.0, "slowdown_q75": 5.0},
+        ]
+    )  # fmt: skip
+    i = interference_from_rows(rows)
+    assert i.sizes_bytes == (1024.0, 4096.0)
+    # 0.9 is noise (overlap speeds nothing up): 1
+    assert i.comm_slowdown == (3.0, 5.0) and i.compute_slowdown == (1.2, 1.0)
+    assert i.comm_spread == (1.0, 0.0)
+    assert i.shifted(1.0).comm_slowdown == (4.0, 5.0)
+    assert interference_from_rows(rows.iloc[0:0]) is NO_INTERFERENCE
+
+
+def test_cpu_share_scale() -> None:
+    assert cpu_share_scale(4, 2, num_cores=2) == 2.0  # 4 ranks on 2 cores vs 2 on 2
+    assert cpu_share_scale(4, 2, num_cores=8) == 1.0
+    with pytest.raises(ValueError, match="num_cores"):
+        cpu_share_scale(2, 2, num_cores=0)
+
+
+def _commprof(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "commprof", *args],
+        capture_output=True, text=True, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
+    # A new user's path: one `commprof run` with default flags, then `estimate --fit` on it.
+    data = tmp_path / "data"
+    _commprof("run", "--model", "srn-100k", "--world-size", "2", "--out", str(data))
+    common = ["estimate", "--model", "srn-100k", "--fit", str(data), "--json"]
+    doc = json.loads(_commprof(*common, "--world-size", "2", "--recommend-bucket-cap"))
+    pred = doc["prediction"]
+    sizes = parameter_sizes("srn-100k")
+    assert pred["num_buckets"] == len(assign_buckets(sizes, bucket_cap_mb=None))
+    assert len(pred["buckets"]) == pred["num_buckets"]
+    assert pred["step_ns_low"] <= pred["step_ns"] <= pred["step_ns_high"]
+    assert 0 <= pred["exposed_ns"] <= pred["step_ns"]
+    assert pred["overlap_efficiency"] is None or 0 <= pred["overlap_efficiency"] <= 1
+    for b in pred["buckets"]:
+        assert b["ready_ns"] <= b["start_ns"] <= b["end_ns"]
+    rec = doc["recommendation"]
+    best = min(rec["curve"], key=lambda c: (c["step_ns"], c["num_buckets"]))
+    assert rec["best_bucket_cap_mb"] == best["bucket_cap_mb"]
+    # p = 4 on the same host, without interference: compute scales by the core share exactly
+    env = json.loads(pd.read_parquet(data / "cells")["env_json"].iloc[0])
+    cores = env["cpu_count"] / env["num_threads"]
+    two, four = (
+        json.loads(_commprof(*common, "--world-size", p, "--same-host", "--no-interference"))
+        for p in ("2", "4")
+    )
+    scale = cpu_share_scale(4, 2, num_cores=int(cores))
+    assert four["prediction"]["compute_end_ns"] == pytest.approx(
+        scale * two["prediction"]["compute_end_ns"], rel=1e-6, abs=2
+    )
+    # a published link: the measured compute kept, each bucket's all-reduce the ring model's
+    swapped = json.loads(
+        _commprof(*common, "--world-size", "2", "--interconnect", "nvlink4", "--no-interference")
+    )
+    link = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
+    for b in swapped["prediction"]["buckets"]:
+        assert b["service_ns"] == round(float(ring_allreduce_ns(b["num_bytes"], 2, link)))
+    assert swapped["prediction"]["compute_end_ns"] == two["prediction"]["compute_end_ns"]
+    # the one-call API a report uses agrees with the command line's search
+    advice = advise_cap(results.load(data), "srn-100k", 2, caps_mb=(0.25, 32.0))
+    assert [c.bucket_cap_mb for c in advice.curve] == [0.25, 32.0]
+    assert (
+        advice.best_cap_mb
+        == min(advice.curve, key=lambda c: (c.step_ns, c.num_buckets)).bucket_cap_mb
+    )
+    by_cap = {c["bucket_cap_mb"]: c["step_ns"] for c in rec["curve"]}
+    assert [round(c.step_ns) for c in advice.curve] == [by_cap[0.25], by_cap[32.0]]
+
+
+def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
+    # two older cells of one group, two microbenchmark sizes each: together four sizes
+    cells = pd.DataFrame(
+        [
+            {"cell_id": c, "attempt": 1, "status": "ok", "backend": "gloo", "device": "cpu",
+             "world_size": 2}
+            for c in ("a" * 12, "b" * 12)
+        ]
+    )  # fmt: skip
+    # times of an exact ring model, alpha 1000 ns and beta 1 ns/B at p = 2: 2000 + n
+    micro = pd.DataFrame(
+        [
+            {"cell_id": c, "attempt": 1, "num_bytes": n, "time_p50_ns": 2000 + n, "num_wrong": 0}
+            for c, sizes in (("a" * 12, (1000, 4000)), ("b" * 12, (16000, 64000)))
+            for n in sizes
+        ]
+    )
+    fit = _cell_fit({"cells": cells, "microbench": micro}, "a" * 12)
+    assert fit.num_points == 4  # type: ignore[union-attr]
+    assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
+    with pytest.raises(ValueError, match="rerun it"):
+        _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, "a" * 12)
+
+
+def test_prediction_in_closed_form() -> None:
+    # two parameters, each 1000 float32 (4000 B): a huge cap makes one bucket of 8000 B, ready
+    # once all compute (300 ns of work) is done; the hook costs 10 + 0.01 ns/B = 90 ns; the link
+    # has alpha 0 and 1 ns/B, so at p = 2 the all-reduce takes 2 (1/2) 8000 = 8000 ns, all exposed
+    cal = StepCalibration(
+        cell_id=CELL, world_size=2, backend="nccl", param_ready_work_ns=(300.0, 100.0),
+        compute_work_ns=300.0, hook_fixed_ns=10.0, hook_ns_per_byte=0.01, forward_ns=50.0,
+        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0,
+    )  # fmt: skip
+    sizes = [("a", 1000), ("b", 1000)]
+    link = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)
+    p = predict_step(cal, sizes, bucket_cap_mb=512, link=link)
+    assert len(p.buckets) == 1 and p.exposed_ns == pytest.approx(8000)
+    assert p.step_ns == pytest.approx(50 + 300 + 90 + 8000 + 20 + 5)
+    # p = 4: 2 (3/4) 8000 = 12000 ns; compute scaled by 2: forward, work, hooks and optimizer
+    p4 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, world_size=4, compute_scale=2)
+    assert p4.step_ns == pytest.approx(2 * (50 + 300 + 90 + 20) + 12000 + 5)
+    # a cap of 4000 B: b (registration index 1) is ready first at 100, then a at 300
+    two = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link)
+    hook = 10 + 0.01 * 4000
+    assert [b.ready_ns for b in two.buckets] == pytest.approx([100, 300 + hook])
+    assert two.compute_end_ns == pytest.approx(300 + 2 * hook)
+    # 4000 ns all-reduces: the first handed over at 100 + 50, done at 4150; the second handed
+    # over at 400 and queued behind it on nccl's one channel until 4150, done at 8150
+    assert two.buckets[1].end_ns == pytest.approx(4150 + 4000)
+    with pytest.raises(ValueError, match="parameters"):
+        predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
