@@ -45,11 +45,12 @@ def cluster_address(explicit: str | None = None) -> str | None:
         explicit: an address from the command line; wins over everything.
 
     Returns:
-        ``explicit``, else ``RAY_ADDRESS``, else the address ``ray start`` recorded if its GCS
-        answers; None otherwise (start an embedded Ray with ``ray.init(address="local")``).
+        ``explicit``, else ``RAY_ADDRESS``, else (also for ``auto``) the address ``ray start``
+        recorded if its GCS answers; None otherwise (start an embedded Ray:
+        ``ray.init(address="local")``).
     """
     address = explicit or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address and address != "auto":  # Ray's "auto" also scans for other processes' Rays
         return address
     recorded = recorded_address()
     return recorded if recorded is not None and reachable(recorded) else None

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from commprof.ray_address import reachable
 
@@ -54,15 +55,8 @@ class ClusterWatch:
     def __exit__(self, *exc: object) -> None:
         self.done.set()
 
-    def check(self, *, now: bool = False) -> None:
-        """Raise :class:`ClusterLost` if the cluster is gone.
-
-        Args:
-            now: probe at once instead of trusting the thread's last verdict (before a failure
-                is committed: a rank that died with the cluster is not the cell's fault).
-        """
-        if now and not self.lost.is_set() and not reachable(self.gcs_address):
-            self.lost.set()
+    def check(self) -> None:
+        """Raise :class:`ClusterLost` if the watch found the cluster gone."""
         if self.lost.is_set():
             raise ClusterLost(
                 f"the Ray cluster at {self.gcs_address} stopped answering (its GCS is "
@@ -70,6 +64,21 @@ class ClusterWatch:
                 "abandoned and nothing was recorded for them; start the cluster again and rerun "
                 "the same command to resume."
             )
+
+    def confirm(self, settle_s: float) -> None:
+        """Probe now, and again for ``settle_s`` seconds; raise :class:`ClusterLost` on a miss.
+
+        Called before a failure is committed (a rank that died with the cluster is not the
+        cell's fault); ``ray stop`` kills the GCS last, seconds after the ranks.
+        """
+        deadline = time.monotonic() + settle_s
+        while True:
+            if not self.lost.is_set() and not reachable(self.gcs_address):
+                self.lost.set()
+            self.check()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(PROBE_INTERVAL_S / 2)
 
     def _watch(self) -> None:
         failures = 0

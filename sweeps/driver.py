@@ -40,6 +40,9 @@ POLL_INTERVAL_S = 0.05
 """How long the loop waits for any rank to report before it looks at timeouts again."""
 RECHECK_S = 1.0
 """While cells wait for resources, how often the loop tries to place them again."""
+LOST_SETTLE_S = 4.0
+"""How long a transient failure (a rank died) waits for the cluster watch before it is
+committed: a rank that died with its cluster must not count as the cell's failure."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +141,9 @@ class Driver:
         self._unplaceable: set[tuple[int, str, str]] = set()
         self._placeable: dict[tuple[int, str, str], bool] = {}
         self._nodes: list[dict[str, float]] | None = None
+        self._total: dict[str, float] = {}
         self._last_start_pass = 0.0
+        self._last_wait_log = time.monotonic()
 
     @property
     def guard(self) -> GuardPlan:
@@ -213,8 +218,8 @@ class Driver:
                 for ex in running:
                     ex.gang.kill()
                 self.pool.close()
-        if self.stop_signal is not None:
-            self.summary.stopped_by = signal.Signals(self.stop_signal).name
+        if self.stop_signal is not None and (queue or running):  # a signal after the last cell
+            self.summary.stopped_by = signal.Signals(self.stop_signal).name  # stopped nothing
         self.summary.gangs_created = self.pool.created
         self.summary.wall_s = time.monotonic() - started
         self.progress.show(self.summary, 0, 0, final=True)
@@ -228,7 +233,8 @@ class Driver:
         while (queue or running) and self.stop_signal is None:
             if self.watch is not None:
                 self.watch.check()
-            if changed or (queue and self._placement_due(idle=not running)):
+            room = len(running) < self._limit()
+            if changed or (queue and room and self._placement_due(idle=not running)):
                 self._start_ready(queue, running, attempts)
                 changed = False
             waiting = [ref for ex in running for ref in ex.pending] + self.pool.waiting()
@@ -240,8 +246,8 @@ class Driver:
                 outcome = ex.poll()
                 if outcome is None:
                     continue
-                if outcome.status != "ok" and self.watch is not None:
-                    self.watch.check(now=True)  # a rank lost with the cluster is no failure
+                if outcome.status != "ok":
+                    self._confirm_cluster(outcome)  # a rank lost with the cluster is no failure
                 running.remove(ex)
                 attempt = attempts[ex.cell.cell_id]
                 self._finish(ex.cell, ex.gang, ex.started_unix_s, outcome, attempt, queue)
@@ -251,10 +257,28 @@ class Driver:
     def _placement_due(self, *, idle: bool) -> bool:
         """Cells wait for resources: try again once a reservation is placed, or now and then
         while none of this driver's cells runs (a finished one would trigger a pass anyway)."""
-        waiting = self.pool.waiting()
-        if waiting and ray.wait(waiting, num_returns=1, timeout=0)[0]:
+        if self.pool.newly_placed():
             return True
-        return idle and time.monotonic() - self._last_start_pass > RECHECK_S
+        due = idle and time.monotonic() - self._last_start_pass > RECHECK_S
+        if due and not self.pool.reserved:
+            self._log_waiting()
+        return due
+
+    def _log_waiting(self) -> None:
+        now = time.monotonic()
+        if now - self._last_wait_log > self.options.gang_ready_timeout_s:
+            self._last_wait_log = now
+            log.warning("cells wait for free resources (the cluster is busy: %s)", self._total)
+
+    def _confirm_cluster(self, outcome: Outcome) -> None:
+        """Before a failure is committed: raise ClusterLost if the cluster went with it.
+
+        ``ray stop`` kills the raylet (and the ranks) first and the GCS last, so a rank's
+        death is confirmed over the watch's detection window, not with one probe.
+        """
+        if self.watch is not None:
+            settle_s = LOST_SETTLE_S if outcome.error_kind == "transient" else 0.0
+            self.watch.confirm(settle_s)
 
     def _limit(self) -> int:
         if self.matrix.run.exclusive:
@@ -285,12 +309,20 @@ class Driver:
         deferred = []
         blocked: set[tuple[int, str, str]] = set()  # shapes that got no gang in this pass
         total = ray.cluster_resources()  # one control-plane round trip per pass, not per cell
+        if total != self._total:  # nodes came or went: decide placeability again
+            self._total, self._nodes = total, None
+            self._placeable.clear()
         while queue and len(running) < self._limit():
             cell, attempt = queue.popleft()
             if cell.gang_shape in self._unplaceable or not self._fits_cluster(cell):
                 self._reject_unplaceable(cell, attempt)
                 continue
-            gang = None if cell.gang_shape in blocked else self.pool.acquire(cell, total)
+            may_reserve = len(running) + len(self.pool.reserved) < self._limit()
+            gang = (
+                None
+                if cell.gang_shape in blocked
+                else self.pool.acquire(cell, total, may_reserve=may_reserve)
+            )
             if gang is None:  # the cluster is busy: wait for free resources
                 blocked.add(cell.gang_shape)
                 deferred.append((cell, attempt))
@@ -316,8 +348,10 @@ class Driver:
                     error=f"gang {gang.gang_id} could not start the cell: {err}",
                     error_kind="transient",
                 )
+                self._confirm_cluster(failed)
                 self._finish(cell, gang, time.time(), failed, attempt, queue)
         queue.extendleft(reversed(deferred))
+        self.pool.keep_only({cell.gang_shape for cell, _ in queue})
 
     def _reject_unplaceable(self, cell: Cell, attempt: int) -> None:
         """Record a cell whose gang the cluster could not hold even if it were empty."""

@@ -37,7 +37,9 @@ class Reservation:
     shape: tuple[int, str, str]
     group: PlacementGroup
     ready: Any
-    """``group.ready()``, asked once (every call starts a task)."""
+    """``group.ready()``, asked once."""
+    placed: bool = False
+    """Seen placed (its ref is then no longer waited on: it would wake the loop every pass)."""
     since: float = field(default_factory=time.monotonic)
     last_warned: float = field(default_factory=time.monotonic)
 
@@ -63,10 +65,25 @@ class GangPool:
         return [g for g in self.gangs if not g.busy]
 
     def waiting(self) -> list[Any]:
-        """The ready refs of reservations not placed yet (the loop waits on them too)."""
-        return [r.ready for r in self.reserved.values()]
+        """The ready refs of reservations not seen placed yet (the loop waits on them too)."""
+        return [r.ready for r in self.reserved.values() if not r.placed]
 
-    def acquire(self, cell: Cell, total: dict[str, float]) -> Gang | None:
+    def newly_placed(self) -> bool:
+        """Whether a reservation was placed since the last look (marks it placed)."""
+        pending = {r.ready: r for r in self.reserved.values() if not r.placed}
+        if not pending:
+            return False
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        for ref in ready:
+            pending[ref].placed = True
+        return bool(ready)
+
+    def keep_only(self, shapes: set[tuple[int, str, str]]) -> None:
+        """Give up the reservations of shapes no cell waits for any more."""
+        for shape in [s for s in self.reserved if s not in shapes]:
+            self.cancel(shape)
+
+    def acquire(self, cell: Cell, total: dict[str, float], *, may_reserve: bool) -> Gang | None:
         """A gang for ``cell``, marked busy: an idle one of its shape, else a new one.
 
         Idle gangs of other shapes are dropped where the new one needs their resources.
@@ -74,6 +91,8 @@ class GangPool:
         Args:
             cell: the cell to run.
             total: the cluster's resources (``ray.cluster_resources()``).
+            may_reserve: whether a new placement group may be asked for (the driver's limit on
+                concurrent cells counts reservations too).
 
         Returns:
             The gang, or None where its placement group is not placed yet (ask again later).
@@ -86,7 +105,7 @@ class GangPool:
         if gang is None:
             reservation = self.reserved.get(shape)
             if reservation is None:
-                if not self._make_room(cell, total):
+                if not may_reserve or not self._make_room(cell, total):
                     return None
                 reservation = self._reserve(shape)
                 ray.wait([reservation.ready], timeout=FIRST_LOOK_S)
@@ -120,9 +139,15 @@ class GangPool:
             self.cancel(shape)
 
     def _make_room(self, cell: Cell, total: dict[str, float]) -> bool:
-        """Drop idle gangs until the cell's gang fits in ``total``; False where it cannot."""
-        for key, amount in bundle_for(cell.device).items():
-            while self._held(key) + amount * cell.world_size > total.get(key, 0):
+        """Drop idle gangs until the cell's gang fits in ``total``; False where it cannot (then
+        no gang is dropped)."""
+        need = {k: v * cell.world_size for k, v in bundle_for(cell.device).items()}
+        for key, amount in need.items():
+            droppable = sum(g.bundle().get(key, 0) * g.world_size for g in self.idle())
+            if self._held(key) - droppable + amount > total.get(key, 0):
+                return False  # even without every idle gang it would not fit
+        for key, amount in need.items():
+            while self._held(key) + amount > total.get(key, 0):
                 idle = self.idle()
                 if not idle:
                     return False
@@ -143,8 +168,7 @@ class GangPool:
     def _start(self, reservation: Reservation) -> Gang | None:
         """Start the gang of a placed reservation; None while it waits to be placed."""
         shape = reservation.shape
-        placed, _ = ray.wait([reservation.ready], timeout=0)
-        if not placed:
+        if not reservation.placed and not ray.wait([reservation.ready], timeout=0)[0]:
             self._still_waiting(reservation)
             return None
         del self.reserved[shape]

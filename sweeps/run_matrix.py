@@ -141,16 +141,22 @@ def install_stop_handlers(driver: Any) -> None:
     def handler(signum: int, frame: object) -> None:
         if driver.stop_signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        print(
+        driver.request_stop(signum)  # first: a failed write below must not lose the request
+        message = (
             f"\n{signal.Signals(signum).name}: stopping; the running cells are abandoned and run "
-            "again when you rerun the same command (SIGINT again: stop at once)",
-            file=sys.stderr,
-            flush=True,
+            "again when you rerun the same command (SIGINT again: stop at once)\n"
         )
-        driver.request_stop(signum)
+        os.write(2, message.encode())  # not print(): the handler may interrupt a stderr write
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
+
+
+def restore_signal_handlers() -> None:
+    """Python's own SIGINT (KeyboardInterrupt) and the default SIGTERM, once the loop is done."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,29 +223,31 @@ def _run_locked(
         f"sweep {matrix.name!r}: {len(selected)} cells from {matrix.source} -> {out}",
         file=sys.stderr,
     )
-    lost = False
-    try:
-        options = DriverOptions(
-            out=out,
-            retry_failed=args.retry_failed,
-            only=tuple(args.only),
-            exclude=tuple(args.exclude),
-            max_concurrent=args.max_concurrent,
-        )
-        with ClusterWatch(gcs_address) as watch:
+    options = DriverOptions(
+        out=out,
+        retry_failed=args.retry_failed,
+        only=tuple(args.only),
+        exclude=tuple(args.exclude),
+        max_concurrent=args.max_concurrent,
+    )
+    # The watch stays on through ray.shutdown(): a call to a dead GCS there would block too.
+    with ClusterWatch(gcs_address) as watch:
+        lost = False
+        try:
             driver = Driver(matrix, options, watch=watch)
             install_stop_handlers(driver)  # after ray.init, which sets its own SIGTERM handler
             summary = driver.run()
-    except ClusterLost as err:
-        lost = True
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_CLUSTER_LOST
-    except (ValueError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    finally:
-        if started_here or not lost:
-            ray.shutdown()
+        except ClusterLost as err:
+            lost = True
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_CLUSTER_LOST
+        except (ValueError, RuntimeError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        finally:
+            restore_signal_handlers()
+            if started_here or not lost:
+                ray.shutdown()
     if out.is_dir():
         print(summary_table(load(out), [c.cell_id for c in selected]))
     print(
