@@ -31,8 +31,9 @@ def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
         ("import commprof.analysis.dataset, commprof.reporting.build", ("torch", "ray")),
         ("import commprof.sweeps.driver", ("torch",)),
         (HELP, ("torch", "ray", "pandas", "scipy")),
+        ("import commprof", ("torch", "ray", "pandas")),  # commprof.attach loads on first use
     ],
-    ids=["analysis-and-reporting", "sweep-driver", "commprof-help"],
+    ids=["analysis-and-reporting", "sweep-driver", "commprof-help", "import-commprof"],
 )
 def test_entry_points_leave_heavy_modules_out(code: str, absent: tuple[str, ...]) -> None:
     assert _loaded(code, absent) == []
