@@ -97,8 +97,29 @@ def bundle_for(device: str) -> dict[str, float]:
     return {"CPU": 1.0, "GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
 
 
-def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
+DEAD_RANK_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+"""Every rank: NCCL errors and timeouts abort the communicator and raise, so a rank whose peer
+died fails within the process-group timeout, not after the NCCL watchdog's 10 to 30 minutes."""
+GPU_RANK_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+"""GPU ranks: Ray leaves CUDA_VISIBLE_DEVICES alone; the rank takes its GPU by index
+(:meth:`commprof.actors.rank_actor.RankActor.gpu_index`; ray-project/ray issue 61073)."""
+
+
+def rank_env(device: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables of a rank actor: the defaults above, then the matrix's ``env``
+    section (it may override ``TORCH_NCCL_ASYNC_ERROR_HANDLING``)."""
+    return {**DEAD_RANK_ENV, **(GPU_RANK_ENV if device == "cuda" else {}), **(env or {})}
+
+
+def create_gang(
+    shape: tuple[int, str, str], *, ready_timeout_s: float, env: dict[str, str] | None = None
+) -> Gang:
     """Reserve a placement group for ``shape`` and start one rank actor per bundle.
+
+    Args:
+        shape: (world size, device, placement strategy).
+        ready_timeout_s: how long the group may take to be placed and the actors to start.
+        env: the matrix's ``env`` section, set in every rank actor (:func:`rank_env`).
 
     Raises:
         PlacementTimeout: the cluster could not place the group in time (e.g. STRICT_SPREAD
@@ -132,6 +153,7 @@ def create_gang(shape: tuple[int, str, str], *, ready_timeout_s: float) -> Gang:
                     num_gpus=bundles[rank].get("GPU", 0),
                     max_restarts=0,
                     scheduling_strategy=bundle_slot,
+                    runtime_env={"env_vars": rank_env(device, env)},
                 ).remote()
             )
         gang.locate(ready_timeout_s)

@@ -104,7 +104,7 @@ class Driver:
     def __init__(self, matrix: Matrix, options: DriverOptions, stream: TextIO | None = None):
         self.matrix = matrix
         self.options = options
-        self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s)
+        self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s, env=matrix.env)
         self.policy = FailurePolicy(max_attempts=matrix.run.max_attempts)
         self.progress = Progress(stream or sys.stderr)
         self.summary = Summary()

@@ -21,12 +21,14 @@ class GangPool:
 
     Args:
         ready_timeout_s: how long a new gang may take to be placed and started.
+        env: the matrix's ``env`` section, set in every rank actor.
     """
 
-    def __init__(self, *, ready_timeout_s: float) -> None:
+    def __init__(self, *, ready_timeout_s: float, env: dict[str, str] | None = None) -> None:
         self.gangs: list[Gang] = []
         self.created = 0
         self.ready_timeout_s = ready_timeout_s
+        self.env = env or {}
 
     def idle(self) -> list[Gang]:
         """Gangs that run nothing now."""
@@ -86,7 +88,9 @@ class GangPool:
     def _start(self, cell: Cell) -> Gang | None:
         for attempt in range(1, GANG_START_TRIES + 1):
             try:
-                gang = create_gang(cell.gang_shape, ready_timeout_s=self.ready_timeout_s)
+                gang = create_gang(
+                    cell.gang_shape, ready_timeout_s=self.ready_timeout_s, env=self.env
+                )
             except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
                 log.warning(
                     "starting a gang of shape %s failed (try %d): %s",
