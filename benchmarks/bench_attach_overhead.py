@@ -97,6 +97,7 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="bench-attach-")) / "run"
     session = attach(models["D"], out, microbench_iters=0, max_steps=10**6)
     times: dict[str, list[int]] = {arm: [] for arm in ARMS}
+    step_call_ns: list[int] = []
     i = 0
     with session:
         while i < WARMUP_ROUNDS + args.rounds and _keep_going(start_s, args.budget_s):
@@ -109,7 +110,10 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
                 if arm == "D":  # the user's loop calls step() inside its step: timed with it
                     t0 = time.perf_counter_ns()
                     session.step()
-                    ns += time.perf_counter_ns() - t0
+                    call_ns = time.perf_counter_ns() - t0
+                    ns += call_ns
+                    if i >= WARMUP_ROUNDS:
+                        step_call_ns.append(call_ns)
                 if arm == "B":
                     state.resolve()  # after the timed window, as in bench_hook_overhead
                 if i >= WARMUP_ROUNDS:
@@ -119,7 +123,7 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     end_ns = time.perf_counter_ns() - end_started
     shutil.rmtree(out.parent, ignore_errors=True)
     gathered: list[Any] = [None] * WORLD_SIZE
-    dist.all_gather_object(gathered, times)
+    dist.all_gather_object(gathered, {**times, "step_call": step_call_ns})
     return {"per_rank": gathered, "end_ns": end_ns, "wall_s": time.monotonic() - start_s}
 
 
@@ -137,6 +141,10 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "ratio_of_medians_ci95": _bootstrap_ratio(ms[arm], plain, paired=True, rng=rng),
             "ratio_of_p10": float(np.percentile(ms[arm], 10) / np.percentile(plain, 10)),
         }
+    calls_ms = np.asarray(per_rank[0]["step_call"], dtype=np.float64) / 1e6
+    arms["attach"]["step_call_ms"] = _stats(calls_ms.tolist())
+    # session.step() timed directly, over the plain median step: a figure load cannot blur
+    arms["attach"]["step_call_share"] = float(np.median(calls_ms) / np.median(plain))
     return {
         "benchmark": "attach_overhead",
         "config": {
@@ -162,7 +170,7 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 def _raw(per_rank: list[dict[str, list[int]]]) -> dict[str, list[list[int]]]:
     """Every rank's step times per arm, for the record."""
-    return {arm: [r[arm] for r in per_rank] for arm in ARMS}
+    return {arm: [r[arm] for r in per_rank] for arm in (*ARMS, "step_call")}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -177,6 +185,9 @@ def print_table(report: dict[str, Any]) -> None:
             f"{arm['ratio_of_medians']:.4f} [95% CI {lo:.4f}, {hi:.4f}], "
             f"p10 ratio {arm['ratio_of_p10']:.4f}"
         )
+    call = report["attach"]["step_call_ms"]["median"] * 1e3
+    share = report["attach"]["step_call_share"]
+    print(f"session.step() timed alone: median {call:.1f} us = {share:.5f} of a plain step")
     print(f"session end (gather, commit): {report['session_end_ms']:.0f} ms, outside the steps")
 
 

@@ -16,17 +16,24 @@ from commprof.actors.gang import Gang, rank_env
 REPO = Path(__file__).resolve().parent.parent
 
 FAKE_GPU_PROBE = """
-import json, ray
+import json, os, subprocess, sys, ray
 from commprof.actors.gang import create_gang
 from commprof.actors.execution import rendezvous_host
-ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+ctx = ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
 try:
+    # `commprof check` from another process, pointed at this cluster
+    check = subprocess.run(
+        [sys.executable, "-m", "commprof", "check", "--json"],
+        env={**os.environ, "RAY_ADDRESS": ctx.address_info["gcs_address"]},
+        capture_output=True, text=True, timeout=120, check=True,
+    )
     env = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     gangs = [create_gang((2, "cuda", "PACK"), ready_timeout_s=120, env=env) for _ in range(2)]
     seen = [ray.get([a.describe.remote() for a in g.actors], timeout=60) for g in gangs]
     host = rendezvous_host(gangs[0])
     port = ray.get(gangs[0].actors[0].open_store.remote(host, 2, 30.0), timeout=60)
-    print(json.dumps({"seen": seen, "host": host, "port": port}))
+    nodes = json.loads(check.stdout)["ray_nodes"]
+    print(json.dumps({"seen": seen, "host": host, "port": port, "nodes": nodes}))
 finally:
     ray.shutdown()
 """
@@ -55,6 +62,9 @@ def test_gpu_ranks_take_rays_gpu_ids_and_see_the_matrix_env() -> None:
     assert "NCCL_DEBUG" not in os.environ  # ... and set nowhere else
     # one node: the ranks meet on loopback, at the port rank 0 bound itself
     assert probe["host"] == "127.0.0.1" and 0 < probe["port"] < 65536
+    # commprof check lists the GPUs Ray sees per node
+    ((node,),) = [probe["nodes"]]
+    assert (node["gpus"], node["cpus"]) == (4.0, 4.0)
 
 
 def test_ranks_meet_at_rank_zeros_node() -> None:

@@ -49,6 +49,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -351,6 +352,8 @@ class Session:
             self._harness.__exit__(kind, err, tb)
             self._harness = None
         if kind is not None:  # no collective: a peer may be gone; nothing is written
+            if self._trace_dir is not None:
+                shutil.rmtree(self._trace_dir, ignore_errors=True)
             return
         self._finish()
         # Keep no reference to the process group past the block: gloo's worker threads hold
