@@ -175,7 +175,7 @@ def _user_rank(rank: int, world_size: int, tmp: str) -> None:  # pragma: no cove
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
         max_diff = 0.0
         with (
-            commprof.attach(attached, os.path.join(tmp, "default-hook"), microbench_iters=0) as a,
+            commprof.attach(attached, os.path.join(tmp, "default-hook")) as a,
             commprof.attach(
                 attached_hooked,
                 os.path.join(tmp, "user-hook"),
@@ -218,10 +218,32 @@ def _user_rank(rank: int, world_size: int, tmp: str) -> None:  # pragma: no cove
         dist.destroy_process_group()
 
 
-def test_user_mp_spawn_conv_net_gradients_unchanged_and_dataset_loads(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
+USER_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_session import _user_rank
+_user_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1])
+"""
 
-    mp.spawn(_user_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
+
+@pytest.mark.parametrize("launcher", ["mp.spawn", "torchrun"])
+def test_user_conv_net_gradients_unchanged_and_dataset_reads(launcher: str, tmp_path: Path) -> None:
+    if launcher == "mp.spawn":
+        import torch.multiprocessing as mp
+
+        mp.spawn(_user_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
+    else:
+        script = tmp_path / "user_train.py"
+        script.write_text(USER_SCRIPT.format(tests=str(Path(__file__).parent)))
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        done = subprocess.run(
+            [*torchrun, "--nproc_per_node", "2", str(script), str(tmp_path)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for report in reports:
         assert report["max_grad_diff"] == 0.0  # atol=0: the hook never touches gradients
@@ -244,25 +266,26 @@ def test_user_mp_spawn_conv_net_gradients_unchanged_and_dataset_loads(tmp_path: 
         per_step = tables["buckets"].groupby(["rank", "step"])["num_bytes"].sum()
         assert (per_step == 4 * num_params).all() and len(per_step) == 2 * STEPS
         assert tables["buckets"]["num_bytes"].nunique() > 1  # several buckets, as capped
-        assert tables["microbench"].empty  # microbench_iters=0
+    assert results.load(tmp_path / "user-hook")["microbench"].empty  # microbench_iters=0
     user = results.load(tmp_path / "user-hook")["buckets"]
     assert len(user) == sum(r["wrapped_calls"] for r in reports)
+    if launcher == "torchrun":  # the report once (its build takes seconds)
+        _builds_report(tmp_path / "default-hook")
 
 
 def test_a_second_run_of_the_same_configuration_is_a_repeat(tmp_path: Path) -> None:
     """The folder keeps both runs: the same configuration gets repeat 1 and its own id."""
     (tmp_path / "one.py").write_text(_ONE_RANK)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    for _ in range(2):
-        done = subprocess.run(
-            [*torchrun, "--nproc_per_node", "1", "one.py"],
-            cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run(
+        [*torchrun, "--nproc_per_node", "1", "one.py"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
     cells = results.load(tmp_path / "commprof-run")["cells"].sort_values("repeat")
     assert list(cells["repeat"]) == [0, 1] and cells["cell_id"].nunique() == 2
     configs = [{**json.loads(c), "repeat": None} for c in cells["config_json"]]
@@ -274,12 +297,13 @@ import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 import commprof
 dist.init_process_group("gloo")
-model = DistributedDataParallel(torch.nn.Linear(8, 2))
-with commprof.attach(model, microbench_iters=0) as run:
-    for _ in range(3):
-        model(torch.ones(2, 8)).sum().backward()
-        run.step()
-del model
+for _ in range(2):  # the same configuration twice
+    model = DistributedDataParallel(torch.nn.Linear(8, 2))
+    with commprof.attach(model, microbench_iters=0) as run:
+        for _ in range(3):
+            model(torch.ones(2, 8)).sum().backward()
+            run.step()
+    del model
 dist.destroy_process_group()
 """
 
