@@ -253,25 +253,30 @@ def _golden_check(
 ATTACH_STEPS = 8
 
 
-def _attach_rank(rank: int, world_size: int, store_path: str, out: str) -> dict[str, Any]:
+def _attach_rank(
+    rank: int, world_size: int, store_path: str, out: str, backend: str = "nccl"
+) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
     import commprof
     from commprof.training.launcher import process_group
 
-    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     store = dist.FileStore(store_path, world_size)
-    with process_group(backend="nccl", rank=rank, world_size=world_size, store=store):
+    with process_group(backend=backend, rank=rank, world_size=world_size, store=store):
         torch.manual_seed(0)
         net = nn.Sequential(
             nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 333), nn.Linear(333, 10)
         )
-        model = DistributedDataParallel(net.cuda(rank), device_ids=[rank], bucket_cap_mb=1)
+        ids = [rank] if device.type == "cuda" else None
+        model = DistributedDataParallel(net.to(device), device_ids=ids, bucket_cap_mb=1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         with commprof.attach(model, out, profile_steps=range(2, 5)) as run:
             for _ in range(ATTACH_STEPS):
-                x = torch.randn(64, 256, device=f"cuda:{rank}")
+                x = torch.randn(64, 256, device=device)
                 loss = model(x).square().mean()
                 opt.zero_grad()
                 loss.backward()
@@ -282,7 +287,7 @@ def _attach_rank(rank: int, world_size: int, store_path: str, out: str) -> dict[
     return {"cell_id": cell_id}
 
 
-def _attach_check(out: Path) -> tuple[list[str], dict[str, Any]]:
+def _attach_check(out: Path, backend: str = "nccl") -> tuple[list[str], dict[str, Any]]:
     from commprof import results
     from commprof.training.launcher import spawn_ranks
 
@@ -291,7 +296,7 @@ def _attach_check(out: Path) -> tuple[list[str], dict[str, Any]]:
         import shutil
 
         shutil.rmtree(folder)
-    (ranked,) = spawn_ranks(_attach_rank, 1, args=(str(folder),), limit_s=300)
+    (ranked,) = spawn_ranks(_attach_rank, 1, args=(str(folder), backend), limit_s=300)
     tables = results.load(folder)
     problems: list[str] = []
     cells = tables["cells"]
