@@ -19,7 +19,9 @@ FAKE_GPU_PROBE = """
 import json, os, subprocess, sys, ray
 from commprof.actors.gang import create_gang
 from commprof.actors.execution import rendezvous_host
-ctx = ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
+ctx = ray.init(
+    address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False
+)
 try:
     # `commprof check` from another process, pointed at this cluster
     check = subprocess.run(
