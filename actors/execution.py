@@ -85,8 +85,10 @@ class CellExecution:
         self.results: dict[int, dict[str, Any]] = {}
         self.first_error_at: float | None = None
         loopback = gang.single_node
-        host = "127.0.0.1" if loopback else gang.nodes[0][1]
-        port = ray.get(gang.actors[0].free_port.remote(host), timeout=30)
+        host = rendezvous_host(gang)
+        port = ray.get(
+            gang.actors[0].open_store.remote(host, cell.world_size, pg_timeout_s), timeout=30
+        )
         local_ranks = gang.local_ranks()
         self.refs = [
             actor.run.remote(
@@ -146,6 +148,12 @@ class CellExecution:
     def _fail(self, message: str, kind: str, wall_s: float) -> Outcome:
         self.gang.kill()  # never reuse a gang in which anything failed
         return Outcome(status="failed", error=message, error_kind=kind, wall_s=wall_s)
+
+
+def rendezvous_host(gang: Gang) -> str:
+    """Where the ranks meet: rank 0's node address (never the driver's), loopback on one node
+    (gloo talks over ``lo`` there; docs/design.md, Measured facts)."""
+    return "127.0.0.1" if gang.single_node else gang.nodes[0][1]
 
 
 def _texts(errors: dict[int, BaseException | str]) -> dict[int, str]:

@@ -93,6 +93,20 @@ def bundle_for(device: str) -> dict[str, float]:
     return {"CPU": 1.0, "GPU": 1.0} if device == "cuda" else {"CPU": 1.0}
 
 
+DEAD_RANK_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+"""Every rank: NCCL errors and timeouts abort the communicator and raise, so a rank whose peer
+died fails within the process-group timeout, not after the NCCL watchdog's 10 to 30 minutes."""
+GPU_RANK_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+"""GPU ranks: Ray leaves CUDA_VISIBLE_DEVICES alone; the rank takes its GPU by index
+(:meth:`commprof.actors.rank_actor.RankActor.gpu_index`; ray-project/ray issue 61073)."""
+
+
+def rank_env(device: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables of a rank actor: the defaults above, then the matrix's ``env``
+    section (it may override ``TORCH_NCCL_ASYNC_ERROR_HANDLING``)."""
+    return {**DEAD_RANK_ENV, **(GPU_RANK_ENV if device == "cuda" else {}), **(env or {})}
+
+
 def reserve(shape: tuple[int, str, str]) -> PlacementGroup:
     """Ask the cluster for a placement group of ``shape``; returns at once (placing is async).
 
@@ -104,9 +118,19 @@ def reserve(shape: tuple[int, str, str]) -> PlacementGroup:
 
 
 def start_gang(
-    shape: tuple[int, str, str], group: PlacementGroup, *, ready_timeout_s: float
+    shape: tuple[int, str, str],
+    group: PlacementGroup,
+    *,
+    ready_timeout_s: float,
+    env: dict[str, str] | None = None,
 ) -> Gang:
     """Start one rank actor per bundle of a placed ``group``.
+
+    Args:
+        shape: (world size, device, placement strategy).
+        group: the placed placement group (:func:`reserve`).
+        ready_timeout_s: how long the actors may take to start.
+        env: the matrix's ``env`` section, set in every rank actor (:func:`rank_env`).
 
     Raises:
         ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: an actor did not start
@@ -130,6 +154,7 @@ def start_gang(
                     num_gpus=bundle.get("GPU", 0),
                     max_restarts=0,
                     scheduling_strategy=bundle_slot,
+                    runtime_env={"env_vars": rank_env(device, env)},
                 ).remote()
             )
         gang.locate(ready_timeout_s)

@@ -2,18 +2,36 @@
 
 An actor outlives cells: the driver reuses a gang of them for the next cell of the same shape,
 which saves the process start and ``import torch`` (about 2 s a cell; docs/design.md, Measured
-facts). Each cell gets a new TCPStore port from rank 0 and a fresh process group, destroyed after
-a barrier.
+facts). Each cell gets a new TCPStore from rank 0 and a fresh process group, destroyed after a
+barrier.
+
+What torch.distributed needs inside Ray actors, as torchrun would give it (docs/design.md, GPUs on
+Ray):
+
+- Devices: GPU rank actors start with ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` (their
+  ``runtime_env``, :func:`commprof.actors.gang.rank_env`), so Ray does not mask the node's GPUs
+  per actor (the masking slowed NCCL all-reduce by orders of magnitude on NVSwitch systems and
+  broke NVLS, ray-project/ray issue 61073); each rank then takes the GPU Ray assigned it,
+  ``torch.cuda.set_device(id)`` with the id from ``get_accelerator_ids()``.
+- Rendezvous: the store lives on rank 0's node (its address, not the driver's) and rank 0 binds
+  it to port 0 itself (:meth:`RankActor.open_store`), so no port is probed and bound later by
+  another process in between.
+- Environment: NCCL, gloo and PyTorch variables reach the ranks through the actors'
+  ``runtime_env``, never the driver's environment; ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and the
+  matrix's short process-group timeout make a rank whose peer died fail within that timeout
+  instead of the NCCL watchdog's 10 to 30 minutes.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 import ray
+
+SHOWN_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "RAY_EXPERIMENTAL_NOSET_")
+"""The variables :meth:`RankActor.describe` reports."""
 
 
 class RankActor:
@@ -27,16 +45,50 @@ class RankActor:
 
         torch.set_num_threads(num_threads)
         self._ctx = ray.get_runtime_context()
+        self._store: Any = None
+        # A GLOO_SOCKET_IFNAME from the matrix's env section wins over the loopback default.
+        self._gloo_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
 
     def node(self) -> tuple[str, str]:
         """(Ray node id, node IP address) of this actor."""
         return self._ctx.get_node_id(), ray.util.get_node_ip_address()
 
-    def free_port(self, host: str) -> int:
-        """A TCP port free on this host now, for the cell's TCPStore (rank 0 asks)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            return int(sock.getsockname()[1])
+    def gpu_index(self) -> int | None:
+        """The CUDA device index of the GPU Ray assigned this actor (None: no GPU).
+
+        With ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` every GPU of the node is visible,
+        so Ray's id is the device index on the node, as torchrun's local rank is.
+        """
+        ids = self._ctx.get_accelerator_ids().get("GPU", [])
+        return int(ids[0]) if ids else None
+
+    def describe(self) -> dict[str, Any]:
+        """What this rank sees: node, assigned GPUs, the device it will use, its environment."""
+        return {
+            "node": self.node(),
+            "gpu_ids": list(self._ctx.get_accelerator_ids().get("GPU", [])),
+            "device_index": self.gpu_index(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "env": {k: v for k, v in os.environ.items() if k.startswith(SHOWN_ENV_PREFIXES)},
+        }
+
+    def open_store(self, host: str, world_size: int, timeout_s: float) -> int:
+        """Rank 0: start the cell's TCPStore on a port the OS picks now, keep it, return it.
+
+        Binding port 0 in the process that keeps the socket leaves no gap in which another
+        process could take the port (a probe, close and later bind would).
+        """
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(
+            host,
+            0,
+            world_size=world_size,
+            is_master=True,
+            timeout=_timedelta(timeout_s),
+            wait_for_workers=False,
+        )
+        return int(self._store.port)
 
     def run(
         self,
@@ -56,8 +108,8 @@ class RankActor:
             config: ``Cell.config()`` of the cell.
             rank: this rank.
             local_rank: this rank's index among the gang's ranks on its node.
-            master_addr: rank 0's address for the TCPStore.
-            master_port: the port rank 0 picked.
+            master_addr: rank 0's node address (loopback on one node) for the TCPStore.
+            master_port: the port of the store rank 0 opened (:meth:`open_store`).
             timeout_s: the process-group timeout.
             loopback: all ranks on one node: gloo talks over ``lo`` (docs/design.md, Measured
                 facts).
@@ -70,23 +122,35 @@ class RankActor:
         from commprof.matrix import cell_from_config
         from commprof.training.launcher import run_rank
 
-        if loopback:
+        if self._gloo_ifname is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = self._gloo_ifname
+        elif loopback:
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         else:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
         cell = cell_from_config(config)
+        store, self._store = self._store, None  # rank 0's, opened for this cell
         if fault is not None and fault.get("rank") == rank:
             _inject(fault)
         started = time.time()
-        store = dist.TCPStore(
-            master_addr,
-            master_port,
-            world_size=cell.world_size,
-            is_master=rank == 0,
-            timeout=_timedelta(timeout_s),
-            wait_for_workers=False,
+        if rank == 0 and store is None:
+            raise RuntimeError("rank 0 runs a cell without its store; call open_store first")
+        if rank != 0:
+            store = dist.TCPStore(
+                master_addr,
+                master_port,
+                world_size=cell.world_size,
+                is_master=False,
+                timeout=_timedelta(timeout_s),
+            )
+        result = run_rank(
+            cell,
+            rank=rank,
+            local_rank=local_rank,
+            store=store,
+            timeout_s=timeout_s,
+            device_index=self.gpu_index() if cell.device == "cuda" else None,
         )
-        result = run_rank(cell, rank=rank, local_rank=local_rank, store=store, timeout_s=timeout_s)
         result["wall_s"] = time.time() - started
         return result
 

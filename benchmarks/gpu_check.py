@@ -17,6 +17,14 @@ Checks (each runs in its own spawned processes and is reported, pass or fail, on
    detected regime must be the one the run used. NCCL kernels in the nccl1 trace are recorded
    but not required: with one rank NCCL may reduce by a local copy, or not at all.
 
+5. ``attach-nccl1``: ``commprof.attach`` on NCCL, one rank on ``cuda:0``, a model outside the
+   catalog, profiler over steps 2 to 4 (the session's CUDA path: events resolved only once they
+   have completed, one sync at the end): the dataset must load with one ok cell, bucket rows
+   with ``device_latency_ns`` > 0 for every recorded step, and one trace.
+6. ``device-choice``: the rank's device from the GPU id a scheduler assigned
+   (``launcher.device_for(..., device_index=)``, what a Ray rank actor passes): the last visible
+   GPU is taken as given, one past it is a ConfigError naming the id.
+
 Output goes to ``--out`` (default: ``$OUT`` when set, else ``./gpu_check_out``): the golden
 trace folders and ``gpu_check.json`` (every check's figures and errors). Without CUDA the
 script prints why and exits with status 2, touching nothing. Expected runtime on one H200:
@@ -252,6 +260,98 @@ def _golden_check(
 
 
 # ---------------------------------------------------------------------------------------
+# commprof.attach and the device choice
+
+ATTACH_STEPS = 8
+
+
+def _attach_rank(
+    rank: int, world_size: int, store_path: str, out: str, backend: str = "nccl"
+) -> dict[str, Any]:
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    import commprof
+    from commprof.training.launcher import process_group
+
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend=backend, rank=rank, world_size=world_size, store=store):
+        torch.manual_seed(0)
+        net = nn.Sequential(
+            nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 333), nn.Linear(333, 10)
+        )
+        ids = [rank] if device.type == "cuda" else None
+        model = DistributedDataParallel(net.to(device), device_ids=ids, bucket_cap_mb=1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with commprof.attach(model, out, profile_steps=range(2, 5)) as run:
+            for _ in range(ATTACH_STEPS):
+                x = torch.randn(64, 256, device=device)
+                loss = model(x).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                run.step()
+        cell_id = run.cell_id
+        del model
+    return {"cell_id": cell_id}
+
+
+def _attach_check(out: Path, backend: str = "nccl") -> tuple[list[str], dict[str, Any]]:
+    from commprof import results
+    from commprof.training.launcher import spawn_ranks
+
+    folder = out / "attach_nccl1"
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    (ranked,) = spawn_ranks(_attach_rank, 1, args=(str(folder), backend), limit_s=300)
+    tables = results.load(folder)
+    problems: list[str] = []
+    cells = tables["cells"]
+    if len(cells) != 1 or cells["status"].iloc[0] != "ok":
+        problems.append(f"expected one ok cell, got {cells[['status']].to_dict('records')}")
+    buckets = tables["buckets"]
+    if buckets.empty or not (buckets["device_latency_ns"].fillna(0) > 0).all():
+        problems.append("bucket rows missing or without device_latency_ns > 0")
+    steps_with_buckets = sorted(set(buckets["step"])) if not buckets.empty else []
+    if steps_with_buckets != list(range(ATTACH_STEPS)):
+        problems.append(f"bucket rows for steps {steps_with_buckets}, not 0..{ATTACH_STEPS - 1}")
+    traces = sorted((folder / "traces").glob("*/*.json.gz"))
+    if len(traces) != 1:
+        problems.append(f"expected one trace, found {[t.name for t in traces]}")
+    figures = {
+        "cell_id": ranked["cell_id"],
+        "cells": cells.drop(columns=["checksums_json", "commit_sha256"]).to_dict("records"),
+        "median_device_latency_ns": _median(buckets["device_latency_ns"].dropna().tolist()),
+        "num_trace_metrics": len(tables["trace_metrics"]),
+        "num_microbench": len(tables["microbench"]),
+    }
+    return problems, figures
+
+
+def _device_choice_check(_out: Path) -> tuple[list[str], dict[str, Any]]:
+    from commprof.training.launcher import ConfigError, device_for
+
+    cell = Cell(model=TRACE_MODEL, world_size=1, bucket_cap_mb=1.0, device="cuda", backend="nccl")
+    last = torch.cuda.device_count() - 1
+    problems: list[str] = []
+    chosen = device_for(cell, 0, device_index=last)
+    if chosen != torch.device("cuda", last):
+        problems.append(f"device_index {last} gave {chosen}")
+    try:
+        device_for(cell, 0, device_index=last + 1)
+        problems.append(f"device_index {last + 1} was accepted with {last + 1} devices")
+    except ConfigError as err:
+        if str(last + 1) not in str(err):
+            problems.append(f"the error does not name the GPU id: {err}")
+    return problems, {"device_count": last + 1, "chosen": str(chosen)}
+
+
+# ---------------------------------------------------------------------------------------
 
 
 def _checks() -> list[tuple[str, Callable[[Path], tuple[list[str], dict[str, Any]]]]]:
@@ -291,6 +391,8 @@ def _checks() -> list[tuple[str, Callable[[Path], tuple[list[str], dict[str, Any
         ),
         ("golden-cuda-nccl1", _golden_check("golden_cuda_nccl1", "nccl", 1, "cuda-nccl")),
         ("golden-cuda-gloo2", _golden_check("golden_cuda_gloo2", "gloo", 2, "cuda-gloo")),
+        ("attach-nccl1", _attach_check),
+        ("device-choice", _device_choice_check),
     ]
 
 

@@ -208,7 +208,7 @@ def _check(args: argparse.Namespace) -> int:
         "cpu_count": os.cpu_count(),
         "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
-    report["ray_cluster"] = _ray_resources()
+    report["ray_cluster"], report["ray_nodes"] = _ray_resources()
     if args.matrix is not None:
         from commprof.matrix import load
         from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
@@ -251,6 +251,10 @@ def _check(args: argparse.Namespace) -> int:
     print(f"{'backends':>12}: {report['backends']}")
     print(f"{'devices':>12}: {report['devices']}")
     print(f"{'ray cluster':>12}: {report['ray_cluster'] or 'none reachable (sweeps embed one)'}")
+    for node in report["ray_nodes"]:
+        kind = f" ({node['accelerator']})" if node["accelerator"] else ""
+        gpus, cpus = f"{node['gpus']:g} GPUs{kind}", f"{node['cpus']:g} CPUs"
+        print(f"{'ray node':>12}: {node['address']}: {gpus}, {cpus}")
     if "matrix" in report:
         m = report["matrix"]
         print(
@@ -277,23 +281,43 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ray_resources() -> dict[str, float] | None:
-    """Resources of a reachable Ray cluster, without starting one."""
+def _ray_resources() -> tuple[dict[str, float] | None, list[dict[str, Any]]]:
+    """Resources of a reachable Ray cluster, and the GPUs Ray sees on each alive node, without
+    starting a cluster."""
     from commprof.ray_address import cluster_address
 
     address = cluster_address()  # the driver's rule: never another driver's embedded Ray
     if address is None:
-        return None
+        return None, []
     import ray
 
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError):
-        return None
+        return None, []
     try:
-        return dict(ray.cluster_resources())
+        return dict(ray.cluster_resources()), ray_nodes(ray.nodes())
     finally:
         ray.shutdown()
+
+
+def ray_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per alive node of ``ray.nodes()``: address, GPUs and CPUs Ray counts, accelerator type."""
+    out = []
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        kinds = [k.partition(":")[2] for k in resources if k.startswith("accelerator_type:")]
+        out.append(
+            {
+                "address": node.get("NodeManagerAddress"),
+                "gpus": float(resources.get("GPU", 0)),
+                "cpus": float(resources.get("CPU", 0)),
+                "accelerator": ",".join(sorted(kinds)) or None,
+            }
+        )
+    return sorted(out, key=lambda n: str(n["address"]))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -352,6 +352,10 @@ class Matrix:
     """Driver policy."""
     budget_bytes: dict[str, int] = field(default_factory=dict)
     """Memory budgets by pool name, overriding detected ones."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of every rank process (``NCCL_*``, ``GLOO_*``, ``TORCH_*``), set
+    through Ray's ``runtime_env`` where the ranks start, not in the driver. Not part of a cell's
+    id: the ranks record the variables they saw in ``env_json``."""
 
 
 # Allowed keys per section, with the type each value must have.
@@ -376,8 +380,22 @@ _BUDGET_POOLS = (
     "shm_bytes",
     "object_store_bytes",
 )
-_TOP = ("name", "description", "axes", "defaults", "repeats", "run", "budget", "microbench")
+_TOP = (
+    "name",
+    "description",
+    "axes",
+    "defaults",
+    "repeats",
+    "run",
+    "budget",
+    "microbench",
+    "env",
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
+"""Variables a matrix's ``env`` section may set in the ranks: the collective libraries' and
+PyTorch's own (``TORCH_NCCL_*``, ``TORCH_DISTRIBUTED_DEBUG``); nothing that moves devices or Ray."""
+_ENV_NAME_RE = re.compile(r"^(NCCL|GLOO|TORCH)_[A-Z0-9_]+$")
 
 
 def load(path: str | Path) -> Matrix:
@@ -472,7 +490,33 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
         run = RunPolicy(**run_raw)
     except MatrixError as err:
         raise MatrixError(f"{source}: {err}") from None
-    return Matrix(name=name, source=source, cells=tuple(cells), run=run, budget_bytes=budget_raw)
+    env = _env_section(raw.get("env"), source)
+    return Matrix(
+        name=name, source=source, cells=tuple(cells), run=run, budget_bytes=budget_raw, env=env
+    )
+
+
+def _env_section(value: Any, source: str) -> dict[str, str]:
+    """The ``env`` section: variable names with one of ``ENV_PREFIXES``, string values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MatrixError(
+            f"{source}: key 'env' must be a mapping of variable names to strings, got "
+            f"{type(value).__name__}"
+        )
+    for key, item in value.items():
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            raise MatrixError(
+                f"{source}: key 'env.{key}': only variables named {', '.join(ENV_PREFIXES)}"
+                "... (upper case, digits, '_') reach the ranks"
+            )
+        if not isinstance(item, str):
+            raise MatrixError(
+                f"{source}: key 'env.{key}': {item!r} is a {type(item).__name__}; quote it "
+                f'(env.{key}: "{item}"): environment values are strings'
+            )
+    return dict(value)
 
 
 def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:

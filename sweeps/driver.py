@@ -132,7 +132,7 @@ class Driver:
         self.watch = watch
         self.stop_signal: int | None = None
         self.options = options
-        self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s)
+        self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s, env=matrix.env)
         self.policy = FailurePolicy(max_attempts=matrix.run.max_attempts)
         self.progress = Progress(stream or sys.stderr)
         self.summary = Summary()

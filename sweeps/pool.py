@@ -51,14 +51,16 @@ class GangPool:
         ready_timeout_s: how long a placed gang's actors may take to start; also how long a
             reservation waits before idle gangs are dropped in case they fragment it, and how
             often a waiting reservation is logged.
+        env: the matrix's ``env`` section, set in every rank actor.
     """
 
-    def __init__(self, *, ready_timeout_s: float) -> None:
+    def __init__(self, *, ready_timeout_s: float, env: dict[str, str] | None = None) -> None:
         self.gangs: list[Gang] = []
         self.reserved: dict[tuple[int, str, str], Reservation] = {}
         self.created = 0
         self.ready_timeout_s = ready_timeout_s
         self._start_failures: dict[tuple[int, str, str], int] = {}
+        self.env = env or {}
 
     def idle(self) -> list[Gang]:
         """Gangs that run nothing now."""
@@ -173,7 +175,9 @@ class GangPool:
             return None
         del self.reserved[shape]
         try:
-            gang = start_gang(shape, reservation.group, ready_timeout_s=self.ready_timeout_s)
+            gang = start_gang(
+                shape, reservation.group, ready_timeout_s=self.ready_timeout_s, env=self.env
+            )
         except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
             failures = self._start_failures.get(shape, 0) + 1
             self._start_failures[shape] = failures

@@ -391,3 +391,46 @@ def test_resolve_before_completion_raises_and_keeps_records(
         rows = result["rows"]
         assert [r["bucket_index"] for r in rows] == list(range(result["num_buckets"]))
         assert all(r["ready_ns"] <= r["launch_ns"] <= r["done_ns"] for r in rows)
+
+
+class _DoneBucket:
+    """A bucket whose all-reduce is already done: the three methods the wrapper calls."""
+
+    def __init__(self, index: int) -> None:
+        self._index, self._buffer = index, torch.ones(4)
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self._buffer]
+
+
+def _completed(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def test_resolve_before_a_step_keeps_later_records_and_recording_off_passes_through() -> None:
+    from commprof.profiling.comm_hooks import TimingState, timing_wrapper
+
+    state = TimingState(None)
+    hook = timing_wrapper(_completed)
+    for step in (0, 1, 2):
+        state.step = step
+        for index in (0, 1):
+            assert torch.equal(hook(state, _DoneBucket(index)).wait(), torch.ones(4))
+    last_done, never = state.last_done_ns(1), state.last_done_ns(7)
+    assert state.device_done(2)  # no CUDA events: nothing to wait for
+    early = state.resolve(before_step=2)
+    assert [(r["step"], r["bucket_index"]) for r in early] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert last_done == max(r["done_ns"] for r in early if r["step"] == 1) and never is None
+    assert len(state.raw) == 2  # step 2's two buckets, kept for a later resolve
+    state.recording = False
+    state.step = 3
+    assert torch.equal(hook(state, _DoneBucket(0)).wait(), torch.ones(4))  # passed through
+    assert [r["step"] for r in state.resolve()] == [2, 2]

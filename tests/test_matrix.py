@@ -101,6 +101,10 @@ def test_committed_dataset_ids_are_recomputed_from_their_configs() -> None:
         ("axes: [1, 2]\n", ["axes", "mapping"]),
         ("- just\n- a list\n", ["mapping"]),
         ("name: t\naxes:\n  model: [srn-1m]\n", ["axes.world_size", "required"]),
+        (GOOD + "env:\n  CUDA_VISIBLE_DEVICES: '0'\n", ["env.CUDA_VISIBLE_DEVICES", "NCCL_"]),
+        (GOOD + "env:\n  nccl_debug: INFO\n", ["env.nccl_debug", "upper case"]),
+        (GOOD + "env:\n  NCCL_NTHREADS: 64\n", ["env.NCCL_NTHREADS", "int", "quote it"]),
+        (GOOD + "env: [NCCL_DEBUG]\n", ["key 'env'", "mapping"]),
     ],
 )
 def test_bad_matrix_names_file_and_key(tmp_path: Path, text: str, needles: list[str]) -> None:
@@ -110,6 +114,21 @@ def test_bad_matrix_names_file_and_key(tmp_path: Path, text: str, needles: list[
     assert str(tmp_path / "m.yaml") in message
     for needle in needles:
         assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_env_section_reaches_the_matrix(tmp_path: Path) -> None:
+    text = (
+        GOOD
+        + "env:\n  NCCL_DEBUG: INFO\n  GLOO_SOCKET_IFNAME: eth0\n  TORCH_NCCL_BLOCKING_WAIT: '1'\n"
+    )
+    loaded = _load(tmp_path, text)
+    assert loaded.env == {
+        "NCCL_DEBUG": "INFO",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+    }
+    # not part of any cell's id: the same cells as without it
+    assert [c.cell_id for c in loaded.cells] == [c.cell_id for c in _load(tmp_path, GOOD).cells]
 
 
 def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:

@@ -32,8 +32,15 @@ def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
         ("import commprof.sweeps.driver", ("torch",)),
         ("import commprof.profiling.analyze", ("torch", "ray")),
         (HELP, ("torch", "ray", "pandas", "scipy")),
+        ("import commprof", ("torch", "ray", "pandas")),  # commprof.attach loads on first use
     ],
-    ids=["analysis-and-reporting", "sweep-driver", "trace-analysis", "commprof-help"],
+    ids=[
+        "analysis-and-reporting",
+        "sweep-driver",
+        "trace-analysis",
+        "commprof-help",
+        "import-commprof",
+    ],
 )
 def test_entry_points_leave_heavy_modules_out(code: str, absent: tuple[str, ...]) -> None:
     assert _loaded(code, absent) == []

@@ -102,20 +102,46 @@ class TimingState:
         self.param_names = param_names or {}
         self.use_cuda_events = use_cuda_events
         self.step = 0
+        self.recording = True
+        """False: the hook passes buckets to the inner hook untimed (``commprof.attach`` turns
+        it off when its session ends; DDP cannot unregister a hook)."""
         self.raw: list[list[Any]] = []
         self.composition: list[BucketParam] = []
 
-    def resolve(self) -> list[dict[str, Any]]:
+    def last_done_ns(self, step: int) -> int | None:
+        """Host clock when the last collective of ``step`` completed (None: no bucket yet).
+
+        Reads the records not resolved yet; call it before :meth:`resolve`.
+        """
+        done = [rec[_DONE] for rec in self.raw if rec[_STEP] == step and rec[_DONE]]
+        return max(done) if done else None
+
+    def device_done(self, step: int) -> bool:
+        """Whether every CUDA event of ``step``'s records has completed (a non-blocking query;
+        True off CUDA): :meth:`resolve` of that step can then read them without waiting."""
+        return all(
+            ev.query() for rec in self.raw if rec[_STEP] == step for ev in rec[_EV_READY:] if ev
+        )
+
+    def resolve(self, *, before_step: int | None = None) -> list[dict[str, Any]]:
         """Turn the raw records of all steps so far into bucket rows, then forget them.
 
         Call after a step has completed (on CUDA after the step's sync point), never in a hook.
+
+        Args:
+            before_step: resolve only the records of earlier steps and keep the rest (on CUDA
+                the latest step's events may still be pending).
 
         Returns:
             Rows with ``step, bucket_index, num_bytes, num_params, ready_ns, launch_ns, done_ns,
             latency_ns, transfer_ns, exposed_ns, device_latency_ns`` (the last is None off
             CUDA), in order of readiness.
         """
-        raw, self.raw = self.raw, []
+        if before_step is None:
+            raw, self.raw = self.raw, []
+        else:
+            raw = [rec for rec in self.raw if rec[_STEP] < before_step]
+            self.raw = [rec for rec in self.raw if rec[_STEP] >= before_step]
         for rec in raw:
             if rec[_DONE] == 0:
                 self.raw = raw + self.raw  # keep every record for a later resolve()
@@ -221,6 +247,8 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
     """
 
     def hook(state: TimingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if not state.recording:
+            return inner(state.inner_state, bucket)
         ready_ns = time.perf_counter_ns()
         ev_ready = ev_done = None
         if state.use_cuda_events:

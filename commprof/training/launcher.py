@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from commprof.matrix import Cell
+from commprof.matrix import ENV_PREFIXES, Cell
 from commprof.outcomes import RankFailure
 
 DEFAULT_PG_TIMEOUT_S = 60.0
@@ -72,8 +72,15 @@ class ConfigError(ValueError):
     """A cell this machine cannot run as configured; running it again gives the same error."""
 
 
-def device_for(cell: Cell, local_rank: int) -> torch.device:
-    """The device a rank uses: CPU, or a CUDA device by local rank (shared when there are few)."""
+def device_for(cell: Cell, local_rank: int, device_index: int | None = None) -> torch.device:
+    """The device a rank uses: CPU, or a CUDA device.
+
+    Args:
+        cell: the configuration.
+        local_rank: the rank's index on its node; picks the device where ``device_index`` is
+            None (shared when there are fewer devices than ranks, as in ``commprof run``).
+        device_index: the GPU a scheduler assigned (a Ray rank actor's GPU id).
+    """
     if cell.device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -81,7 +88,15 @@ def device_for(cell: Cell, local_rank: int) -> torch.device:
             f"cell {cell.cell_id} asks for device 'cuda' but torch {torch.__version__} sees no "
             "GPU on this node; set device: cpu or run it on a GPU node"
         )
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    count = torch.cuda.device_count()
+    if device_index is None:
+        return torch.device("cuda", local_rank % count)
+    if not 0 <= device_index < count:
+        raise ConfigError(
+            f"the rank was assigned GPU {device_index} but sees {count} device(s); is "
+            "CUDA_VISIBLE_DEVICES set where the ranks start? (commprof lets Ray leave it unset)"
+        )
+    return torch.device("cuda", device_index)
 
 
 def fingerprint(device: torch.device) -> dict[str, Any]:
@@ -97,6 +112,8 @@ def fingerprint(device: torch.device) -> dict[str, Any]:
         "num_threads": torch.get_num_threads(),
         # read when training ended: the minute the cell ran (its own ranks included)
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        # what the collective libraries were told (a matrix's env section, NCCL_*, ...)
+        "env_vars": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -112,16 +129,30 @@ def fingerprint(device: torch.device) -> dict[str, Any]:
 
 
 def run_rank(
-    cell: Cell, *, rank: int, local_rank: int, store: dist.Store, timeout_s: float
+    cell: Cell,
+    *,
+    rank: int,
+    local_rank: int,
+    store: dist.Store,
+    timeout_s: float,
+    device_index: int | None = None,
 ) -> dict[str, Any]:
     """One rank of a cell, start to finish: join the group, train, benchmark, leave.
+
+    Args:
+        cell: the configuration.
+        rank: this rank.
+        local_rank: its index on its node.
+        store: the rendezvous store.
+        timeout_s: the process-group timeout.
+        device_index: the GPU assigned to this rank (see :func:`device_for`).
 
     Returns:
         ``{"records": {table: rows}, "traces": {name: gzip bytes}, "env": fingerprint}``.
     """
     from commprof.training.trainer import train_rank
 
-    device = device_for(cell, local_rank)
+    device = device_for(cell, local_rank, device_index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     with process_group(

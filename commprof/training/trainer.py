@@ -116,7 +116,7 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
     records: dict[str, list[dict[str, Any]]] = {"steps": steps, "buckets": buckets}
     traces: dict[str, bytes] = {}
     if trace_dir is not None:
-        records["trace_metrics"], traces = _trace_records(trace_dir, buckets)
+        records["trace_metrics"], traces = trace_records(trace_dir, buckets)
     if rank == 0:
         records["bucket_params"] = [dataclasses.asdict(p) for p in state.composition]
     bucket_sizes = sorted({int(row["num_bytes"]) for row in buckets if row["step"] >= 1})
@@ -173,7 +173,7 @@ def _harness(trace_dir: Path | None, rank: int, *, first: int, last: int) -> Ite
         yield harness
 
 
-def _trace_records(
+def trace_records(
     trace_dir: Path, buckets: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     """Per-step trace metrics with the hook cross-check, and the compressed traces."""
