@@ -48,6 +48,9 @@ class Gang:
     """(node id, IP) of each rank, filled in by :meth:`locate`."""
     busy: bool = False
     """Running a cell (set and cleared by the driver's gang pool)."""
+    where: list[Any] = field(default_factory=list)
+    """Each actor's ``node()`` call, asked when it was spawned: all resolve once every actor
+    runs (:func:`spawn_gang`)."""
 
     @property
     def world_size(self) -> int:
@@ -59,7 +62,9 @@ class Gang:
 
     def locate(self, timeout_s: float = PLACEMENT_READY_TIMEOUT_S) -> None:
         """Ask each actor where it runs (also proves that every actor has started)."""
-        self.nodes = ray.get([a.node.remote() for a in self.actors], timeout=timeout_s)
+        self.nodes = ray.get(
+            self.where or [a.node.remote() for a in self.actors], timeout=timeout_s
+        )
 
     @property
     def single_node(self) -> bool:
@@ -117,24 +122,18 @@ def reserve(shape: tuple[int, str, str]) -> PlacementGroup:
     return placement_group([bundle_for(device) for _ in range(world_size)], strategy=strategy)
 
 
-def start_gang(
-    shape: tuple[int, str, str],
-    group: PlacementGroup,
-    *,
-    ready_timeout_s: float,
-    env: dict[str, str] | None = None,
+def spawn_gang(
+    shape: tuple[int, str, str], group: PlacementGroup, *, env: dict[str, str] | None = None
 ) -> Gang:
-    """Start one rank actor per bundle of a placed ``group``.
+    """Start one rank actor per bundle of a placed ``group``; returns at once.
+
+    The actors start in the background (a process, ``import torch``: seconds on a loaded
+    machine); ``gang.where`` resolves once every one runs, then :meth:`Gang.locate` reads it.
 
     Args:
         shape: (world size, device, placement strategy).
         group: the placed placement group (:func:`reserve`).
-        ready_timeout_s: how long the actors may take to start.
         env: the matrix's ``env`` section, set in every rank actor (:func:`rank_env`).
-
-    Raises:
-        ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: an actor did not start
-            in time, or died starting (the group and the actors are gone then).
     """
     world_size, device, _ = shape
     bundle = bundle_for(device)
@@ -157,9 +156,31 @@ def start_gang(
                     runtime_env={"env_vars": rank_env(device, env)},
                 ).remote()
             )
+        gang.where = [actor.node.remote() for actor in gang.actors]
+    except Exception:
+        gang.kill()
+        raise
+    return gang
+
+
+def start_gang(
+    shape: tuple[int, str, str],
+    group: PlacementGroup,
+    *,
+    ready_timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> Gang:
+    """:func:`spawn_gang`, then wait until every actor runs.
+
+    Raises:
+        ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError: an actor did not start
+            in time, or died starting (the group and the actors are gone then).
+    """
+    gang = spawn_gang(shape, group, env=env)
+    try:
         gang.locate(ready_timeout_s)
     except Exception:
         gang.kill()
         raise
-    log.debug("gang %d of shape %s on nodes %s", gang_id, shape, gang.nodes)
+    log.debug("gang %d of shape %s on nodes %s", gang.gang_id, shape, gang.nodes)
     return gang

@@ -257,7 +257,7 @@ class Driver:
     def _placement_due(self, *, idle: bool) -> bool:
         """Cells wait for resources: try again once a reservation is placed, or now and then
         while none of this driver's cells runs (a finished one would trigger a pass anyway)."""
-        if self.pool.newly_placed():
+        if self.pool.progressed():
             return True
         due = idle and time.monotonic() - self._last_start_pass > RECHECK_S
         if due and not self.pool.reserved:

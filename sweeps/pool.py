@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from commprof.actors.gang import Gang, bundle_for, reserve, start_gang
+from commprof.actors.gang import Gang, bundle_for, reserve, spawn_gang
 from commprof.matrix import Cell
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class Reservation:
     """``group.ready()``, asked once."""
     placed: bool = False
     """Seen placed (its ref is then no longer waited on: it would wake the loop every pass)."""
+    gang: Gang | None = None
+    """The gang spawned in the placed group, its actors still starting."""
+    spawned: float = 0.0
+    """When the gang was spawned (``time.monotonic``)."""
     since: float = field(default_factory=time.monotonic)
     last_warned: float = field(default_factory=time.monotonic)
 
@@ -67,18 +71,26 @@ class GangPool:
         return [g for g in self.gangs if not g.busy]
 
     def waiting(self) -> list[Any]:
-        """The ready refs of reservations not seen placed yet (the loop waits on them too)."""
-        return [r.ready for r in self.reserved.values() if not r.placed]
+        """What the loop waits on for the reservations: placement, then the actors' start."""
+        refs = []
+        for r in self.reserved.values():
+            refs.extend(r.gang.where if r.gang is not None else [] if r.placed else [r.ready])
+        return refs
 
-    def newly_placed(self) -> bool:
-        """Whether a reservation was placed since the last look (marks it placed)."""
-        pending = {r.ready: r for r in self.reserved.values() if not r.placed}
-        if not pending:
+    def progressed(self) -> bool:
+        """Whether a reservation was placed, or its gang's actors all started, since the last
+        look (a placed one is marked so)."""
+        refs = self.waiting()
+        if not refs:
             return False
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-        for ref in ready:
-            pending[ref].placed = True
-        return bool(ready)
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        moved = False
+        for r in self.reserved.values():
+            if r.gang is not None:
+                moved |= all(ref in done for ref in r.gang.where)
+            elif not r.placed and r.ready in done:
+                r.placed = moved = True
+        return moved
 
     def keep_only(self, shapes: set[tuple[int, str, str]]) -> None:
         """Give up the reservations of shapes no cell waits for any more."""
@@ -119,7 +131,9 @@ class GangPool:
     def cancel(self, shape: tuple[int, str, str]) -> None:
         """Give up a waiting reservation (its cells are not run)."""
         reservation = self.reserved.pop(shape, None)
-        if reservation is not None:
+        if reservation is not None and reservation.gang is not None:
+            reservation.gang.kill()  # its actors started or starting, and the group
+        elif reservation is not None:
             _remove(reservation.group)
 
     def release(self, gang: Gang) -> None:
@@ -168,35 +182,54 @@ class GangPool:
         return reservation
 
     def _start(self, reservation: Reservation) -> Gang | None:
-        """Start the gang of a placed reservation; None while it waits to be placed."""
+        """The gang of a reservation once it is placed and its actors run; None before that.
+
+        Never blocks: the group is placed, then the actors start, while the loop goes on.
+        """
         shape = reservation.shape
-        if not reservation.placed and not ray.wait([reservation.ready], timeout=0)[0]:
-            self._still_waiting(reservation)
-            return None
-        del self.reserved[shape]
+        if not reservation.placed:
+            if not ray.wait([reservation.ready], timeout=0)[0]:
+                self._still_waiting(reservation)
+                return None
+            reservation.placed = True
+        if reservation.gang is None:
+            reservation.gang = spawn_gang(shape, reservation.group, env=self.env)
+            reservation.spawned = time.monotonic()
+        gang = reservation.gang
+        started, _ = ray.wait(gang.where, num_returns=len(gang.where), timeout=0)
         try:
-            gang = start_gang(
-                shape, reservation.group, ready_timeout_s=self.ready_timeout_s, env=self.env
-            )
-        except (RayActorError, GetTimeoutError) as err:  # placed; an actor died or was slow
-            failures = self._start_failures.get(shape, 0) + 1
-            self._start_failures[shape] = failures
-            log.warning(
-                "starting a gang of shape %s failed (try %d): %s",
-                shape,
-                failures,
-                str(err).splitlines()[0],
-            )
-            if failures >= GANG_START_TRIES:
-                raise RuntimeError(
-                    f"could not start a gang of shape {shape} in {GANG_START_TRIES} tries; "
-                    "see the warnings above"
-                ) from err
+            if len(started) < len(gang.where):
+                if time.monotonic() - reservation.spawned <= self.ready_timeout_s:
+                    return None
+                raise GetTimeoutError(f"actors did not start within {self.ready_timeout_s} s")
+            gang.locate()  # resolved: returns at once, or raises for an actor that died
+        except (RayActorError, GetTimeoutError) as err:
+            self._start_failed(reservation, err)
             return None  # the next pass reserves again
+        del self.reserved[shape]
         self._start_failures.pop(shape, None)
         self.gangs.append(gang)
         self.created += 1
         return gang
+
+    def _start_failed(self, reservation: Reservation, err: Exception) -> None:
+        shape = reservation.shape
+        del self.reserved[shape]
+        if reservation.gang is not None:
+            reservation.gang.kill()  # the actors and the placement group
+        failures = self._start_failures.get(shape, 0) + 1
+        self._start_failures[shape] = failures
+        log.warning(
+            "starting a gang of shape %s failed (try %d): %s",
+            shape,
+            failures,
+            str(err).splitlines()[0],
+        )
+        if failures >= GANG_START_TRIES:
+            raise RuntimeError(
+                f"could not start a gang of shape {shape} in {GANG_START_TRIES} tries; "
+                "see the warnings above"
+            ) from err
 
     def _still_waiting(self, reservation: Reservation) -> None:
         now = time.monotonic()
