@@ -272,8 +272,8 @@ def test_stream_equals_json_loads_at_every_chunk_size(
     want = json.loads(text)
     # Every chunk size up to a whole event puts a boundary inside every string,
     # escape, number and literal of the text at least once.
-    for chunk_chars in [*range(1, 300), len(text) - 1, len(text), len(text) + 1]:
-        assert load_trace(path, chunk_chars=chunk_chars) == want, chunk_chars
+    for chunk_bytes in [*range(1, 300), len(text) - 1, len(text), len(text) + 1]:
+        assert load_trace(path, chunk_bytes=chunk_bytes) == want, chunk_bytes
 
 
 def assert_same_parse(a: ParsedTrace, b: ParsedTrace) -> None:
@@ -292,14 +292,14 @@ def test_streaming_and_dict_paths_agree_on_golden_traces() -> None:
         from_dict = parse_trace(load_trace(path), source=str(path))
         assert len(from_dict.collectives) == 9  # three buckets in each of three steps
         assert_same_parse(parse_trace(path), from_dict)
-        assert_same_parse(parse_trace(path, chunk_chars=997), from_dict)  # ~350 chunks
+        assert_same_parse(parse_trace(path, chunk_bytes=997), from_dict)  # ~350 chunks
 
 
-@pytest.mark.parametrize("chunk_chars", [1, 7, 64, 1 << 22])
-def test_streaming_and_dict_paths_agree_on_tricky_trace(tmp_path: Path, chunk_chars: int) -> None:
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1 << 22])
+def test_streaming_and_dict_paths_agree_on_tricky_trace(tmp_path: Path, chunk_bytes: int) -> None:
     doc = {**TRICKY_TOP, "traceEvents": tricky_events()}
     path = write_trace(tmp_path / "rank9.json.gz", json.dumps(doc, ensure_ascii=False))
-    streamed = parse_trace(path, chunk_chars=chunk_chars)
+    streamed = parse_trace(path, chunk_bytes=chunk_bytes)
     assert_same_parse(streamed, parse_trace(doc, source=str(path)))
     assert (streamed.regime, streamed.rank, streamed.world_size) == ("cuda-nccl", 1, 2)
     # 10.001 us -> 10_001 ns; + rint(20.999 us * 1000) = 20_999 ns.
@@ -378,7 +378,7 @@ def test_streaming_memory_is_bounded_by_columns_not_text(tmp_path: Path) -> None
     path = write_trace(tmp_path / "big.json", text)
     tracemalloc.start()
     try:
-        parsed = parse_trace(path, chunk_chars=1 << 16)
+        parsed = parse_trace(path, chunk_bytes=1 << 16)
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -407,9 +407,9 @@ def test_streaming_parse_errors(tmp_path: Path, suffix: str) -> None:
     }
     for i, (text, message) in enumerate(cases.items()):
         path = write_trace(tmp_path / f"c{i}{suffix}", text)
-        for chunk_chars in (3, 1 << 22):
+        for chunk_bytes in (3, 1 << 22):
             with pytest.raises(ValueError, match=message):
-                parse_trace(path, chunk_chars=chunk_chars)
+                parse_trace(path, chunk_bytes=chunk_bytes)
 
 
 def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> None:

@@ -1,5 +1,11 @@
-"""Compact columns of a trace's complete events, built while the trace streams past.
+"""Compact columns of a trace's complete events, built chunk by chunk as the trace is decoded.
 
+The reader (:mod:`commprof.profiling.trace_reader`) decodes each chunk of events
+with msgspec into :class:`msgspec.Struct` types that hold only the fields used
+here (``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``, ``dur`` and the few
+``args`` keys the rule tables read), so every other field is skipped unallocated.
+A chunk whose values do not fit the types (a string ``dur``, an ``args`` that is
+no object) is decoded again as plain values and taken one event at a time.
 :class:`ColumnBuilder` keeps of each complete (``ph == "X"``) event only compact
 columns: ts and dur (float microseconds, converted once to int64 ns with
 ``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
@@ -15,13 +21,20 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from commprof.profiling.trace_reader import CHUNK_CHARS, stream_trace
+from commprof.profiling.trace_reader import (
+    CHUNK_BYTES,
+    NUM_PH_CHECKED,
+    generic_decode,
+    stream_chunks,
+)
 from commprof.profiling.trace_rules import (
     COLLECTIVE_ARG_KEYS,
     MAX_EVENT_DURATION_US,
@@ -58,6 +71,16 @@ class TraceColumns:
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
 
 
+UNSET = msgspec.UNSET
+
+
+def _int64_or_none(value: Any) -> int:
+    """A correlation id as the column holds it: -1 where it is no int64 integer."""
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return value
+    return -1
+
+
 def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
     """Hashable form of ``key`` and its code in ``table`` (None if new)."""
     try:
@@ -67,8 +90,34 @@ def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
         return key, table.get(key)
 
 
+class _PlainChunk(list[Any]):
+    """A chunk decoded as plain values (its events did not fit the typed structs)."""
+
+
+def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """The struct an event decodes into: the fields the columns read, nothing else.
+
+    ``args`` holds ``correlation`` and ``kept_keys`` (as fields ``k0``, ``k1``, ...; UNSET
+    where absent). ``ts`` and ``dur`` are floats (JSON integers convert), NaN where absent.
+    """
+    args = msgspec.defstruct(
+        "KeptArgs",
+        [("correlation", Any, -1), *((f"k{i}", Any, msgspec.UNSET) for i in range(len(kept_keys)))],
+        rename={f"k{i}": key for i, key in enumerate(kept_keys)},
+        gc=False,
+    )
+    nan = float("nan")
+    fields = [("ph", Any, None), ("cat", Any, ""), ("name", Any, ""), ("pid", Any, None),
+              ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
+              ("args", args | None, None)]  # fmt: skip
+    # gc=False: decoded values hold no reference cycles, and a million tracked
+    # objects would make the cyclic collector run over and over during a parse.
+    return msgspec.defstruct("Event", fields, gc=False)
+
+
 class ColumnBuilder:
-    """Accumulates :class:`TraceColumns` one event at a time (``add``), then ``finish``.
+    """Accumulates :class:`TraceColumns` a decoded chunk (``add_chunk``) or an event
+    (``add``) at a time, then ``finish``.
 
     Args are kept only for events a rule of ``tables`` may make a collective
     (category and name match a ``collective`` rule) or test with ``has_arg``:
@@ -78,9 +127,15 @@ class ColumnBuilder:
     def __init__(self, source: str, tables: Iterable[RuleTable]) -> None:
         self.source = source
         rules = [r for t in tables for r in t.rules]
-        self.coll_rules = [r for r in rules if r.collective]
+        # A collective rule that needs an args key keeps only events that have it (has_keys).
+        self.coll_rules = [r for r in rules if r.collective and r.has_arg is None]
         self.has_keys = tuple(dict.fromkeys(r.has_arg for r in rules if r.has_arg is not None))
         self.keep_keys = tuple(dict.fromkeys((*COLLECTIVE_ARG_KEYS, *self.has_keys)))
+        struct_keys = tuple(k for k in self.keep_keys if k != "correlation")
+        self.event_type = _event_type(struct_keys)
+        self.kept_fields = [(f"k{i}", key) for i, key in enumerate(struct_keys)]
+        self.has_fields = [f"k{struct_keys.index(k)}" for k in self.has_keys if k in struct_keys]
+        self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.ts_us, self.dur_us = array("d"), array("d")
         self.cat_code, self.name_code = array("i"), array("i")
         self.pid_code, self.tid_code, self.correlation = array("i"), array("i"), array("q")
@@ -92,6 +147,67 @@ class ColumnBuilder:
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
         self.first_bad: tuple[int, Any, Any, Any] | None = None
+
+    def decode(self, data: bytes) -> list[Any]:
+        """Decode a chunk of events: typed structs, else plain values (a :class:`_PlainChunk`)."""
+        try:
+            return self._decoder.decode(data)  # type: ignore[no-any-return]
+        except msgspec.ValidationError:
+            return _PlainChunk(generic_decode(data))
+
+    def _codes(
+        self, table: dict[Any, int], events: list[Any], field: str, bits: list[int] | None
+    ) -> list[int]:
+        """Codes of the events' ``field`` values in ``table``, adding the new ones."""
+        get, value = table.get, attrgetter(field)
+        try:
+            codes = [get(value(e), -1) for e in events]
+        except TypeError:  # an unhashable key (a list where a string belongs): one at a time
+            return [self._new_code(table, value(e), bits) for e in events]
+        if -1 in codes:
+            for i in [i for i, c in enumerate(codes) if c < 0]:
+                codes[i] = self._new_code(table, value(events[i]), bits)
+        return codes
+
+    def add_chunk(self, chunk: list[Any]) -> int:
+        """Take one decoded chunk of ``traceEvents``; returns its number of items."""
+        if isinstance(chunk, _PlainChunk):
+            for e in chunk:
+                self.add(e)
+            return len(chunk)
+        # Column at a time over the chunk's complete events: list comprehensions and
+        # array appends, no per-event Python function call.
+        xs = [e for e in chunk if e.ph == "X"]
+        if not xs:
+            return len(chunk)
+        base = len(self.dur_us)
+        self.ts_us.fromlist([e.ts for e in xs])
+        self.dur_us.fromlist([e.dur for e in xs])
+        cc = self._codes(self.cats, xs, "cat", self.cat_bits)
+        nc = self._codes(self.names, xs, "name", self.name_bits)
+        self.cat_code.fromlist(cc)
+        self.name_code.fromlist(nc)
+        self.pid_code.fromlist(self._codes(self.pids, xs, "pid", None))
+        self.tid_code.fromlist(self._codes(self.tids, xs, "tid", None))
+        args = [e.args for e in xs]
+        corr = [-1 if a is None else a.correlation for a in args]
+        try:
+            self.correlation.fromlist(corr)
+        except (TypeError, OverflowError):  # the array is unchanged: check each value
+            self.correlation.fromlist([_int64_or_none(c) for c in corr])
+        bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
+        keep = set(np.flatnonzero(bits).tolist())
+        for field in self.has_fields:
+            value = attrgetter(field)
+            keep.update(i for i, a in enumerate(args) if a is not None and value(a) is not UNSET)
+        for i in sorted(keep):
+            a = args[i]
+            if a is None:
+                continue
+            kept = {k: v for f, k in self.kept_fields if (v := getattr(a, f)) is not UNSET}
+            if kept:
+                self.args[base + i] = kept
+        return len(chunk)
 
     def _number(self, value: Any, key: str, e: dict[str, Any]) -> float:
         # Slow path for values array("d") refuses: None becomes NaN (reported by
@@ -240,15 +356,15 @@ def read_columns(
     tables: Iterable[RuleTable],
     *,
     source: str | None = None,
-    chunk_chars: int = CHUNK_CHARS,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> TraceColumns:
-    """Compact columns of a trace file (streamed) or of an in-memory trace dict.
+    """Compact columns of a trace file (decoded in chunks) or of an in-memory trace dict.
 
     Args:
         trace: A trace file path, or a dict with a ``traceEvents`` list.
         tables: The rule tables that may classify the events (decides which args are kept).
         source: Name for messages (default: the path, or "<dict>").
-        chunk_chars: Characters read at a time from a file.
+        chunk_bytes: Bytes of a file's text decoded at a time.
 
     Returns:
         The :class:`TraceColumns`.
@@ -266,5 +382,15 @@ def read_columns(
             builder.add(e)
         return builder.finish({k: v for k, v in trace.items() if k != "traceEvents"})
     builder = ColumnBuilder(str(trace) if source is None else source, tables)
-    meta = stream_trace(trace, builder.add, chunk_chars=chunk_chars)
+    meta = stream_chunks(
+        trace, builder.decode, builder.add_chunk, chunk_bytes=chunk_bytes, has_ph=_has_ph
+    )
     return builder.finish(meta)
+
+
+def _has_ph(chunk: list[Any]) -> bool:
+    """Whether one of a chunk's first items is an event with a 'ph' field (a Chrome trace)."""
+    head = chunk[:NUM_PH_CHECKED]
+    if isinstance(chunk, _PlainChunk):
+        return any(isinstance(e, dict) and "ph" in e for e in head)
+    return any(e.ph is not None for e in head)

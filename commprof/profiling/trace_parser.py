@@ -9,9 +9,10 @@ collective metadata in the event args (``Collective name``, ``Process Group Name
 microseconds in the file and are converted once, at the reader, to int64
 nanoseconds (``np.rint(ts * 1000)``; docs/design.md, Definitions).
 
-Files are streamed (:mod:`commprof.profiling.trace_reader`): peak memory stays at
-a few compact columns per event however large the trace; no event dict outlives
-its own decoding. Rules are evaluated on the distinct names and categories, then
+Files are decoded by msgspec in chunks of whole events into typed structs of the
+fields used (:mod:`commprof.profiling.trace_reader`, :mod:`commprof.profiling.trace_columns`):
+peak memory stays at a few compact columns per event plus one chunk, however large the
+trace. Rules are evaluated on the distinct names and categories, then
 broadcast to the events with numpy.
 """
 
@@ -30,7 +31,7 @@ import pandas as pd
 
 from commprof.profiling.intervals import Int64Array, IntervalSet, difference
 from commprof.profiling.trace_columns import TraceColumns, read_columns
-from commprof.profiling.trace_reader import CHUNK_CHARS, load_trace
+from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
 from commprof.profiling.trace_rules import (
     CLASSES,
     DEVICE_CATS,
@@ -277,11 +278,12 @@ def parse_trace(
     regime: str | None = None,
     rules: RuleTable | None = None,
     source: str | None = None,
-    chunk_chars: int = CHUNK_CHARS,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
 
-    A file is streamed (bounded memory, :func:`commprof.profiling.trace_columns.read_columns`);
+    A file is decoded in chunks (bounded memory,
+    :func:`commprof.profiling.trace_columns.read_columns`);
     a dict is read in place. Both give the same result.
 
     Args:
@@ -290,7 +292,7 @@ def parse_trace(
         rules: A custom rule table; overrides ``RULES[regime]``.
         source: Name of the trace for messages and the rank fallback (default:
             the path, or "<dict>").
-        chunk_chars: Characters read at a time from a file.
+        chunk_bytes: Bytes of a file's text decoded at a time.
 
     Returns:
         The :class:`ParsedTrace`.
@@ -301,7 +303,7 @@ def parse_trace(
     if source is None:
         source = "<dict>" if isinstance(trace, dict) else str(trace)
     tables = candidate_tables(regime, rules)  # validates regime before reading
-    cols = read_columns(trace, tables, source=source, chunk_chars=chunk_chars)
+    cols = read_columns(trace, tables, source=source, chunk_bytes=chunk_bytes)
     evs = _Events(cols)
     meta = cols.meta
     if regime is None:
