@@ -77,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--out", type=Path, help="write the tables as Parquet here")
     analyze.add_argument("--json", action="store_true", help="print per-(rank, step) records")
     analyze.add_argument("--regime", choices=tuple(REGIMES), help="force the rule table")
+    analyze.add_argument(
+        "--unlaunched",
+        choices=("keep", "drop"),
+        default="keep",
+        help="device kernels with no launch event in the trace (launched before profiling "
+        "started): keep them (default) or drop them (HolisticTraceAnalysis' rule)",
+    )
     analyze.set_defaults(func=_analyze)
 
     for name, help_text in (
@@ -401,7 +408,7 @@ def _report(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     from commprof.profiling.analyze import run
 
-    return int(run(args.trace_dir, args.out, args.json, args.regime))
+    return int(run(args.trace_dir, args.out, args.json, args.regime, unlaunched=args.unlaunched))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,13 @@ from typing import Any
 
 import pandas as pd
 
-from commprof.profiling.metrics import STEP_COLUMNS, ratio, step_metrics, transfer_wait
+from commprof.profiling.metrics import (
+    STEP_COLUMNS,
+    collective_type_metrics,
+    ratio,
+    step_metrics,
+    transfer_wait,
+)
 from commprof.profiling.trace_parser import ParsedTrace, parse_trace
 
 JSON_FIELDS = (
@@ -45,7 +51,9 @@ def trace_files(trace_dir: Path) -> list[Path]:
     )
 
 
-def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace]:
+def parse_dir(
+    trace_dir: Path, *, regime: str | None = None, unlaunched: str = "keep"
+) -> list[ParsedTrace]:
     """Parse every trace in ``trace_dir``; non-trace JSON files are skipped.
 
     Raises:
@@ -54,7 +62,7 @@ def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace
     parsed = []
     for path in trace_files(trace_dir):
         try:  # streamed: bounded memory however large the trace
-            parsed.append(parse_trace(path, regime=regime, source=str(path)))
+            parsed.append(parse_trace(path, regime=regime, source=str(path), unlaunched=unlaunched))
         except ValueError as exc:
             if "not a Chrome trace" in str(exc):
                 print(f"commprof analyze: skipping {path.name}: not a trace", file=sys.stderr)
@@ -79,22 +87,36 @@ def rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     return ranks
 
 
-def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.DataFrame]:
+def trace_table(parsed: list[ParsedTrace]) -> pd.DataFrame:
+    """One row per trace: its rank, regime, window source and launch-less device activities."""
+    return pd.DataFrame([{
+        "rank": p.rank, "source": p.source, "regime": p.regime, "window_source": p.step_source,
+        "unlaunched_rule": p.unlaunched_rule, "num_unlaunched": p.num_unlaunched,
+        "unlaunched_ns": p.unlaunched_ns, "unlaunched_comm_ns": p.unlaunched_comm_ns,
+    } for p in parsed])  # fmt: skip
+
+
+def analyze_dir(
+    trace_dir: Path, *, regime: str | None = None, unlaunched: str = "keep"
+) -> dict[str, pd.DataFrame]:
     """Metrics tables of a folder of rank traces.
 
     Args:
         trace_dir: Folder with one or more traces per rank.
         regime: Force a regime for every trace (detected per trace if None).
+        unlaunched: "keep" or "drop" device activities with no launch event in the trace.
 
     Returns:
         Tables by name: "steps" (one row per rank and step, STEP_COLUMNS),
         "ranks" (per-rank sums), "collectives" (every collective with its rank),
+        "collective_types" (per rank, step and collective type), "traces" (per trace:
+        regime, window source, launch-less device activities kept or dropped),
         "transfer_wait" (see :func:`commprof.profiling.metrics.transfer_wait`).
 
     Raises:
         ValueError: If a (rank, step) appears in two traces, or no trace is found.
     """
-    parsed = parse_dir(Path(trace_dir), regime=regime)
+    parsed = parse_dir(Path(trace_dir), regime=regime, unlaunched=unlaunched)
     steps = pd.concat([step_metrics(p) for p in parsed], ignore_index=True)
     dup = steps.duplicated(["rank", "step"])
     if dup.any():
@@ -112,6 +134,10 @@ def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.D
         "steps": steps,
         "ranks": rank_table(steps),
         "collectives": pd.concat(colls, ignore_index=True),
+        "collective_types": pd.concat(
+            [collective_type_metrics(p) for p in parsed], ignore_index=True
+        ),
+        "traces": trace_table(parsed),
         "transfer_wait": tw,
     }
 
@@ -149,7 +175,14 @@ def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     return written
 
 
-def run(trace_dir: Path, out: Path | None, as_json: bool, regime: str | None) -> int:
+def run(
+    trace_dir: Path,
+    out: Path | None,
+    as_json: bool,
+    regime: str | None,
+    *,
+    unlaunched: str = "keep",
+) -> int:
     """Entry point of ``commprof analyze``; returns the process exit code.
 
     Args:
@@ -157,12 +190,13 @@ def run(trace_dir: Path, out: Path | None, as_json: bool, regime: str | None) ->
         out: Folder for Parquet tables (steps, ranks, collectives, transfer_wait), or None.
         as_json: Print only the JSON list of per-(rank, step) records on stdout.
         regime: Force a regime (cpu-gloo, cuda-nccl, cuda-gloo).
+        unlaunched: "keep" or "drop" device kernels with no launch event in the trace.
 
     Returns:
         0 on success, 2 when the traces cannot be analysed (message on stderr).
     """
     try:
-        tables = analyze_dir(Path(trace_dir), regime=regime)
+        tables = analyze_dir(Path(trace_dir), regime=regime, unlaunched=unlaunched)
     except ValueError as exc:
         print(f"commprof analyze: {exc}", file=sys.stderr)
         return 2
@@ -180,4 +214,9 @@ def run(trace_dir: Path, out: Path | None, as_json: bool, regime: str | None) ->
         )
         print("\nPer rank (ns):")
         print(tables["ranks"].to_string(index=False, float_format="{:.3f}".format))
+        if not tables["collective_types"].empty:
+            print("\nPer collective type (ns):")
+            print(tables["collective_types"].to_string(index=False, float_format="{:.3f}".format))
+        print("\nTraces (device kernels without a launch event in the trace, kept or dropped):")
+        print(tables["traces"].drop(columns="source").to_string(index=False))
     return 0
