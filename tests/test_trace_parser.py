@@ -422,3 +422,124 @@ def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> N
         path = write_trace(tmp_path / "bad.json", json.dumps(bad))
         with pytest.raises(ValueError, match="dur"):
             parse_trace(path)
+
+
+# ---------------------------------------------------------------- real-trace rules
+
+
+def test_integers_past_64_bits_neither_break_nor_corrupt(tmp_path: Path) -> None:
+    big = 2**70 + 1
+    coll = {"Collective name": "allreduce", "Seq": big, "In msg nelems": 4, "dtype": "Float",
+            "External id": 2**90}  # fmt: skip
+    events = [
+        step(0, 0, 100),
+        x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation=big),
+        x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "kernel",
+            10,
+            20,
+            tid=20,
+            correlation=big,
+            **coll,
+        ),
+        x("sm90_gemm", "kernel", 15, 10, tid=7, correlation=5, **{"Ev Idx": -(2**80)}),
+    ]
+    path = write_trace(tmp_path / "rank0.json", json.dumps(trace(events)))
+    assert load_trace(path)["traceEvents"][2]["args"]["Seq"] == big  # exact, not a float
+    for p in (parse_trace(path), parse_trace(trace(events))):
+        row = p.collectives.iloc[0]
+        assert pd.isna(row["seq"]) and row["num_bytes"] == 16  # past int64: unknown, not wrapped
+        assert pairs(p.classes["communication"]) == [(10_000, 30_000)]
+        assert p.num_unlaunched == 2  # correlation past int64 is no id; 5 has no launch
+    late = trace([step(0, 0, 1), x("late_kernel", "kernel", 2**64, 1)])  # a JSON integer
+    with pytest.raises(ValueError, match=r"past what int64 nanoseconds hold.*'late_kernel'"):
+        parse_trace(write_trace(tmp_path / "late.json", json.dumps(late)))
+
+
+def kernel(name: str, ts: float, dur: float, corr: int, **args: Any) -> dict[str, Any]:
+    return x(name, "kernel", ts, dur, tid=7, correlation=corr, **args)
+
+
+def launch(ts: float, corr: int) -> dict[str, Any]:
+    return x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=corr)
+
+
+def test_device_step_windows_only_where_they_hold_the_kernels() -> None:
+    kernels = [launch(1, 1), kernel("gemm", 20, 30, 1), launch(101, 2), kernel("gemm", 120, 30, 2)]
+    cpu = [step(0, 0, 100), step(1, 100, 100)]
+    # In phase: the device windows [15, 60) and [115, 160) hold every kernel: used.
+    good = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 45) for n, t in ((0, 15), (1, 115))]
+    p = parse_trace(trace(cpu + good + kernels))
+    assert p.step_source == "device ProfilerStep"
+    assert (p.step_start_ns.tolist(), p.step_end_ns.tolist()) == (
+        [15_000, 115_000],
+        [60_000, 160_000],
+    )
+    # Out of phase and 16 us long (the ROCm case): they hold 0 us of the 60 us of kernels.
+    bad = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 16) for n, t in ((0, 60), (1, 160))]
+    with pytest.warns(UserWarning, match="0.000 ms of kernel time against 0.060 ms"):
+        q = parse_trace(trace(cpu + bad + kernels))
+    assert q.step_source == "ProfilerStep"
+    assert (q.step_start_ns.tolist(), q.step_end_ns.tolist()) == ([0, 100_000], [100_000, 200_000])
+
+
+def test_unlaunched_kernels_kept_by_default_dropped_on_request() -> None:
+    events = [
+        step(0, 0, 100),
+        launch(1, 1),
+        kernel("gemm", 10, 40, 1),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 40, 7),  # launched before the trace
+        kernel("gemm_from_before", 0, 5, 8),
+        x("Memcpy DtoD (Device -> Device)", "gpu_memcpy", 80, 2, tid=7, correlation=9),
+    ]
+    keep = parse_trace(trace(events))
+    assert (keep.num_unlaunched, keep.unlaunched_ns) == (3, (40 + 5 + 2) * 1000)
+    assert keep.unlaunched_comm_ns == 40_000
+    assert pairs(keep.classes["communication"]) == [(30_000, 70_000)]
+    assert pairs(keep.classes["compute"]) == [(0, 5_000), (10_000, 50_000)]
+    drop = parse_trace(trace(events), unlaunched="drop")
+    assert (drop.num_unlaunched, drop.unlaunched_ns, drop.unlaunched_comm_ns) == (3, 47_000, 40_000)
+    assert total_length(drop.classes["communication"]) == 0 and len(drop.collectives) == 0
+    assert pairs(drop.classes["compute"]) == [(10_000, 50_000)]
+    assert total_length(drop.classes["memcpy"]) == 0
+    with pytest.raises(ValueError, match="unlaunched must be one of"):
+        parse_trace(trace(events), unlaunched="hta")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("void c10d::symmetric_memory::(anonymous namespace)::multimem_all_reduce_kernel<float>()",
+         "all_reduce"),
+        ("void c10d::symmetric_memory::(anonymous namespace)::one_shot_all_reduce_kernel<8>()",
+         "all_reduce"),
+        ("two_shot_all_reduce_kernel<__nv_bfloat16, 16>", "all_reduce"),
+        ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*)", "all_reduce"),
+        ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "unknown"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce_scatter"),
+        ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+        ("ncclDevKernel_SendRecv", "send_recv"),
+    ],
+)  # fmt: skip
+def test_non_nccl_and_rccl_comm_kernels_are_communication(name: str, kind: str) -> None:
+    events = [step(0, 0, 100), launch(1, 1), kernel(name, 10, 20, 1), kernel("gemm", 20, 20, 2)]
+    p = parse_trace(trace(events))  # no distributedInfo: the comm kernel decides the regime
+    assert p.regime == "cuda-nccl"
+    assert pairs(p.classes["communication"]) == [(10_000, 30_000)]
+    assert p.collectives["collective_type"].tolist() == [kind]
+
+
+def test_collective_metadata_names_the_type() -> None:
+    # FSDP's collectives, all-to-all and send/recv by Kineto's 'Collective name' arg, on a
+    # kernel whose name says nothing (RCCL's generic kernel).
+    names = ["_allgather_base", "reduce_scatter_tensor_coalesced", "all_to_all", "send", "recv"]
+    events = [step(0, 0, 1000)] + [
+        kernel("ncclDevKernel_Generic_1", 10 + 100 * i, 50, 10 + i, **{"Collective name": n})
+        for i, n in enumerate(names)
+    ]
+    p = parse_trace(trace(events, distributedInfo={"backend": "nccl"}))
+    assert p.collectives["collective_type"].tolist() == [
+        "all_gather", "reduce_scatter", "all_to_all", "send_recv", "send_recv",
+    ]  # fmt: skip
+    assert p.num_unlaunched == len(names)
