@@ -37,9 +37,12 @@ from commprof.profiling.trace_reader import (
 )
 from commprof.profiling.trace_rules import (
     COLLECTIVE_ARG_KEYS,
+    LAUNCH_CATS,
     MAX_EVENT_DURATION_US,
     MAX_TS_US,
     RuleTable,
+    needed_cats,
+    tables_for_meta,
 )
 
 
@@ -67,6 +70,9 @@ class TraceColumns:
     """Code of the (pid, tid) pair; equal pairs have equal codes."""
     correlation: npt.NDArray[np.int64]
     """``args.correlation`` (CUPTI launch <-> device event), -1 where absent."""
+    launch_correlation: npt.NDArray[np.int64]
+    """Correlation ids of the launch events kept only as ids (not as events): where no rule
+    needs a launch's thread, a launch matters only as proof that a kernel was launched."""
     args: dict[int, dict[str, Any]]
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
 
@@ -79,6 +85,13 @@ def _int64_or_none(value: Any) -> int:
     if type(value) is int and -(2**63) <= value < 2**63:
         return value
     return -1
+
+
+def _to_ns(us: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """``rint(us * 1000)`` as int64, with one float temporary."""
+    scaled = us * 1000.0
+    np.rint(scaled, out=scaled)
+    return scaled.astype(np.int64)
 
 
 def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
@@ -126,7 +139,16 @@ class ColumnBuilder:
 
     def __init__(self, source: str, tables: Iterable[RuleTable]) -> None:
         self.source = source
-        rules = [r for t in tables for r in t.rules]
+        self.tables = tuple(tables)
+        self.meta: dict[str, Any] = {}
+        """Top-level keys of the trace, filled by the reader before the events it precedes."""
+        self.relevant: frozenset[str] | None = None
+        """Categories of the events kept (None: all), decided at the first event."""
+        self.decided = False
+        self.launch_only = False
+        """Launch events are kept as correlation ids only (decided with ``relevant``)."""
+        self.launch_corr = array("q")
+        rules = [r for t in self.tables for r in t.rules]
         # A collective rule that needs an args key keeps only events that have it (has_keys).
         self.coll_rules = [r for r in rules if r.collective and r.has_arg is None]
         self.has_keys = tuple(dict.fromkeys(r.has_arg for r in rules if r.has_arg is not None))
@@ -177,7 +199,18 @@ class ColumnBuilder:
             return len(chunk)
         # Column at a time over the chunk's complete events: list comprehensions and
         # array appends, no per-event Python function call.
-        xs = [e for e in chunk if e.ph == "X"]
+        if not self.decided:
+            self._decide()
+        rel = self.relevant
+        if rel is None:
+            xs = [e for e in chunk if e.ph == "X"]
+        else:  # only events some rule, the step windows or the launches can use
+            xs = [e for e in chunk if e.ph == "X" and type(e.cat) is str and e.cat in rel]
+        if self.launch_only and (launches := [e for e in xs if e.cat in LAUNCH_CATS]):
+            self._append_corr(
+                self.launch_corr, [-1 if e.args is None else e.args.correlation for e in launches]
+            )
+            xs = [e for e in xs if e.cat not in LAUNCH_CATS]
         if not xs:
             return len(chunk)
         base = len(self.dur_us)
@@ -190,11 +223,7 @@ class ColumnBuilder:
         self.pid_code.fromlist(self._codes(self.pids, xs, "pid", None))
         self.tid_code.fromlist(self._codes(self.tids, xs, "tid", None))
         args = [e.args for e in xs]
-        corr = [-1 if a is None else a.correlation for a in args]
-        try:
-            self.correlation.fromlist(corr)
-        except (TypeError, OverflowError):  # the array is unchanged: check each value
-            self.correlation.fromlist([_int64_or_none(c) for c in corr])
+        self._append_corr(self.correlation, [-1 if a is None else a.correlation for a in args])
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
         keep = set(np.flatnonzero(bits).tolist())
         for field in self.has_fields:
@@ -208,6 +237,21 @@ class ColumnBuilder:
             if kept:
                 self.args[base + i] = kept
         return len(chunk)
+
+    def _decide(self) -> None:
+        """Which categories to keep, from the tables that the top-level keys leave."""
+        tables = tables_for_meta(self.tables, self.meta)
+        self.relevant = needed_cats(tables)
+        no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
+        self.launch_only = self.relevant is not None and no_threads
+        self.decided = True
+
+    @staticmethod
+    def _append_corr(column: array[int], corr: list[Any]) -> None:
+        try:
+            column.fromlist(corr)
+        except (TypeError, OverflowError):  # the array is unchanged: check each value
+            column.fromlist([_int64_or_none(c) for c in corr])
 
     def _number(self, value: Any, key: str, e: dict[str, Any]) -> float:
         # Slow path for values array("d") refuses: None becomes NaN (reported by
@@ -245,6 +289,17 @@ class ColumnBuilder:
         # only; new codes and odd values take the slow paths in the except clauses.
         if not isinstance(e, dict) or e.get("ph") != "X":
             return
+        if not self.decided:
+            self._decide()
+        if self.relevant is not None:
+            cat = e.get("cat")
+            if type(cat) is not str or cat not in self.relevant:
+                return
+            if self.launch_only and cat in LAUNCH_CATS:
+                a = e.get("args")
+                corr = a.get("correlation", -1) if type(a) is dict else -1
+                self.launch_corr.append(_int64_or_none(corr))
+                return
         ts: Any = e.get("ts")
         dur: Any = e.get("dur")
         try:
@@ -331,22 +386,29 @@ class ColumnBuilder:
                 f"(first: {list(self.names)[self.name_code[i]]!r} ts={float(ts[i])!r} "
                 f"dur={float(dur[i])!r} us); the trace is corrupt, re-export it"
             )
-        # us -> ns, rounded (docs/design.md, Definitions)
-        start_ns = np.rint(ts * 1000.0).astype(np.int64)
-        end_ns = start_ns + np.rint(dur * 1000.0).astype(np.int64)
-        pid = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
-        tid = np.frombuffer(self.tid_code, dtype=np.int32).astype(np.int64)
+        # us -> ns, rounded (docs/design.md, Definitions); in place, one array at a time,
+        # each float column released once converted (peak memory of a large parse).
+        start_ns, end_ns = _to_ns(ts), _to_ns(dur)
+        del ts, dur
+        self.ts_us, self.dur_us = array("d"), array("d")
+        end_ns += start_ns
+        thread = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
+        thread *= len(self.tids) + 1
+        thread += np.frombuffer(self.tid_code, dtype=np.int32)
+        self.pid_code, self.tid_code = array("i"), array("i")
+        # The int columns share the arrays' buffers: nothing appends to them any more.
         return TraceColumns(
             source=self.source,
             meta=meta,
             start_ns=start_ns,
             end_ns=end_ns,
-            cat_code=np.frombuffer(self.cat_code, dtype=np.int32).copy(),
+            cat_code=np.frombuffer(self.cat_code, dtype=np.int32),
             cats=list(self.cats),
-            name_code=np.frombuffer(self.name_code, dtype=np.int32).copy(),
+            name_code=np.frombuffer(self.name_code, dtype=np.int32),
             names=list(self.names),
-            thread=pid * (len(self.tids) + 1) + tid,
-            correlation=np.frombuffer(self.correlation, dtype=np.int64).copy(),
+            thread=thread,
+            correlation=np.frombuffer(self.correlation, dtype=np.int64),
+            launch_correlation=np.frombuffer(self.launch_corr, dtype=np.int64),
             args=self.args,
         )
 
@@ -378,12 +440,18 @@ def read_columns(
         if not isinstance(events, list):
             raise ValueError(f"{source}: trace dict needs a 'traceEvents' list")
         builder = ColumnBuilder(source, tables)
+        builder.meta = {k: v for k, v in trace.items() if k != "traceEvents"}
         for e in events:
             builder.add(e)
-        return builder.finish({k: v for k, v in trace.items() if k != "traceEvents"})
+        return builder.finish(builder.meta)
     builder = ColumnBuilder(str(trace) if source is None else source, tables)
     meta = stream_chunks(
-        trace, builder.decode, builder.add_chunk, chunk_bytes=chunk_bytes, has_ph=_has_ph
+        trace,
+        builder.decode,
+        builder.add_chunk,
+        chunk_bytes=chunk_bytes,
+        has_ph=_has_ph,
+        meta=builder.meta,
     )
     return builder.finish(meta)
 

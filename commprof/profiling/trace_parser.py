@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, difference
+from commprof.profiling.intervals import Int64Array, IntervalSet, difference, union
 from commprof.profiling.trace_columns import TraceColumns, read_columns
 from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
 from commprof.profiling.trace_rules import (
@@ -201,20 +201,30 @@ def _unlaunched(evs: _Events) -> npt.NDArray[np.bool_]:
 
     They were launched before the profiler started (or their launch was not recorded).
     """
-    device = evs.cat_mask(LAUNCHED_CATS)
-    launches = evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)]
-    corr = evs.cols.correlation
-    return device & ((corr == -1) | ~np.isin(corr, launches[launches != -1]))
+    device = np.flatnonzero(evs.cat_mask(LAUNCHED_CATS))
+    launches = np.concatenate(
+        [evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)], evs.cols.launch_correlation]
+    )
+    launches.sort()
+    corr = evs.cols.correlation[device]
+    # Sorted ids and a binary search: a fraction of np.isin's memory on large traces.
+    found = np.zeros(corr.size, bool)
+    if launches.size:
+        pos = np.minimum(np.searchsorted(launches, corr), launches.size - 1)
+        found = launches[pos] == corr
+    out = np.zeros(len(evs), bool)
+    out[device] = (corr == -1) | ~found
+    return out
 
 
 def _classify(
     evs: _Events, table: RuleTable, skip: npt.NDArray[np.bool_]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Class index per event (-1 unmatched or ignored), collective flags, not-compute flags.
 
     Events flagged in ``skip`` are left unclassified.
     """
-    targets = np.full(len(evs), -1, np.int64)
+    targets = np.full(len(evs), -1, np.int8)  # len(CLASSES) < 127; small on large traces
     decided = skip.copy()
     collective = np.zeros(len(evs), bool)
     not_compute = np.zeros(len(evs), bool)
@@ -312,7 +322,10 @@ def parse_trace(
     else:
         comm = CLASSES.index("communication")
         comm_orphans = orphan & (_classify(evs, rules, ~orphan)[0] == comm)
-    durations = evs.end_ns - evs.start_ns
+
+    def summed(mask: npt.NDArray[np.bool_]) -> int:
+        return int((evs.end_ns[mask] - evs.start_ns[mask]).sum())
+
     classes = {
         c: IntervalSet.from_arrays(evs.start_ns[targets == k], evs.end_ns[targets == k])
         for k, c in enumerate(CLASSES)
@@ -320,7 +333,8 @@ def parse_trace(
     carve = IntervalSet.from_arrays(evs.start_ns[not_compute], evs.end_ns[not_compute])
     if len(carve):
         classes["compute"] = difference(classes["compute"], carve)
-    ids, starts, ends, label = step_windows(cols, targets, source)
+    work = union(classes["communication"], classes["compute"])
+    ids, starts, ends, label = step_windows(cols, targets, work, source)
     info = meta.get("distributedInfo") or {}
     return ParsedTrace(
         source=source,
@@ -335,6 +349,6 @@ def parse_trace(
         collectives=_collectives(evs, np.flatnonzero(collective), starts, ends, ids),
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
-        unlaunched_ns=int(durations[orphan].sum()),
-        unlaunched_comm_ns=int(durations[comm_orphans].sum()),
+        unlaunched_ns=summed(orphan),
+        unlaunched_comm_ns=summed(comm_orphans),
     )

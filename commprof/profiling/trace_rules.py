@@ -185,6 +185,33 @@ RULES: dict[str, RuleTable] = {
 """The rule table of each regime; extend one with ``dataclasses.replace``."""
 
 
+def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
+    """Categories of the events that ``tables`` can use (None: any may matter).
+
+    The rules' categories, the launches (correlation ids) and the annotations that carry
+    ``ProfilerStep#N``; a table with a rule on any category or a communication-thread
+    marker (a name in any category) needs every event.
+    """
+    cats: set[str] = set(LAUNCH_CATS) | {"user_annotation", "gpu_user_annotation"}
+    for table in tables:
+        if table.comm_thread_marker is not None:
+            return None
+        for rule in table.rules:
+            if rule.cats is None:
+                return None
+            cats |= rule.cats
+    return frozenset(cats)
+
+
+def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tuple[RuleTable, ...]:
+    """The candidate tables once the trace's top-level keys are known: a trace whose
+    ``distributedInfo`` names an NCCL backend is cuda-nccl (as :func:`detect_regime` decides),
+    so only that table's events need to be kept."""
+    info = meta.get("distributedInfo")
+    nccl = isinstance(info, dict) and "nccl" in str(info.get("backend", "")).lower()
+    return (RULES["cuda-nccl"],) if nccl and tables == tuple(RULES.values()) else tables
+
+
 def candidate_tables(regime: str | None, rules: RuleTable | None) -> tuple[RuleTable, ...]:
     """The rule tables a parse may apply: the given one, the regime's, or all (detect later).
 

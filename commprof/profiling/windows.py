@@ -7,8 +7,8 @@ device one is the better window where it is right: kernels run behind their laun
 On some ROCm traces it is only microseconds long and out of phase with the steps, and
 windows taken from it hold no kernels (every collective outside, comm 0). So the
 windows come from the CPU annotations unless the device ones are shown to hold the
-kernels: at least ``DEVICE_WINDOW_MIN_SHARE`` of the kernel time that the CPU windows
-hold (docs/design.md, Definitions).
+kernels: at least ``DEVICE_WINDOW_MIN_SHARE`` of the kernel time (communication and
+compute) that the CPU windows hold (docs/design.md, Definitions).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, intersection, total_length
+from commprof.profiling.intervals import Int64Array, IntervalSet, clip, total_length
 from commprof.profiling.trace_columns import TraceColumns
 from commprof.profiling.trace_rules import STEP_PATTERN
 
@@ -49,14 +49,15 @@ def _windows(
 
 
 def _kernel_time_inside(kernels: IntervalSet, windows: Windows) -> int:
+    # Window by window with binary search (clip): no temporaries the size of the trace.
     _, start, end = windows
-    return total_length(intersection(kernels, IntervalSet.from_arrays(start, end)))
+    return sum(
+        total_length(clip(kernels, int(lo), int(hi))) for lo, hi in zip(start, end, strict=True)
+    )
 
 
-def _choose(cols: TraceColumns, cpu: Windows | None, device: Windows, source: str) -> bool:
+def _choose(cpu: Windows | None, device: Windows, kernels: IntervalSet, source: str) -> bool:
     """Whether the device windows hold the kernels (else the CPU ones are used)."""
-    kernel = _cat_mask(cols, "kernel")
-    kernels = IntervalSet.from_arrays(cols.start_ns[kernel], cols.end_ns[kernel])
     on_device = _kernel_time_inside(kernels, device)
     on_cpu = _kernel_time_inside(kernels, cpu) if cpu is not None else 0
     if cpu is None:
@@ -73,13 +74,15 @@ def _choose(cols: TraceColumns, cpu: Windows | None, device: Windows, source: st
 
 
 def step_windows(
-    cols: TraceColumns, targets: npt.NDArray[np.int64], source: str
+    cols: TraceColumns, targets: npt.NDArray[np.int8], work: IntervalSet, source: str
 ) -> tuple[Int64Array, Int64Array, Int64Array, str]:
     """Step numbers, window starts and ends (ns), and where the windows came from.
 
     Args:
         cols: The trace's columns.
         targets: Class index of each event (-1 unclassified), for the whole-trace fallback.
+        work: The steps' work that device windows must hold: the union of the
+            communication and compute classes (the kernels, in the cuda regimes).
         source: Trace name for messages.
 
     Returns:
@@ -101,7 +104,7 @@ def step_windows(
         label, chosen = CPU_SOURCE, cpu
         if on_device.any():
             device = _windows(cols, sel[on_device], step_of_code)
-            if _choose(cols, cpu, device, source):
+            if _choose(cpu, device, work, source):
                 label, chosen = DEVICE_SOURCE, device
         assert chosen is not None
         ids, start, end = chosen
