@@ -5,6 +5,7 @@ The sets come from public projects (SOURCES.txt there names them); they are read
 
 from __future__ import annotations
 
+import json
 import warnings
 from functools import cache
 from pathlib import Path
@@ -110,3 +111,19 @@ def test_analyze_reports_window_source_and_unlaunched_per_trace() -> None:
     steps = tables["steps"].set_index(["rank", "step"])
     per_step = types.set_index(["rank", "step"])
     assert (per_step["comm_ns"] == steps.loc[per_step.index, "comm_ns"]).all()
+
+
+def test_cli_unlaunched_drop_is_htas_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from commprof.cli import main
+
+    folder = REAL / "hta_tracediff_test_r1of2"
+    assert main(["analyze", str(folder), "--json", "--unlaunched", "drop"]) == 0
+    dropped = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(folder), "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in dropped] == [r["step"] for r in kept]
+    # The 614 launch-less kernels (22.3 ms of them communication) only add comm time.
+    assert sum(r["comm_ns"] for r in kept) > sum(r["comm_ns"] for r in dropped)
+    assert main(["analyze", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "Per collective type" in out and "device kernels without a launch event" in out
