@@ -543,3 +543,22 @@ def test_collective_metadata_names_the_type() -> None:
         "all_gather", "reduce_scatter", "all_to_all", "send_recv", "send_recv",
     ]  # fmt: skip
     assert p.num_unlaunched == len(names)
+
+
+def test_cuts_inside_strings_and_nested_objects_are_retried(tmp_path: Path) -> None:
+    # Text that looks like an element boundary ('}, {') inside a string and inside a list
+    # of objects in args: a cut there does not decode, and the reader tries the one before.
+    events = [
+        step(0, 0, 100),
+        x('weird}, {"name": "x', "cpu_op", 1, 2, nested=[{"a": 1}, {"b": [{"c": 2}, {}]}]),
+        x("aten::mm", "cpu_op", 5, 2, shapes=[{}, {}, {}]),
+        {"ph": "i", "name": "}, {", "ts": 7, "pid": 1, "tid": 1, "s": "t"},
+    ]
+    text = json.dumps(trace(events), indent=1)
+    path = write_trace(tmp_path / "t.json", text)
+    want = json.loads(text)
+    from_dict = parse_trace(want, source=str(path))
+    for chunk_bytes in [*range(1, 120, 7), len(text)]:
+        assert load_trace(path, chunk_bytes=chunk_bytes) == want, chunk_bytes
+        assert_same_parse(parse_trace(path, chunk_bytes=chunk_bytes), from_dict)
+    assert pairs(from_dict.classes["compute"]) == [(1_000, 3_000), (5_000, 7_000)]
