@@ -11,7 +11,10 @@ columns: ts and dur (float microseconds, converted once to int64 ns with
 ``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
 the CUPTI correlation id, and the collective ``args`` keys of the few events a
 rule table may count as collectives or test with ``has_arg``. About 40 bytes an
-event, against about 1.5 KiB for the event as a Python dict.
+event, against about 1.5 KiB for the event as a Python dict. Where the rule tables that
+can apply need only some categories (``trace_rules.needed_cats``; a trace whose
+``distributedInfo`` names NCCL is cuda-nccl), other events are not kept at all, and
+launches only as correlation ids.
 """
 
 from __future__ import annotations
