@@ -348,7 +348,7 @@ def _one_trace(args: argparse.Namespace, trace: Path, first: bool) -> dict[str, 
             sides[side].append(_run_side(side, args.commprof_python, trace))
     out["trace"]["num_events"] = sides["floor"][0]["num_events"]
     out["floor"], out["commprof"] = _summary(sides["floor"]), _summary(sides["commprof"])
-    if not args.skip_hta:
+    if not args.skip_hta and (first or not args.skip_hta_scaled):
         print(f"hta on {trace.name} ...", file=sys.stderr)
         out["hta"] = _summary([_run_side("hta", args.hta_python, trace)])
     if first and not args.skip_hta:
@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commprof-python", default=sys.executable, help="python of the project")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of commprof and the floor")
     ap.add_argument("--skip-hta", action="store_true", help="floor and commprof only")
+    ap.add_argument(
+        "--skip-hta-scaled", action="store_true", help="HTA on the first trace only (slow)"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.scale < 2:
