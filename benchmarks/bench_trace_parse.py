@@ -1,11 +1,15 @@
-"""Benchmark: commprof's trace parser + overlap vs HolisticTraceAnalysis (HTA).
+"""Benchmark: commprof's trace parser + overlap vs the decode floor and HolisticTraceAnalysis.
 
-Both sides read the same cuda-nccl Kineto trace (built by make_nccl_trace.py,
-at least 1,000,000 events by default) and compute the whole-trace share of
-communication-kernel time overlapped by computation kernels:
+Every side reads the same cuda-nccl Kineto traces (built by make_nccl_trace.py:
+about 1,000,000 events, and one ``--scale`` times bigger) and, except the floor,
+computes the whole-trace share of communication-kernel time overlapped by
+computation kernels:
 
 - commprof: ``parse_trace(path)`` then ``trace_overlap(parsed)`` ->
   ``(comm_ns, overlap_ns)``; percent = 100 * overlap_ns / comm_ns.
+- floor: gunzip the whole file, then one ``msgspec.json.decode`` of it into typed
+  structs of the fields the parser needs (commprof's own event struct). No parser
+  can read the trace faster with this decoder; commprof's goal is at most 2x it.
 - HTA 0.5.0: ``TraceAnalysis(trace_dir=..., include_last_profiler_step=True)``
   then ``get_comm_comp_overlap(visualize=False)`` (its
   ``hta/analyzers/communication_analysis.py``: |C and K| / |C| with C, K the
@@ -14,19 +18,20 @@ communication-kernel time overlapped by computation kernels:
 HTA rounds float-microsecond events inward to whole microseconds unless
 ``HTA_DISABLE_NS_ROUNDING=1`` (``hta/common/trace_parser.py``,
 ``round_down_time_stamps``: ts = ceil(ts), end = floor(ts + dur)). The timed
-HTA run uses its defaults; a second, untimed-for-the-ratio run with rounding
+HTA runs use its defaults; one more run on the first trace with rounding
 disabled gives HTA's value on the exact timestamps. A stdlib reference (exact
-int ns, same classification as HTA) is the third opinion.
+int ns, same classification as HTA) on the first trace is the third opinion.
 
 Each side runs in its own process, started through a small wrapper process
 whose ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` is that side's peak RSS alone.
-HTA runs under its own venv (``--hta-python``, see requirements-hta.txt);
-commprof under the project's (``--commprof-python``, default: this python).
+commprof and the floor run ``--repeats`` times, alternating, and report medians
+(HTA once per trace: it takes minutes). HTA runs under its own venv
+(``--hta-python``, see requirements-hta.txt); commprof under the project's.
 
 Usage::
 
-    python benchmarks/bench_trace_parse.py            # build trace if missing, run, write JSON
-    python benchmarks/bench_trace_parse.py --min-events 20000 --out /tmp/smoke.json
+    python benchmarks/bench_trace_parse.py            # build traces if missing, run, write JSON
+    python benchmarks/bench_trace_parse.py --min-events 20000 --scale 2 --out /tmp/smoke.json
 """
 
 from __future__ import annotations
@@ -49,10 +54,14 @@ REPO = HERE.parent
 DEFAULT_OUT = HERE / "results" / "trace_parse.json"
 DEFAULT_TRACE_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "commprof-bench" / "nccl_trace"
 DEFAULT_HTA_PYTHON = "/tmp/hta-venv/bin/python"
-SPEEDUP_TARGET = 5.0
-"""Issue's bar: HTA time / commprof time >= 5."""
-MEMORY_TARGET = 1 / 3
-"""Issue's bar: commprof peak RSS / HTA peak RSS <= 1/3."""
+SPEEDUP_TARGET = 25.0
+"""Issue's bar: HTA time / commprof time >= 25."""
+FLOOR_TARGET = 2.0
+"""Issue's bar: commprof time / decode floor time <= 2."""
+MEMORY_TARGET = 1 / 4
+"""Issue's bar: commprof peak RSS / HTA peak RSS <= 1/4."""
+GROWTH_TARGET = 1.5
+"""Issue's bar: commprof peak RSS on the ``--scale`` (4x) trace / on the first <= 1.5."""
 OVERLAP_TOLERANCE_POINTS = 0.1
 """Issue's bar: |commprof % - HTA %| <= 0.1 percentage points."""
 NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")
@@ -94,6 +103,35 @@ def _worker_commprof(trace: Path) -> dict[str, Any]:
         "regime": str(getattr(parsed, "regime", "")),
         "imported_torch": "torch" in sys.modules,
         "imported_pandas": "pandas" in sys.modules,
+    }
+
+
+def _worker_floor(trace: Path) -> dict[str, Any]:
+    """gunzip + one typed msgspec decode of the whole file (commprof's event struct)."""
+    import gzip
+
+    t0 = time.perf_counter()
+    import msgspec
+
+    from commprof.profiling.trace_columns import ColumnBuilder
+    from commprof.profiling.trace_rules import RULES
+
+    event = ColumnBuilder(str(trace), RULES.values()).event_type
+    doc = msgspec.defstruct("Trace", [("traceEvents", list[event])])  # type: ignore[valid-type]
+    decoder = msgspec.json.Decoder(doc)
+    t1 = time.perf_counter()
+    with gzip.open(trace, "rb") if trace.suffix == ".gz" else open(trace, "rb") as fh:
+        data = fh.read()
+    t2 = time.perf_counter()
+    num_events = len(decoder.decode(data).traceEvents)
+    t3 = time.perf_counter()
+    return {
+        "import_s": t1 - t0,
+        "gunzip_s": t2 - t1,
+        "decode_s": t3 - t2,
+        "elapsed_s": t3 - t1,
+        "num_events": num_events,
+        "overlap_pct": None,
     }
 
 
@@ -167,7 +205,12 @@ def _worker_reference(trace: Path) -> dict[str, Any]:
     }
 
 
-WORKERS = {"commprof": _worker_commprof, "hta": _worker_hta, "reference": _worker_reference}
+WORKERS = {
+    "commprof": _worker_commprof,
+    "floor": _worker_floor,
+    "hta": _worker_hta,
+    "reference": _worker_reference,
+}
 
 
 # ---------------------------------------------------------------- driver
@@ -204,7 +247,7 @@ def _run_side(
     env = dict(os.environ)
     env.pop("HTA_DISABLE_NS_ROUNDING", None)
     env.update(env_extra or {})
-    if side == "commprof":
+    if side in ("commprof", "floor"):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     cmd = [python, str(Path(__file__).resolve()), "--_worker", side, str(trace)]
     return _measure(cmd, env)
@@ -272,6 +315,78 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _trace(trace_dir: Path, min_events: int, rebuild: bool) -> tuple[Path, dict[str, Any] | None]:
+    """The trace in ``trace_dir``, built there first where missing (or ``rebuild``)."""
+    sys.path.insert(0, str(HERE))
+    import make_nccl_trace
+
+    trace = _find_trace(trace_dir)
+    build: dict[str, Any] | None = None
+    if trace is None or rebuild:
+        if trace is not None:
+            trace.unlink()
+        print(f"building trace in {trace_dir} ...", file=sys.stderr)
+        spec = make_nccl_trace.TraceSpec(min_events=min_events)
+        build = make_nccl_trace.write_trace(spec, trace_dir)
+        trace = Path(build["path"])
+    with open(trace, "rb") as fh:  # warm the page cache so no side pays the disk read
+        while fh.read(1 << 24):
+            pass
+    return trace, build
+
+
+def _one_trace(args: argparse.Namespace, trace: Path, first: bool) -> dict[str, Any]:
+    """Every side on one trace; the reference and exact-timestamp HTA only on the first."""
+    out: dict[str, Any] = {"trace": {"path": str(trace), "file_bytes": trace.stat().st_size}}
+    if first:
+        print("reference ...", file=sys.stderr)
+        out["reference"] = _run_side("reference", args.commprof_python, trace)
+    sides: dict[str, list[dict[str, Any]]] = {"floor": [], "commprof": []}
+    for i in range(args.repeats):  # alternate sides so background load hits both alike
+        for side in ("floor", "commprof"):
+            print(f"{side} run {i + 1} on {trace.name} ...", file=sys.stderr)
+            sides[side].append(_run_side(side, args.commprof_python, trace))
+    out["trace"]["num_events"] = sides["floor"][0]["num_events"]
+    out["floor"], out["commprof"] = _summary(sides["floor"]), _summary(sides["commprof"])
+    if not args.skip_hta and (first or not args.skip_hta_scaled):
+        print(f"hta on {trace.name} ...", file=sys.stderr)
+        out["hta"] = _summary([_run_side("hta", args.hta_python, trace)])
+    if first and not args.skip_hta:
+        print("hta with HTA_DISABLE_NS_ROUNDING=1 ...", file=sys.stderr)
+        exact = {"HTA_DISABLE_NS_ROUNDING": "1"}
+        out["hta_exact_timestamps"] = _run_side("hta", args.hta_python, trace, env_extra=exact)
+    return out
+
+
+def _compare(one: dict[str, Any]) -> dict[str, Any]:
+    """Ratios and pass flags of one trace's sides."""
+    cp, floor = one["commprof"], one["floor"]
+    out: dict[str, Any] = {
+        "commprof_over_floor": cp["elapsed_s_median"] / floor["elapsed_s_median"],
+        "commprof_wall_over_floor_wall": cp["wall_s_median"] / floor["wall_s_median"],
+    }
+    out["pass_floor"] = out["commprof_over_floor"] <= FLOOR_TARGET
+    if "hta" in one:
+        ht = one["hta"]
+        out["speedup_hta_over_commprof"] = ht["elapsed_s_median"] / cp["elapsed_s_median"]
+        out["speedup_wall_incl_imports"] = ht["wall_s_median"] / cp["wall_s_median"]
+        out["peak_rss_ratio_commprof_over_hta"] = cp["peak_rss_mib_max"] / ht["peak_rss_mib_max"]
+        out["pass_speedup"] = out["speedup_hta_over_commprof"] >= SPEEDUP_TARGET
+        out["pass_memory"] = out["peak_rss_ratio_commprof_over_hta"] <= MEMORY_TARGET
+        out["overlap_pct_commprof"] = cp["overlap_pct"]
+        out["overlap_pct_hta_default"] = ht["overlap_pct"]
+    exact = one.get("hta_exact_timestamps", {}).get("overlap_pct")
+    if exact is not None:
+        out["overlap_pct_hta_exact_timestamps"] = exact
+        out["diff_points_vs_hta_exact"] = cp["overlap_pct"] - exact
+        out["pass_overlap_vs_hta_exact"] = (
+            abs(cp["overlap_pct"] - exact) <= OVERLAP_TOLERANCE_POINTS
+        )
+    if "reference" in one:
+        out["overlap_pct_reference"] = one["reference"]["overlap_pct"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_measure"]:
@@ -281,93 +396,54 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help="folder of the one trace"
+        "--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help="folder of the first trace"
     )
-    ap.add_argument("--min-events", type=int, default=1_000_000, help="events when building")
-    ap.add_argument("--rebuild", action="store_true", help="rebuild the trace even if present")
+    ap.add_argument("--min-events", type=int, default=1_000_000, help="events of the first trace")
+    ap.add_argument(
+        "--scale", type=int, default=4, help="the second trace is this many times bigger"
+    )
+    ap.add_argument("--rebuild", action="store_true", help="rebuild the traces even if present")
     ap.add_argument("--hta-python", default=DEFAULT_HTA_PYTHON, help="python of HTA's venv")
     ap.add_argument("--commprof-python", default=sys.executable, help="python of the project")
-    ap.add_argument("--repeats", type=int, default=1, help="timed runs per side")
-    ap.add_argument("--skip-hta-exact", action="store_true", help="no HTA run without ns rounding")
-    ap.add_argument("--skip-commprof", action="store_true", help="HTA and reference only")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of commprof and the floor")
+    ap.add_argument("--skip-hta", action="store_true", help="floor and commprof only")
+    ap.add_argument(
+        "--skip-hta-scaled", action="store_true", help="HTA on the first trace only (slow)"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-
-    sys.path.insert(0, str(HERE))
-    import make_nccl_trace
-
-    trace = _find_trace(args.trace_dir)
-    build: dict[str, Any] | None = None
-    if trace is None or args.rebuild:
-        if trace is not None:
-            trace.unlink()
-        print(f"building trace in {args.trace_dir} ...", file=sys.stderr)
-        spec = make_nccl_trace.TraceSpec(min_events=args.min_events)
-        build = make_nccl_trace.write_trace(spec, args.trace_dir)
-        trace = Path(build["path"])
-    with open(trace, "rb") as fh:  # warm the page cache so neither side pays the disk read
-        while fh.read(1 << 24):
-            pass
-
-    result: dict[str, Any] = {"machine": _machine(), "build": build}
-    print("reference ...", file=sys.stderr)
-    ref = _run_side("reference", args.commprof_python, trace)
-    result["trace"] = {
-        "path": str(trace),
-        "file_bytes": trace.stat().st_size,
-        "num_events": ref["num_events"],
-        "gzip": trace.name.endswith(".gz"),
+    if args.repeats < 1 or args.scale < 2:
+        raise ValueError(f"need --repeats >= 1 and --scale >= 2, got {args.repeats}, {args.scale}")
+    result: dict[str, Any] = {"machine": _machine(), "traces": {}}
+    scaled_dir = args.trace_dir.with_name(f"{args.trace_dir.name}_x{args.scale}")
+    for label, trace_dir, min_events in (
+        ("x1", args.trace_dir, args.min_events),
+        (f"x{args.scale}", scaled_dir, args.scale * args.min_events),
+    ):
+        trace, build = _trace(trace_dir, min_events, args.rebuild)
+        one = _one_trace(args, trace, first=label == "x1")
+        one["build"] = build
+        one["comparison"] = _compare(one)
+        result["traces"][label] = one
+    x1, xn = result["traces"]["x1"], result["traces"][f"x{args.scale}"]
+    growth = xn["commprof"]["peak_rss_mib_max"] / x1["commprof"]["peak_rss_mib_max"]
+    result["growth"] = {
+        "events_ratio": xn["trace"]["num_events"] / x1["trace"]["num_events"],
+        "commprof_peak_rss_ratio": growth,
+        "commprof_time_ratio": xn["commprof"]["elapsed_s_median"]
+        / x1["commprof"]["elapsed_s_median"],
+        "pass_growth": growth <= GROWTH_TARGET,
     }
-    result["reference"] = ref
-    sides: dict[str, list[dict[str, Any]]] = {"commprof": [], "hta": []}
-    for i in range(args.repeats):  # alternate sides so background load hits both alike
-        if not args.skip_commprof:
-            print(f"commprof run {i + 1} ...", file=sys.stderr)
-            sides["commprof"].append(_run_side("commprof", args.commprof_python, trace))
-        print(f"hta run {i + 1} ...", file=sys.stderr)
-        sides["hta"].append(_run_side("hta", args.hta_python, trace))
-    result["hta"] = _summary(sides["hta"])
-    if not args.skip_hta_exact:
-        print("hta run with HTA_DISABLE_NS_ROUNDING=1 ...", file=sys.stderr)
-        exact = _run_side("hta", args.hta_python, trace, env_extra={"HTA_DISABLE_NS_ROUNDING": "1"})
-        result["hta_exact_timestamps"] = exact
     result["versions"] = {
         "commprof_python": _python_version(args.commprof_python),
         "hta_python": _python_version(args.hta_python),
         "commprof_sources_sha256": _source_hashes(),
     }
-    if sides["commprof"]:
-        cp, ht = _summary(sides["commprof"]), result["hta"]
-        result["commprof"] = cp
-        speedup = ht["elapsed_s_median"] / cp["elapsed_s_median"]
-        mem_ratio = cp["peak_rss_mib_max"] / ht["peak_rss_mib_max"]
-        hta_exact_pct = result.get("hta_exact_timestamps", {}).get("overlap_pct")
-        result["comparison"] = {
-            "speedup_hta_over_commprof": speedup,
-            "speedup_wall_incl_imports": ht["wall_s_median"] / cp["wall_s_median"],
-            "peak_rss_ratio_commprof_over_hta": mem_ratio,
-            "overlap_pct_commprof": cp["overlap_pct"],
-            "overlap_pct_hta_default": ht["overlap_pct"],
-            "overlap_pct_hta_exact_timestamps": hta_exact_pct,
-            "overlap_pct_reference": ref["overlap_pct"],
-            "diff_points_vs_hta_default": cp["overlap_pct"] - ht["overlap_pct"],
-            "diff_points_vs_hta_exact": None
-            if hta_exact_pct is None
-            else cp["overlap_pct"] - hta_exact_pct,
-            "pass_speedup": speedup >= SPEEDUP_TARGET,
-            "pass_memory": mem_ratio <= MEMORY_TARGET,
-            "pass_overlap_vs_hta_exact": None
-            if hta_exact_pct is None
-            else abs(cp["overlap_pct"] - hta_exact_pct) <= OVERLAP_TOLERANCE_POINTS,
-            "pass_overlap_vs_hta_default": abs(cp["overlap_pct"] - ht["overlap_pct"])
-            <= OVERLAP_TOLERANCE_POINTS,
-        }
     result["machine"]["loadavg_end"] = list(os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="ascii")
-    print(json.dumps(result.get("comparison", result["hta"]), indent=2, default=str))
+    summary = {k: v["comparison"] for k, v in result["traces"].items()}
+    print(json.dumps({**summary, "growth": result["growth"]}, indent=2, default=str))
     return 0
 
 

@@ -91,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument(
         "--address", help="Ray cluster to parse on (implies --ray; files readable there)"
     )
+    analyze.add_argument(
+        "--unlaunched",
+        choices=("keep", "drop"),
+        default="keep",
+        help="device kernels with no launch event in the trace (launched before profiling "
+        "started): keep them (default) or drop them (HolisticTraceAnalysis' rule)",
+    )
     analyze.set_defaults(func=_analyze)
 
     for name, help_text in (
@@ -450,6 +457,7 @@ def _analyze(args: argparse.Namespace) -> int:
             workers=args.workers,
             use_ray=args.ray,
             address=args.address,
+            unlaunched=args.unlaunched,
         )
     )
 

@@ -11,6 +11,7 @@ from trace_events import x
 
 from commprof.profiling.metrics import (
     bucket_exposure,
+    collective_type_metrics,
     step_metrics,
     trace_overlap,
     transfer_wait,
@@ -130,3 +131,26 @@ def test_transfer_wait_shortest_duration_is_transfer() -> None:
     second = out[out["position"] == 1].set_index("rank")
     assert first["transfer_ns"].tolist() == [4, 4] and first["wait_ns"].tolist() == [10 - 4, 0]
     assert second["transfer_ns"].tolist() == [7, 7] and second["wait_ns"].tolist() == [0, 9 - 7]
+
+
+def test_collective_type_metrics_closed_form() -> None:
+    # Window [0,100) us, compute [0,50); all-gather [10,30) and [20,40) (union 30 us, overlap
+    # 30); reduce-scatter [45,65) (overlap 5); all-to-all [90,110) spans into step 1.
+    meta = {"In msg nelems": 1, "dtype": "Float"}
+    colls = [("_allgather_base", 10, 20), ("_allgather_base", 20, 20),
+             ("reduce_scatter", 45, 20), ("all_to_all", 90, 20)]  # fmt: skip
+    events = [x("gemm", "kernel", 0, 50, tid=7)] + [
+        x("k", "kernel", ts, dur, tid=20, **{"Collective name": n}, **meta) for n, ts, dur in colls
+    ]
+    steps = [x(f"ProfilerStep#{n}", "user_annotation", t, 100) for n, t in ((0, 0), (1, 100))]
+    p = parse_trace({"traceEvents": steps + events}, regime="cuda-nccl")
+    out = collective_type_metrics(p).set_index(["step", "collective_type"])
+    us = 1000
+    assert out.loc[(0, "all_gather"), "num_collectives"] == 2
+    assert out.loc[(0, "all_gather"), "comm_ns"] == (40 - 10) * us
+    assert out.loc[(0, "all_gather"), "overlap_ns"] == (40 - 10) * us
+    assert out.loc[(0, "reduce_scatter"), "overlap_ns"] == (50 - 45) * us
+    assert out.loc[(0, "reduce_scatter"), "exposed_ns"] == (65 - 50) * us
+    assert out.loc[(0, "all_to_all"), "comm_ns"] == (100 - 90) * us  # clipped to its window
+    assert list(out.index.get_level_values("step")) == [0, 0, 0]
+    assert step_metrics(p).set_index("step").loc[0, "comm_ns"] == (40 - 10 + 65 - 45 + 10) * us

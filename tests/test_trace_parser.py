@@ -272,8 +272,8 @@ def test_stream_equals_json_loads_at_every_chunk_size(
     want = json.loads(text)
     # Every chunk size up to a whole event puts a boundary inside every string,
     # escape, number and literal of the text at least once.
-    for chunk_chars in [*range(1, 300), len(text) - 1, len(text), len(text) + 1]:
-        assert load_trace(path, chunk_chars=chunk_chars) == want, chunk_chars
+    for chunk_bytes in [*range(1, 300), len(text) - 1, len(text), len(text) + 1]:
+        assert load_trace(path, chunk_bytes=chunk_bytes) == want, chunk_bytes
 
 
 def assert_same_parse(a: ParsedTrace, b: ParsedTrace) -> None:
@@ -292,14 +292,14 @@ def test_streaming_and_dict_paths_agree_on_golden_traces() -> None:
         from_dict = parse_trace(load_trace(path), source=str(path))
         assert len(from_dict.collectives) == 9  # three buckets in each of three steps
         assert_same_parse(parse_trace(path), from_dict)
-        assert_same_parse(parse_trace(path, chunk_chars=997), from_dict)  # ~350 chunks
+        assert_same_parse(parse_trace(path, chunk_bytes=997), from_dict)  # ~350 chunks
 
 
-@pytest.mark.parametrize("chunk_chars", [1, 7, 64, 1 << 22])
-def test_streaming_and_dict_paths_agree_on_tricky_trace(tmp_path: Path, chunk_chars: int) -> None:
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1 << 22])
+def test_streaming_and_dict_paths_agree_on_tricky_trace(tmp_path: Path, chunk_bytes: int) -> None:
     doc = {**TRICKY_TOP, "traceEvents": tricky_events()}
     path = write_trace(tmp_path / "rank9.json.gz", json.dumps(doc, ensure_ascii=False))
-    streamed = parse_trace(path, chunk_chars=chunk_chars)
+    streamed = parse_trace(path, chunk_bytes=chunk_bytes)
     assert_same_parse(streamed, parse_trace(doc, source=str(path)))
     assert (streamed.regime, streamed.rank, streamed.world_size) == ("cuda-nccl", 1, 2)
     # 10.001 us -> 10_001 ns; + rint(20.999 us * 1000) = 20_999 ns.
@@ -378,7 +378,7 @@ def test_streaming_memory_is_bounded_by_columns_not_text(tmp_path: Path) -> None
     path = write_trace(tmp_path / "big.json", text)
     tracemalloc.start()
     try:
-        parsed = parse_trace(path, chunk_chars=1 << 16)
+        parsed = parse_trace(path, chunk_bytes=1 << 16)
         _, peak_bytes = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -407,9 +407,9 @@ def test_streaming_parse_errors(tmp_path: Path, suffix: str) -> None:
     }
     for i, (text, message) in enumerate(cases.items()):
         path = write_trace(tmp_path / f"c{i}{suffix}", text)
-        for chunk_chars in (3, 1 << 22):
+        for chunk_bytes in (3, 1 << 22):
             with pytest.raises(ValueError, match=message):
-                parse_trace(path, chunk_chars=chunk_chars)
+                parse_trace(path, chunk_bytes=chunk_bytes)
 
 
 def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> None:
@@ -422,3 +422,143 @@ def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> N
         path = write_trace(tmp_path / "bad.json", json.dumps(bad))
         with pytest.raises(ValueError, match="dur"):
             parse_trace(path)
+
+
+# ---------------------------------------------------------------- real-trace rules
+
+
+def test_integers_past_64_bits_neither_break_nor_corrupt(tmp_path: Path) -> None:
+    big = 2**70 + 1
+    coll = {"Collective name": "allreduce", "Seq": big, "In msg nelems": 4, "dtype": "Float",
+            "External id": 2**90}  # fmt: skip
+    events = [
+        step(0, 0, 100),
+        x("cudaLaunchKernel", "cuda_runtime", 1, 1, correlation=big),
+        x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "kernel",
+            10,
+            20,
+            tid=20,
+            correlation=big,
+            **coll,
+        ),
+        x("sm90_gemm", "kernel", 15, 10, tid=7, correlation=5, **{"Ev Idx": -(2**80)}),
+    ]
+    path = write_trace(tmp_path / "rank0.json", json.dumps(trace(events)))
+    assert load_trace(path)["traceEvents"][2]["args"]["Seq"] == big  # exact, not a float
+    for p in (parse_trace(path), parse_trace(trace(events))):
+        row = p.collectives.iloc[0]
+        assert pd.isna(row["seq"]) and row["num_bytes"] == 16  # past int64: unknown, not wrapped
+        assert pairs(p.classes["communication"]) == [(10_000, 30_000)]
+        assert p.num_unlaunched == 2  # correlation past int64 is no id; 5 has no launch
+    late = trace([step(0, 0, 1), x("late_kernel", "kernel", 2**64, 1)])  # a JSON integer
+    with pytest.raises(ValueError, match=r"past what int64 nanoseconds hold.*'late_kernel'"):
+        parse_trace(write_trace(tmp_path / "late.json", json.dumps(late)))
+
+
+def kernel(name: str, ts: float, dur: float, corr: int, **args: Any) -> dict[str, Any]:
+    return x(name, "kernel", ts, dur, tid=7, correlation=corr, **args)
+
+
+def launch(ts: float, corr: int) -> dict[str, Any]:
+    return x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=corr)
+
+
+def test_device_step_windows_only_where_they_hold_the_kernels() -> None:
+    kernels = [launch(1, 1), kernel("gemm", 20, 30, 1), launch(101, 2), kernel("gemm", 120, 30, 2)]
+    cpu = [step(0, 0, 100), step(1, 100, 100)]
+    # In phase: the device windows [15, 60) and [115, 160) hold every kernel: used.
+    good = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 45) for n, t in ((0, 15), (1, 115))]
+    p = parse_trace(trace(cpu + good + kernels))
+    assert p.step_source == "device ProfilerStep"
+    assert (p.step_start_ns.tolist(), p.step_end_ns.tolist()) == (
+        [15_000, 115_000],
+        [60_000, 160_000],
+    )
+    # Out of phase and 16 us long (the ROCm case): they hold 0 us of the 60 us of kernels.
+    bad = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 16) for n, t in ((0, 60), (1, 160))]
+    with pytest.warns(UserWarning, match="0.000 ms of kernel time against 0.060 ms"):
+        q = parse_trace(trace(cpu + bad + kernels))
+    assert q.step_source == "ProfilerStep"
+    assert (q.step_start_ns.tolist(), q.step_end_ns.tolist()) == ([0, 100_000], [100_000, 200_000])
+
+
+def test_unlaunched_kernels_kept_by_default_dropped_on_request() -> None:
+    events = [
+        step(0, 0, 100),
+        launch(1, 1),
+        kernel("gemm", 10, 40, 1),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 40, 7),  # launched before the trace
+        kernel("gemm_from_before", 0, 5, 8),
+        x("Memcpy DtoD (Device -> Device)", "gpu_memcpy", 80, 2, tid=7, correlation=9),
+    ]
+    keep = parse_trace(trace(events))
+    assert (keep.num_unlaunched, keep.unlaunched_ns) == (3, (40 + 5 + 2) * 1000)
+    assert keep.unlaunched_comm_ns == 40_000
+    assert pairs(keep.classes["communication"]) == [(30_000, 70_000)]
+    assert pairs(keep.classes["compute"]) == [(0, 5_000), (10_000, 50_000)]
+    drop = parse_trace(trace(events), unlaunched="drop")
+    assert (drop.num_unlaunched, drop.unlaunched_ns, drop.unlaunched_comm_ns) == (3, 47_000, 40_000)
+    assert total_length(drop.classes["communication"]) == 0 and len(drop.collectives) == 0
+    assert pairs(drop.classes["compute"]) == [(10_000, 50_000)]
+    assert total_length(drop.classes["memcpy"]) == 0
+    with pytest.raises(ValueError, match="unlaunched must be one of"):
+        parse_trace(trace(events), unlaunched="hta")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("void c10d::symmetric_memory::(anonymous namespace)::multimem_all_reduce_kernel<float>()",
+         "all_reduce"),
+        ("void c10d::symmetric_memory::(anonymous namespace)::one_shot_all_reduce_kernel<8>()",
+         "all_reduce"),
+        ("two_shot_all_reduce_kernel<__nv_bfloat16, 16>", "all_reduce"),
+        ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*)", "all_reduce"),
+        ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "unknown"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce_scatter"),
+        ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+        ("ncclDevKernel_SendRecv", "send_recv"),
+    ],
+)  # fmt: skip
+def test_non_nccl_and_rccl_comm_kernels_are_communication(name: str, kind: str) -> None:
+    events = [step(0, 0, 100), launch(1, 1), kernel(name, 10, 20, 1), kernel("gemm", 20, 20, 2)]
+    p = parse_trace(trace(events))  # no distributedInfo: the comm kernel decides the regime
+    assert p.regime == "cuda-nccl"
+    assert pairs(p.classes["communication"]) == [(10_000, 30_000)]
+    assert p.collectives["collective_type"].tolist() == [kind]
+
+
+def test_collective_metadata_names_the_type() -> None:
+    # FSDP's collectives, all-to-all and send/recv by Kineto's 'Collective name' arg, on a
+    # kernel whose name says nothing (RCCL's generic kernel).
+    names = ["_allgather_base", "reduce_scatter_tensor_coalesced", "all_to_all", "send", "recv"]
+    events = [step(0, 0, 1000)] + [
+        kernel("ncclDevKernel_Generic_1", 10 + 100 * i, 50, 10 + i, **{"Collective name": n})
+        for i, n in enumerate(names)
+    ]
+    p = parse_trace(trace(events, distributedInfo={"backend": "nccl"}))
+    assert p.collectives["collective_type"].tolist() == [
+        "all_gather", "reduce_scatter", "all_to_all", "send_recv", "send_recv",
+    ]  # fmt: skip
+    assert p.num_unlaunched == len(names)
+
+
+def test_cuts_inside_strings_and_nested_objects_are_retried(tmp_path: Path) -> None:
+    # Text that looks like an element boundary ('}, {') inside a string and inside a list
+    # of objects in args: a cut there does not decode, and the reader tries the one before.
+    events = [
+        step(0, 0, 100),
+        x('weird}, {"name": "x', "cpu_op", 1, 2, nested=[{"a": 1}, {"b": [{"c": 2}, {}]}]),
+        x("aten::mm", "cpu_op", 5, 2, shapes=[{}, {}, {}]),
+        {"ph": "i", "name": "}, {", "ts": 7, "pid": 1, "tid": 1, "s": "t"},
+    ]
+    text = json.dumps(trace(events), indent=1)
+    path = write_trace(tmp_path / "t.json", text)
+    want = json.loads(text)
+    from_dict = parse_trace(want, source=str(path))
+    for chunk_bytes in [*range(1, 120, 7), len(text)]:
+        assert load_trace(path, chunk_bytes=chunk_bytes) == want, chunk_bytes
+        assert_same_parse(parse_trace(path, chunk_bytes=chunk_bytes), from_dict)
+    assert pairs(from_dict.classes["compute"]) == [(1_000, 3_000), (5_000, 7_000)]

@@ -81,7 +81,9 @@ def trace_files(trace_dir: Path) -> list[Path]:
     return []
 
 
-def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace]:
+def parse_dir(
+    trace_dir: Path, *, regime: str | None = None, unlaunched: str = "keep"
+) -> list[ParsedTrace]:
     """Parse every trace in ``trace_dir`` in this process; non-trace JSON files are skipped.
 
     Raises:
@@ -90,7 +92,7 @@ def parse_dir(trace_dir: Path, *, regime: str | None = None) -> list[ParsedTrace
     parsed = []
     for path in trace_files(trace_dir):
         try:  # streamed: bounded memory however large the trace
-            parsed.append(parse_trace(path, regime=regime, source=str(path)))
+            parsed.append(parse_trace(path, regime=regime, source=str(path), unlaunched=unlaunched))
         except ValueError as exc:
             if "not a Chrome trace" in str(exc):
                 print(f"commprof analyze: skipping {path.name}: not a trace", file=sys.stderr)
@@ -223,9 +225,12 @@ def analyze(
     return Analysis(per_rank=per_rank, cross=cross, cross_note=note)
 
 
-def analyze_dir(trace_dir: Path, *, regime: str | None = None) -> dict[str, pd.DataFrame]:
+def analyze_dir(
+    trace_dir: Path, *, regime: str | None = None, unlaunched: str = "keep"
+) -> dict[str, pd.DataFrame]:
     """The tables of :func:`analyze` by name ("steps", "ranks", "collectives", ...)."""
-    return analyze(Path(trace_dir), regime=regime).tables()
+    options = {"unlaunched": unlaunched}
+    return analyze(Path(trace_dir), regime=regime, parse_options=options).tables()
 
 
 def _plain(v: Any) -> Any:
@@ -293,6 +298,7 @@ def run(
     workers: int | None = None,
     use_ray: bool = False,
     address: str | None = None,
+    unlaunched: str = "keep",
 ) -> int:
     """Entry point of ``commprof analyze``; returns the process exit code.
 
@@ -304,6 +310,7 @@ def run(
         workers: Local worker processes (default: one per trace, at most one per CPU).
         use_ray: Parse the traces as Ray tasks.
         address: Ray cluster address (implies use_ray).
+        unlaunched: "keep" or "drop" device kernels with no launch event in the trace.
 
     Returns:
         0 on success, 2 when the traces cannot be analysed (message on stderr).
@@ -315,7 +322,12 @@ def run(
 
     try:
         analysis = analyze(
-            Path(trace_dir), regime=regime, workers=workers, use_ray=use_ray, address=address
+            Path(trace_dir),
+            regime=regime,
+            workers=workers,
+            use_ray=use_ray,
+            address=address,
+            parse_options={"unlaunched": unlaunched},
         )
     except ValueError as exc:
         print(f"commprof analyze: {exc}", file=sys.stderr)

@@ -95,7 +95,9 @@ class IntervalSet:
                 f"[{int(s[i])}, {int(e[i])})"
             )
         keep = e > s  # zero-length intervals cover nothing
-        s, e = s[keep], e[keep]
+        if not keep.all():
+            s, e = s[keep], e[keep]
+        del keep  # temporaries go as soon as they are used: traces hold millions of events
         if s.size == 0:
             return cls.empty()
         # Sort by start, then sweep: the running maximum of ends says how far the
@@ -103,7 +105,9 @@ class IntervalSet:
         # lies strictly beyond that reach (touching intervals, start == reach, merge).
         order = np.argsort(s, kind="stable")
         s, e = s[order], e[order]
+        del order
         reach = np.maximum.accumulate(e)
+        del e
         new_group = np.empty(s.size, dtype=bool)
         new_group[0] = True
         new_group[1:] = s[1:] > reach[:-1]

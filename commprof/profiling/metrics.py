@@ -31,7 +31,11 @@ from commprof.profiling.trace_parser import ParsedTrace
 
 STEP_COLUMNS = (
     "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
-    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
+    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction", "window_source",
+)  # fmt: skip
+COLLECTIVE_TYPE_COLUMNS = (
+    "rank", "step", "collective_type", "num_collectives", "comm_ns", "overlap_ns", "exposed_ns",
+    "overlap_efficiency",
 )  # fmt: skip
 OTHER_CLASSES = ("memcpy", "memset", "sync", "other")
 
@@ -84,6 +88,7 @@ def step_metrics(parsed: ParsedTrace) -> pd.DataFrame:
     rows = [
         {"rank": parsed.rank, "step": int(step)}
         | window_metrics(comm, compute, others, int(lo), int(hi))
+        | {"window_source": parsed.step_source}
         for step, lo, hi in zip(
             parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True
         )
@@ -91,6 +96,42 @@ def step_metrics(parsed: ParsedTrace) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
     int_cols = [c for c in STEP_COLUMNS if c.endswith("_ns") or c in ("rank", "step")]
     return frame.astype({c: np.int64 for c in int_cols})
+
+
+def collective_type_metrics(parsed: ParsedTrace) -> pd.DataFrame:
+    """Per step and collective type (all_reduce, all_gather, reduce_scatter, all_to_all,
+    send_recv, ...): how many collectives, and comm, overlap and exposed time of that type.
+
+    For type T in window W: C_T is the union of T's collective intervals; comm = |C_T|,
+    overlap = |C_T and K|, exposed = |C_T minus K| with K the compute union (the step
+    definitions of docs/design.md restricted to one type). Types can run at once, so the
+    types' comm can add up to more than the step's comm. A collective is counted in the
+    window it starts in.
+
+    Returns:
+        One row per (step, type) with a collective (columns COLLECTIVE_TYPE_COLUMNS).
+    """
+    colls, rows = parsed.collectives, []
+    compute = parsed.classes["compute"]
+    for step, lo, hi in zip(parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True):
+        in_step = colls[colls["step"] == step]
+        for kind, group in in_step.groupby("collective_type", sort=True):
+            spans = clip(
+                IntervalSet.from_arrays(
+                    group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64)
+                ),
+                int(lo),
+                int(hi),
+            )
+            comm_ns = total_length(spans)
+            overlap_ns = total_length(intersection(spans, compute))
+            rows.append({
+                "rank": parsed.rank, "step": int(step), "collective_type": str(kind),
+                "num_collectives": len(group), "comm_ns": comm_ns, "overlap_ns": overlap_ns,
+                "exposed_ns": comm_ns - overlap_ns,
+                "overlap_efficiency": ratio(overlap_ns, comm_ns),
+            })  # fmt: skip
+    return pd.DataFrame(rows, columns=list(COLLECTIVE_TYPE_COLUMNS))
 
 
 def trace_overlap(parsed: ParsedTrace) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from commprof.profiling.crossrank import rank_collectives
-from commprof.profiling.metrics import step_metrics
+from commprof.profiling.metrics import collective_type_metrics, step_metrics
 from commprof.profiling.trace_parser import ParsedTrace, parse_trace
 
 
@@ -37,6 +37,10 @@ def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
         "world_size": parsed.world_size,
         "regime": parsed.regime,
         "window_source": parsed.step_source,
+        "unlaunched_rule": parsed.unlaunched_rule,
+        "num_unlaunched": parsed.num_unlaunched,
+        "unlaunched_ns": parsed.unlaunched_ns,
+        "unlaunched_comm_ns": parsed.unlaunched_comm_ns,
     }
 
 
@@ -47,10 +51,13 @@ def _collectives(parsed: ParsedTrace) -> pd.DataFrame:
 RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "steps": step_metrics,
     "collectives": _collectives,
+    "collective_types": collective_type_metrics,
 }
 """Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
 ("steps": :func:`commprof.profiling.metrics.step_metrics`, "collectives": the collectives
-with rank and matching group, :func:`commprof.profiling.crossrank.rank_collectives`)."""
+with rank and matching group, :func:`commprof.profiling.crossrank.rank_collectives`,
+"collective_types": per step and collective type,
+:func:`commprof.profiling.metrics.collective_type_metrics`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

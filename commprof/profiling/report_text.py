@@ -87,7 +87,8 @@ def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
         _table(traces),
     ]
     for name, table in _extras(analysis).items():
-        lines += [f"\nPer {name.replace('_', ' ')} (durations in ms, shares in %):", _table(table)]
+        label = name.replace("_", " ").removesuffix("s")  # "collective_types": per type
+        lines += [f"\nPer {label} (durations in ms, shares in %):", _table(table)]
     if analysis.cross is not None:
         lines += cross_text(analysis.cross)
     else:

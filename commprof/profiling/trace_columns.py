@@ -1,11 +1,20 @@
-"""Compact columns of a trace's complete events, built while the trace streams past.
+"""Compact columns of a trace's complete events, built chunk by chunk as the trace is decoded.
 
+The reader (:mod:`commprof.profiling.trace_reader`) decodes each chunk of events
+with msgspec into :class:`msgspec.Struct` types that hold only the fields used
+here (``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``, ``dur`` and the few
+``args`` keys the rule tables read), so every other field is skipped unallocated.
+A chunk whose values do not fit the types (a string ``dur``, an ``args`` that is
+no object) is decoded again as plain values and taken one event at a time.
 :class:`ColumnBuilder` keeps of each complete (``ph == "X"``) event only compact
 columns: ts and dur (float microseconds, converted once to int64 ns with
 ``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
 the CUPTI correlation id, and the collective ``args`` keys of the few events a
 rule table may count as collectives or test with ``has_arg``. About 40 bytes an
-event, against about 1.5 KiB for the event as a Python dict.
+event, against about 1.5 KiB for the event as a Python dict. Where the rule tables that
+can apply need only some categories (``trace_rules.needed_cats``; a trace whose
+``distributedInfo`` names NCCL is cuda-nccl), other events are not kept at all, and
+launches only as correlation ids.
 """
 
 from __future__ import annotations
@@ -15,18 +24,28 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from commprof.profiling.trace_reader import CHUNK_CHARS, stream_trace
+from commprof.profiling.trace_reader import (
+    CHUNK_BYTES,
+    NUM_PH_CHECKED,
+    generic_decode,
+    stream_chunks,
+)
 from commprof.profiling.trace_rules import (
     COLLECTIVE_ARG_KEYS,
+    LAUNCH_CATS,
     MAX_EVENT_DURATION_US,
     MAX_TS_US,
     RuleTable,
+    needed_cats,
+    tables_for_meta,
 )
 
 
@@ -54,8 +73,28 @@ class TraceColumns:
     """Code of the (pid, tid) pair; equal pairs have equal codes."""
     correlation: npt.NDArray[np.int64]
     """``args.correlation`` (CUPTI launch <-> device event), -1 where absent."""
+    launch_correlation: npt.NDArray[np.int64]
+    """Correlation ids of the launch events kept only as ids (not as events): where no rule
+    needs a launch's thread, a launch matters only as proof that a kernel was launched."""
     args: dict[int, dict[str, Any]]
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
+
+
+UNSET = msgspec.UNSET
+
+
+def _int64_or_none(value: Any) -> int:
+    """A correlation id as the column holds it: -1 where it is no int64 integer."""
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return value
+    return -1
+
+
+def _to_ns(us: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """``rint(us * 1000)`` as int64, with one float temporary."""
+    scaled = us * 1000.0
+    np.rint(scaled, out=scaled)
+    return scaled.astype(np.int64)
 
 
 def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
@@ -67,8 +106,34 @@ def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
         return key, table.get(key)
 
 
+class _PlainChunk(list[Any]):
+    """A chunk decoded as plain values (its events did not fit the typed structs)."""
+
+
+def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """The struct an event decodes into: the fields the columns read, nothing else.
+
+    ``args`` holds ``correlation`` and ``kept_keys`` (as fields ``k0``, ``k1``, ...; UNSET
+    where absent). ``ts`` and ``dur`` are floats (JSON integers convert), NaN where absent.
+    """
+    args = msgspec.defstruct(
+        "KeptArgs",
+        [("correlation", Any, -1), *((f"k{i}", Any, msgspec.UNSET) for i in range(len(kept_keys)))],
+        rename={f"k{i}": key for i, key in enumerate(kept_keys)},
+        gc=False,
+    )
+    nan = float("nan")
+    fields = [("ph", Any, None), ("cat", Any, ""), ("name", Any, ""), ("pid", Any, None),
+              ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
+              ("args", args | None, None)]  # fmt: skip
+    # gc=False: decoded values hold no reference cycles, and a million tracked
+    # objects would make the cyclic collector run over and over during a parse.
+    return msgspec.defstruct("Event", fields, gc=False)
+
+
 class ColumnBuilder:
-    """Accumulates :class:`TraceColumns` one event at a time (``add``), then ``finish``.
+    """Accumulates :class:`TraceColumns` a decoded chunk (``add_chunk``) or an event
+    (``add``) at a time, then ``finish``.
 
     Args are kept only for events a rule of ``tables`` may make a collective
     (category and name match a ``collective`` rule) or test with ``has_arg``:
@@ -77,10 +142,25 @@ class ColumnBuilder:
 
     def __init__(self, source: str, tables: Iterable[RuleTable]) -> None:
         self.source = source
-        rules = [r for t in tables for r in t.rules]
-        self.coll_rules = [r for r in rules if r.collective]
+        self.tables = tuple(tables)
+        self.meta: dict[str, Any] = {}
+        """Top-level keys of the trace, filled by the reader before the events it precedes."""
+        self.relevant: frozenset[str] | None = None
+        """Categories of the events kept (None: all), decided at the first event."""
+        self.decided = False
+        self.launch_only = False
+        """Launch events are kept as correlation ids only (decided with ``relevant``)."""
+        self.launch_corr = array("q")
+        rules = [r for t in self.tables for r in t.rules]
+        # A collective rule that needs an args key keeps only events that have it (has_keys).
+        self.coll_rules = [r for r in rules if r.collective and r.has_arg is None]
         self.has_keys = tuple(dict.fromkeys(r.has_arg for r in rules if r.has_arg is not None))
         self.keep_keys = tuple(dict.fromkeys((*COLLECTIVE_ARG_KEYS, *self.has_keys)))
+        struct_keys = tuple(k for k in self.keep_keys if k != "correlation")
+        self.event_type = _event_type(struct_keys)
+        self.kept_fields = [(f"k{i}", key) for i, key in enumerate(struct_keys)]
+        self.has_fields = [f"k{struct_keys.index(k)}" for k in self.has_keys if k in struct_keys]
+        self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.ts_us, self.dur_us = array("d"), array("d")
         self.cat_code, self.name_code = array("i"), array("i")
         self.pid_code, self.tid_code, self.correlation = array("i"), array("i"), array("q")
@@ -92,6 +172,89 @@ class ColumnBuilder:
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
         self.first_bad: tuple[int, Any, Any, Any] | None = None
+
+    def decode(self, data: bytes) -> list[Any]:
+        """Decode a chunk of events: typed structs, else plain values (a :class:`_PlainChunk`)."""
+        try:
+            return self._decoder.decode(data)  # type: ignore[no-any-return]
+        except msgspec.ValidationError:
+            return _PlainChunk(generic_decode(data))
+
+    def _codes(
+        self, table: dict[Any, int], events: list[Any], field: str, bits: list[int] | None
+    ) -> list[int]:
+        """Codes of the events' ``field`` values in ``table``, adding the new ones."""
+        get, value = table.get, attrgetter(field)
+        try:
+            codes = [get(value(e), -1) for e in events]
+        except TypeError:  # an unhashable key (a list where a string belongs): one at a time
+            return [self._new_code(table, value(e), bits) for e in events]
+        if -1 in codes:
+            for i in [i for i, c in enumerate(codes) if c < 0]:
+                codes[i] = self._new_code(table, value(events[i]), bits)
+        return codes
+
+    def add_chunk(self, chunk: list[Any]) -> int:
+        """Take one decoded chunk of ``traceEvents``; returns its number of items."""
+        if isinstance(chunk, _PlainChunk):
+            for e in chunk:
+                self.add(e)
+            return len(chunk)
+        # Column at a time over the chunk's complete events: list comprehensions and
+        # array appends, no per-event Python function call.
+        if not self.decided:
+            self._decide()
+        rel = self.relevant
+        if rel is None:
+            xs = [e for e in chunk if e.ph == "X"]
+        else:  # only events some rule, the step windows or the launches can use
+            xs = [e for e in chunk if e.ph == "X" and type(e.cat) is str and e.cat in rel]
+        if self.launch_only and (launches := [e for e in xs if e.cat in LAUNCH_CATS]):
+            self._append_corr(
+                self.launch_corr, [-1 if e.args is None else e.args.correlation for e in launches]
+            )
+            xs = [e for e in xs if e.cat not in LAUNCH_CATS]
+        if not xs:
+            return len(chunk)
+        base = len(self.dur_us)
+        self.ts_us.fromlist([e.ts for e in xs])
+        self.dur_us.fromlist([e.dur for e in xs])
+        cc = self._codes(self.cats, xs, "cat", self.cat_bits)
+        nc = self._codes(self.names, xs, "name", self.name_bits)
+        self.cat_code.fromlist(cc)
+        self.name_code.fromlist(nc)
+        self.pid_code.fromlist(self._codes(self.pids, xs, "pid", None))
+        self.tid_code.fromlist(self._codes(self.tids, xs, "tid", None))
+        args = [e.args for e in xs]
+        self._append_corr(self.correlation, [-1 if a is None else a.correlation for a in args])
+        bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
+        keep = set(np.flatnonzero(bits).tolist())
+        for field in self.has_fields:
+            value = attrgetter(field)
+            keep.update(i for i, a in enumerate(args) if a is not None and value(a) is not UNSET)
+        for i in sorted(keep):
+            a = args[i]
+            if a is None:
+                continue
+            kept = {k: v for f, k in self.kept_fields if (v := getattr(a, f)) is not UNSET}
+            if kept:
+                self.args[base + i] = kept
+        return len(chunk)
+
+    def _decide(self) -> None:
+        """Which categories to keep, from the tables that the top-level keys leave."""
+        tables = tables_for_meta(self.tables, self.meta)
+        self.relevant = needed_cats(tables)
+        no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
+        self.launch_only = self.relevant is not None and no_threads
+        self.decided = True
+
+    @staticmethod
+    def _append_corr(column: array[int], corr: list[Any]) -> None:
+        try:
+            column.fromlist(corr)
+        except (TypeError, OverflowError):  # the array is unchanged: check each value
+            column.fromlist([_int64_or_none(c) for c in corr])
 
     def _number(self, value: Any, key: str, e: dict[str, Any]) -> float:
         # Slow path for values array("d") refuses: None becomes NaN (reported by
@@ -129,6 +292,17 @@ class ColumnBuilder:
         # only; new codes and odd values take the slow paths in the except clauses.
         if not isinstance(e, dict) or e.get("ph") != "X":
             return
+        if not self.decided:
+            self._decide()
+        if self.relevant is not None:
+            cat = e.get("cat")
+            if type(cat) is not str or cat not in self.relevant:
+                return
+            if self.launch_only and cat in LAUNCH_CATS:
+                a = e.get("args")
+                corr = a.get("correlation", -1) if type(a) is dict else -1
+                self.launch_corr.append(_int64_or_none(corr))
+                return
         ts: Any = e.get("ts")
         dur: Any = e.get("dur")
         try:
@@ -215,22 +389,29 @@ class ColumnBuilder:
                 f"(first: {list(self.names)[self.name_code[i]]!r} ts={float(ts[i])!r} "
                 f"dur={float(dur[i])!r} us); the trace is corrupt, re-export it"
             )
-        # us -> ns, rounded (docs/design.md, Definitions)
-        start_ns = np.rint(ts * 1000.0).astype(np.int64)
-        end_ns = start_ns + np.rint(dur * 1000.0).astype(np.int64)
-        pid = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
-        tid = np.frombuffer(self.tid_code, dtype=np.int32).astype(np.int64)
+        # us -> ns, rounded (docs/design.md, Definitions); in place, one array at a time,
+        # each float column released once converted (peak memory of a large parse).
+        start_ns, end_ns = _to_ns(ts), _to_ns(dur)
+        del ts, dur
+        self.ts_us, self.dur_us = array("d"), array("d")
+        end_ns += start_ns
+        thread = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
+        thread *= len(self.tids) + 1
+        thread += np.frombuffer(self.tid_code, dtype=np.int32)
+        self.pid_code, self.tid_code = array("i"), array("i")
+        # The int columns share the arrays' buffers: nothing appends to them any more.
         return TraceColumns(
             source=self.source,
             meta=meta,
             start_ns=start_ns,
             end_ns=end_ns,
-            cat_code=np.frombuffer(self.cat_code, dtype=np.int32).copy(),
+            cat_code=np.frombuffer(self.cat_code, dtype=np.int32),
             cats=list(self.cats),
-            name_code=np.frombuffer(self.name_code, dtype=np.int32).copy(),
+            name_code=np.frombuffer(self.name_code, dtype=np.int32),
             names=list(self.names),
-            thread=pid * (len(self.tids) + 1) + tid,
-            correlation=np.frombuffer(self.correlation, dtype=np.int64).copy(),
+            thread=thread,
+            correlation=np.frombuffer(self.correlation, dtype=np.int64),
+            launch_correlation=np.frombuffer(self.launch_corr, dtype=np.int64),
             args=self.args,
         )
 
@@ -240,15 +421,15 @@ def read_columns(
     tables: Iterable[RuleTable],
     *,
     source: str | None = None,
-    chunk_chars: int = CHUNK_CHARS,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> TraceColumns:
-    """Compact columns of a trace file (streamed) or of an in-memory trace dict.
+    """Compact columns of a trace file (decoded in chunks) or of an in-memory trace dict.
 
     Args:
         trace: A trace file path, or a dict with a ``traceEvents`` list.
         tables: The rule tables that may classify the events (decides which args are kept).
         source: Name for messages (default: the path, or "<dict>").
-        chunk_chars: Characters read at a time from a file.
+        chunk_bytes: Bytes of a file's text decoded at a time.
 
     Returns:
         The :class:`TraceColumns`.
@@ -262,9 +443,25 @@ def read_columns(
         if not isinstance(events, list):
             raise ValueError(f"{source}: trace dict needs a 'traceEvents' list")
         builder = ColumnBuilder(source, tables)
+        builder.meta = {k: v for k, v in trace.items() if k != "traceEvents"}
         for e in events:
             builder.add(e)
-        return builder.finish({k: v for k, v in trace.items() if k != "traceEvents"})
+        return builder.finish(builder.meta)
     builder = ColumnBuilder(str(trace) if source is None else source, tables)
-    meta = stream_trace(trace, builder.add, chunk_chars=chunk_chars)
+    meta = stream_chunks(
+        trace,
+        builder.decode,
+        builder.add_chunk,
+        chunk_bytes=chunk_bytes,
+        has_ph=_has_ph,
+        meta=builder.meta,
+    )
     return builder.finish(meta)
+
+
+def _has_ph(chunk: list[Any]) -> bool:
+    """Whether one of a chunk's first items is an event with a 'ph' field (a Chrome trace)."""
+    head = chunk[:NUM_PH_CHECKED]
+    if isinstance(chunk, _PlainChunk):
+        return any(isinstance(e, dict) and "ph" in e for e in head)
+    return any(e.ph is not None for e in head)

@@ -9,9 +9,10 @@ collective metadata in the event args (``Collective name``, ``Process Group Name
 microseconds in the file and are converted once, at the reader, to int64
 nanoseconds (``np.rint(ts * 1000)``; docs/design.md, Definitions).
 
-Files are streamed (:mod:`commprof.profiling.trace_reader`): peak memory stays at
-a few compact columns per event however large the trace; no event dict outlives
-its own decoding. Rules are evaluated on the distinct names and categories, then
+Files are decoded by msgspec in chunks of whole events into typed structs of the
+fields used (:mod:`commprof.profiling.trace_reader`, :mod:`commprof.profiling.trace_columns`):
+peak memory stays at a few compact columns per event plus one chunk, however large the
+trace. Rules are evaluated on the distinct names and categories, then
 broadcast to the events with numpy.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,24 +28,27 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, difference
+from commprof.profiling.intervals import Int64Array, IntervalSet, difference, union
 from commprof.profiling.trace_columns import TraceColumns, read_columns
-from commprof.profiling.trace_reader import CHUNK_CHARS, load_trace
+from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
 from commprof.profiling.trace_rules import (
     CLASSES,
     DEVICE_CATS,
     DTYPE_BYTES,
     IGNORE,
     LAUNCH_CATS,
+    LAUNCHED_CATS,
     MAX_EVENT_DURATION_US,
     REGIMES,
     RULES,
-    STEP_PATTERN,
+    UNLAUNCHED_RULES,
     Rule,
     RuleTable,
     candidate_tables,
+    collective_type,
     detect_regime,
 )
+from commprof.profiling.windows import step_windows
 
 __all__ = [
     "CLASSES",
@@ -81,12 +84,22 @@ class ParsedTrace:
     step_end_ns: Int64Array
     """Window ends (ns)."""
     step_source: str
-    """Where the windows came from: "ProfilerStep", "device ProfilerStep", "whole trace"."""
+    """Where the windows came from: "ProfilerStep" (the CPU-side annotations), "device
+    ProfilerStep" (GPU-side ones, used only where they hold the kernels; windows.py), or
+    "whole trace"."""
     classes: dict[str, IntervalSet]
     """Interval set of each class in CLASSES."""
     collectives: pd.DataFrame = field(repr=False)
-    """One row per collective: name, start_ns, end_ns, duration_ns, step, seq, num_bytes,
-    process_group, thread."""
+    """One row per collective: name, collective_type, start_ns, end_ns, duration_ns, step, seq,
+    num_bytes, process_group, thread."""
+    unlaunched_rule: str = "keep"
+    """What was done with device activities whose launch is not in the trace: "keep" or "drop"."""
+    num_unlaunched: int = 0
+    """Device activities (kernels, memcpy, memset) with no launch event in the trace."""
+    unlaunched_ns: int = 0
+    """Their summed duration (ns)."""
+    unlaunched_comm_ns: int = 0
+    """The part of it in communication kernels (ns)."""
 
 
 def _rank_of(trace: dict[str, Any], source: str) -> int:
@@ -183,12 +196,36 @@ class _Events:
         return out
 
 
+def _unlaunched(evs: _Events) -> npt.NDArray[np.bool_]:
+    """Device activities whose CUPTI correlation id matches no launch (runtime) event.
+
+    They were launched before the profiler started (or their launch was not recorded).
+    """
+    device = np.flatnonzero(evs.cat_mask(LAUNCHED_CATS))
+    launches = np.concatenate(
+        [evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)], evs.cols.launch_correlation]
+    )
+    launches.sort()
+    corr = evs.cols.correlation[device]
+    # Sorted ids and a binary search: a fraction of np.isin's memory on large traces.
+    found = np.zeros(corr.size, bool)
+    if launches.size:
+        pos = np.minimum(np.searchsorted(launches, corr), launches.size - 1)
+        found = launches[pos] == corr
+    out = np.zeros(len(evs), bool)
+    out[device] = (corr == -1) | ~found
+    return out
+
+
 def _classify(
-    evs: _Events, table: RuleTable
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-    """Class index per event (-1 unmatched or ignored), collective flags, not-compute flags."""
-    targets = np.full(len(evs), -1, np.int64)
-    decided = np.zeros(len(evs), bool)
+    evs: _Events, table: RuleTable, skip: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Class index per event (-1 unmatched or ignored), collective flags, not-compute flags.
+
+    Events flagged in ``skip`` are left unclassified.
+    """
+    targets = np.full(len(evs), -1, np.int8)  # len(CLASSES) < 127; small on large traces
+    decided = skip.copy()
     collective = np.zeros(len(evs), bool)
     not_compute = np.zeros(len(evs), bool)
     comm_threads = np.empty(0, np.int64)
@@ -208,44 +245,6 @@ def _classify(
     return targets, collective, not_compute
 
 
-def _step_windows(
-    evs: _Events, targets: npt.NDArray[np.int64], regime: str, source: str
-) -> tuple[Int64Array, Int64Array, Int64Array, str]:
-    step_names = [
-        (i, int(m.group(1))) for i, n in enumerate(evs.names) if (m := STEP_PATTERN.match(str(n)))
-    ]
-    if step_names:
-        codes = np.array([i for i, _ in step_names])
-        step_of_code = dict(step_names)
-        sel = np.flatnonzero(np.isin(evs.name_code, codes))
-        on_device = evs.cat_mask(frozenset({"gpu_user_annotation"}))[sel]
-        label = "ProfilerStep"
-        if regime == "cuda-nccl" and on_device.any():
-            sel, label = sel[on_device], "device ProfilerStep"
-        else:
-            sel = sel[~on_device]
-        frame = pd.DataFrame({
-            "step": [step_of_code[int(c)] for c in evs.name_code[sel]],
-            "start": evs.start_ns[sel], "end": evs.end_ns[sel],
-        }).groupby("step").agg(start=("start", "min"), end=("end", "max"))  # fmt: skip
-        ids = frame.index.to_numpy(np.int64)
-        start, end = frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
-        if np.any(start[1:] < end[:-1]):
-            raise ValueError(
-                f"{source}: ProfilerStep windows overlap; cannot assign events to steps"
-            )
-        return ids, start, end, label
-    classified = targets >= 0
-    if not classified.any():
-        raise ValueError(f"{source}: no ProfilerStep annotations and no classified events")
-    warnings.warn(
-        f"{source}: no ProfilerStep#N annotations; using one window (step 0) over the whole trace",
-        stacklevel=3,
-    )
-    lo, hi = evs.start_ns[classified].min(), evs.end_ns[classified].max()
-    return np.array([0]), np.array([lo]), np.array([hi]), "whole trace"
-
-
 def _collectives(
     evs: _Events, idx: npt.NDArray[np.intp], starts: Int64Array, ends: Int64Array, ids: Int64Array
 ) -> pd.DataFrame:
@@ -253,11 +252,12 @@ def _collectives(
     start, end = evs.start_ns[idx], evs.end_ns[idx]
     win = np.searchsorted(starts, start, side="right") - 1
     inside = (win >= 0) & (start < ends[np.clip(win, 0, None)])
+    names = [
+        a.get("Collective name") or evs.names[c]
+        for a, c in zip(args, evs.name_code[idx].tolist(), strict=True)
+    ]
     frame = pd.DataFrame({
-        "name": [
-            a.get("Collective name") or evs.names[c]
-            for a, c in zip(args, evs.name_code[idx].tolist(), strict=True)
-        ],
+        "name": names, "collective_type": [collective_type(n) for n in names],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(np.where(inside, ids[np.clip(win, 0, None)], 0), dtype="Int64"),
         "seq": pd.array(
@@ -277,11 +277,13 @@ def parse_trace(
     regime: str | None = None,
     rules: RuleTable | None = None,
     source: str | None = None,
-    chunk_chars: int = CHUNK_CHARS,
+    chunk_bytes: int = CHUNK_BYTES,
+    unlaunched: str = "keep",
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
 
-    A file is streamed (bounded memory, :func:`commprof.profiling.trace_columns.read_columns`);
+    A file is decoded in chunks (bounded memory,
+    :func:`commprof.profiling.trace_columns.read_columns`);
     a dict is read in place. Both give the same result.
 
     Args:
@@ -290,7 +292,10 @@ def parse_trace(
         rules: A custom rule table; overrides ``RULES[regime]``.
         source: Name of the trace for messages and the rank fallback (default:
             the path, or "<dict>").
-        chunk_chars: Characters read at a time from a file.
+        chunk_bytes: Bytes of a file's text decoded at a time.
+        unlaunched: Device activities with no launch event in the trace (launched before
+            profiling started): "keep" them (the default; they ran inside the profiled time)
+            or "drop" them (HolisticTraceAnalysis' rule). docs/design.md, Definitions.
 
     Returns:
         The :class:`ParsedTrace`.
@@ -300,15 +305,27 @@ def parse_trace(
     """
     if source is None:
         source = "<dict>" if isinstance(trace, dict) else str(trace)
+    if unlaunched not in UNLAUNCHED_RULES:
+        raise ValueError(f"unlaunched must be one of {UNLAUNCHED_RULES}, got {unlaunched!r}")
     tables = candidate_tables(regime, rules)  # validates regime before reading
-    cols = read_columns(trace, tables, source=source, chunk_chars=chunk_chars)
+    cols = read_columns(trace, tables, source=source, chunk_bytes=chunk_bytes)
     evs = _Events(cols)
     meta = cols.meta
     if regime is None:
         regime = rules.regime if rules is not None else detect_regime(meta, evs.cats, evs.names)
     if rules is None:
         rules = RULES[regime]
-    targets, collective, not_compute = _classify(evs, rules)
+    orphan = _unlaunched(evs)
+    targets, collective, not_compute = _classify(evs, rules, orphan & (unlaunched == "drop"))
+    if unlaunched == "keep":  # classify them (again) to count their communication time
+        comm_orphans = orphan & (targets == CLASSES.index("communication"))
+    else:
+        comm = CLASSES.index("communication")
+        comm_orphans = orphan & (_classify(evs, rules, ~orphan)[0] == comm)
+
+    def summed(mask: npt.NDArray[np.bool_]) -> int:
+        return int((evs.end_ns[mask] - evs.start_ns[mask]).sum())
+
     classes = {
         c: IntervalSet.from_arrays(evs.start_ns[targets == k], evs.end_ns[targets == k])
         for k, c in enumerate(CLASSES)
@@ -316,7 +333,8 @@ def parse_trace(
     carve = IntervalSet.from_arrays(evs.start_ns[not_compute], evs.end_ns[not_compute])
     if len(carve):
         classes["compute"] = difference(classes["compute"], carve)
-    ids, starts, ends, label = _step_windows(evs, targets, regime, source)
+    work = union(classes["communication"], classes["compute"])
+    ids, starts, ends, label = step_windows(cols, targets, work, source)
     info = meta.get("distributedInfo") or {}
     return ParsedTrace(
         source=source,
@@ -329,4 +347,8 @@ def parse_trace(
         step_source=label,
         classes=classes,
         collectives=_collectives(evs, np.flatnonzero(collective), starts, ends, ids),
+        unlaunched_rule=unlaunched,
+        num_unlaunched=int(orphan.sum()),
+        unlaunched_ns=summed(orphan),
+        unlaunched_comm_ns=summed(comm_orphans),
     )

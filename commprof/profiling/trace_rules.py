@@ -27,6 +27,10 @@ MAX_EVENT_DURATION_US = 86_400e6
 MAX_TS_US = float((2**63 - 1) // 1000 - 1)
 """Latest event end (microseconds) that int64 nanoseconds hold; later ones are corrupt."""
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"})
+LAUNCHED_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+"""Device activities that a host runtime call launches (matched by CUPTI correlation id)."""
+UNLAUNCHED_RULES = ("keep", "drop")
+"""What the parser does with device activities whose launch is not in the trace."""
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
 DTYPE_BYTES = {
@@ -90,6 +94,48 @@ class RuleTable:
 
 _GLOO = r"gloo:"
 _NCCL_KERNEL = r"nccl(Dev)?Kernel"
+"""NCCL's kernels (``ncclKernel_*``, ``ncclDevKernel_*``) and RCCL's (``ncclDevKernel_Generic``)."""
+_OTHER_COMM_KERNEL = (
+    r".*?(?<![A-Za-z0-9])(?:"
+    r"multimem_\w*?kernel|one_shot_\w*?kernel|two_shot_\w*?kernel"  # torch symmetric memory
+    r"|cross_device_reduce_\w+|quickreduce::"  # vLLM custom and quick all-reduce
+    r"|(?:one|two)[Ss]hot\w*?[Aa]ll[Rr]educe"  # TensorRT-LLM custom all-reduce
+    r"|msccl\w*?[Kk]ernel"  # MSCCL
+    r")"
+)
+"""Communication kernels that are not NCCL's: torch symmetric memory
+(``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``, ``two_shot_all_reduce_kernel``,
+...), vLLM's custom all-reduce (``cross_device_reduce_1stage``/``2stage``) and quick
+all-reduce, TensorRT-LLM's one-/two-shot all-reduce, MSCCL. Demangled names carry a
+namespace and template arguments, so the pattern searches past them."""
+COMM_KERNEL_PATTERN = re.compile(f"{_NCCL_KERNEL}|{_OTHER_COMM_KERNEL}")
+"""Any communication kernel name this module knows (regime detection, reports)."""
+COLLECTIVE_TYPES = (
+    ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce|quickreduce", re.I)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+    ("all_gather", re.compile(r"all_?gather", re.I)),
+    ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+    ("send_recv", re.compile(r"send|recv", re.I)),
+    ("broadcast", re.compile(r"broadcast|bcast", re.I)),
+    ("reduce", re.compile(r"reduce", re.I)),
+    ("gather", re.compile(r"gather", re.I)),
+    ("scatter", re.compile(r"scatter", re.I)),
+    ("barrier", re.compile(r"barrier", re.I)),
+)
+"""Collective type of a collective's name (``Collective name`` arg, else the kernel or
+annotation name), first match wins; "unknown" where none matches (RCCL's
+``ncclDevKernel_Generic`` without metadata)."""
+
+
+def collective_type(name: Any) -> str:
+    """The collective type of a collective's name (see COLLECTIVE_TYPES)."""
+    text = str(name)
+    for kind, pattern in COLLECTIVE_TYPES:
+        if pattern.search(text):
+            return kind
+    return "unknown"
+
+
 RULES: dict[str, RuleTable] = {
     "cpu-gloo": RuleTable(
         regime="cpu-gloo",
@@ -111,7 +157,10 @@ RULES: dict[str, RuleTable] = {
             Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
                  collective=True, why="kernel with collective metadata in its args"),
             Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
-                 collective=True, why="fallback: NCCL kernel name (ncclKernel*, ncclDevKernel*)"),
+                 collective=True, why="fallback: NCCL/RCCL kernel (ncclKernel*, ncclDevKernel*)"),
+            Rule(target="communication", cats=frozenset({"kernel"}), name=_OTHER_COMM_KERNEL,
+                 collective=True,
+                 why="fallback: symmetric-memory, vLLM, TensorRT-LLM or MSCCL all-reduce kernel"),
             Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
             Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
             Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
@@ -134,6 +183,33 @@ RULES: dict[str, RuleTable] = {
     ),
 }  # fmt: skip
 """The rule table of each regime; extend one with ``dataclasses.replace``."""
+
+
+def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
+    """Categories of the events that ``tables`` can use (None: any may matter).
+
+    The rules' categories, the launches (correlation ids) and the annotations that carry
+    ``ProfilerStep#N``; a table with a rule on any category or a communication-thread
+    marker (a name in any category) needs every event.
+    """
+    cats: set[str] = set(LAUNCH_CATS) | {"user_annotation", "gpu_user_annotation"}
+    for table in tables:
+        if table.comm_thread_marker is not None:
+            return None
+        for rule in table.rules:
+            if rule.cats is None:
+                return None
+            cats |= rule.cats
+    return frozenset(cats)
+
+
+def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tuple[RuleTable, ...]:
+    """The candidate tables once the trace's top-level keys are known: a trace whose
+    ``distributedInfo`` names an NCCL backend is cuda-nccl (as :func:`detect_regime` decides),
+    so only that table's events need to be kept."""
+    info = meta.get("distributedInfo")
+    nccl = isinstance(info, dict) and "nccl" in str(info.get("backend", "")).lower()
+    return (RULES["cuda-nccl"],) if nccl and tables == tuple(RULES.values()) else tables
 
 
 def candidate_tables(regime: str | None, rules: RuleTable | None) -> tuple[RuleTable, ...]:
@@ -168,7 +244,7 @@ def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[An
         return "cuda-nccl"
     if "gloo" in backend:
         return "cuda-gloo" if has_device else "cpu-gloo"
-    nccl_re = re.compile(_NCCL_KERNEL)
     if has_device:
-        return "cuda-nccl" if any(nccl_re.match(str(n)) for n in names) else "cuda-gloo"
+        comm = any(COMM_KERNEL_PATTERN.match(str(n)) for n in names)
+        return "cuda-nccl" if comm else "cuda-gloo"
     return "cpu-gloo"

@@ -1,0 +1,122 @@
+"""Step windows of a trace: which ``ProfilerStep#N`` annotations bound the steps.
+
+Kineto writes ``ProfilerStep#N`` on the CPU (a ``user_annotation`` around the step's
+host work) and, on newer versions, projects it onto the device (a
+``gpu_user_annotation`` from the first to the last kernel the step launched). The
+device one is the better window where it is right: kernels run behind their launches.
+On some ROCm traces it is only microseconds long and out of phase with the steps, and
+windows taken from it hold no kernels (every collective outside, comm 0). So the
+windows come from the CPU annotations unless the device ones are shown to hold the
+kernels: at least ``DEVICE_WINDOW_MIN_SHARE`` of the kernel time (communication and
+compute) that the CPU windows hold (docs/design.md, Definitions).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from commprof.profiling.intervals import Int64Array, IntervalSet, clip, total_length
+from commprof.profiling.trace_columns import TraceColumns
+from commprof.profiling.trace_rules import STEP_PATTERN
+
+DEVICE_WINDOW_MIN_SHARE = 0.9
+"""Device step windows are used where they hold at least this share of the kernel time
+that the CPU windows hold."""
+CPU_SOURCE, DEVICE_SOURCE, WHOLE_SOURCE = "ProfilerStep", "device ProfilerStep", "whole trace"
+"""The ``step_source`` labels: CPU-side annotations, device-side ones, one window."""
+
+Windows = tuple[Int64Array, Int64Array, Int64Array]
+
+
+def _cat_mask(cols: TraceColumns, cat: str) -> npt.NDArray[np.bool_]:
+    return np.isin(cols.cat_code, [i for i, c in enumerate(cols.cats) if c == cat])
+
+
+def _windows(
+    cols: TraceColumns, sel: npt.NDArray[np.intp], step_of_code: dict[int, int]
+) -> Windows:
+    """Steps and [start, end) of the selected annotations; one window per step number."""
+    frame = pd.DataFrame({
+        "step": [step_of_code[int(c)] for c in cols.name_code[sel]],
+        "start": cols.start_ns[sel], "end": cols.end_ns[sel],
+    }).groupby("step").agg(start=("start", "min"), end=("end", "max"))  # fmt: skip
+    ids = frame.index.to_numpy(np.int64)
+    return ids, frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
+
+
+def _kernel_time_inside(kernels: IntervalSet, windows: Windows) -> int:
+    # Window by window with binary search (clip): no temporaries the size of the trace.
+    _, start, end = windows
+    return sum(
+        total_length(clip(kernels, int(lo), int(hi))) for lo, hi in zip(start, end, strict=True)
+    )
+
+
+def _choose(cpu: Windows | None, device: Windows, kernels: IntervalSet, source: str) -> bool:
+    """Whether the device windows hold the kernels (else the CPU ones are used)."""
+    on_device = _kernel_time_inside(kernels, device)
+    on_cpu = _kernel_time_inside(kernels, cpu) if cpu is not None else 0
+    if cpu is None:
+        return True
+    if on_device > 0 and on_device >= DEVICE_WINDOW_MIN_SHARE * on_cpu:
+        return True
+    warnings.warn(
+        f"{source}: device ProfilerStep annotations hold {on_device / 1e6:.3f} ms of kernel "
+        f"time against {on_cpu / 1e6:.3f} ms in the CPU ones; step windows from the CPU "
+        "annotations",
+        stacklevel=4,
+    )
+    return False
+
+
+def step_windows(
+    cols: TraceColumns, targets: npt.NDArray[np.int8], work: IntervalSet, source: str
+) -> tuple[Int64Array, Int64Array, Int64Array, str]:
+    """Step numbers, window starts and ends (ns), and where the windows came from.
+
+    Args:
+        cols: The trace's columns.
+        targets: Class index of each event (-1 unclassified), for the whole-trace fallback.
+        work: The steps' work that device windows must hold: the union of the
+            communication and compute classes (the kernels, in the cuda regimes).
+        source: Trace name for messages.
+
+    Returns:
+        (step ids, starts, ends, label); label is one of CPU_SOURCE, DEVICE_SOURCE,
+        WHOLE_SOURCE.
+
+    Raises:
+        ValueError: If the chosen windows overlap, or there are neither annotations nor
+            classified events.
+    """
+    step_names = [
+        (i, int(m.group(1))) for i, n in enumerate(cols.names) if (m := STEP_PATTERN.match(str(n)))
+    ]
+    if step_names:
+        sel = np.flatnonzero(np.isin(cols.name_code, [i for i, _ in step_names]))
+        on_device = _cat_mask(cols, "gpu_user_annotation")[sel]
+        step_of_code = dict(step_names)
+        cpu = _windows(cols, sel[~on_device], step_of_code) if (~on_device).any() else None
+        label, chosen = CPU_SOURCE, cpu
+        if on_device.any():
+            device = _windows(cols, sel[on_device], step_of_code)
+            if _choose(cpu, device, work, source):
+                label, chosen = DEVICE_SOURCE, device
+        assert chosen is not None
+        ids, start, end = chosen
+        if np.any(start[1:] < end[:-1]):
+            raise ValueError(f"{source}: {label} windows overlap; cannot assign events to steps")
+        return ids, start, end, label
+    classified = targets >= 0
+    if not classified.any():
+        raise ValueError(f"{source}: no ProfilerStep annotations and no classified events")
+    warnings.warn(
+        f"{source}: no ProfilerStep#N annotations; using one window (step 0) over the whole trace",
+        stacklevel=3,
+    )
+    lo, hi = cols.start_ns[classified].min(), cols.end_ns[classified].max()
+    return np.array([0]), np.array([lo]), np.array([hi]), WHOLE_SOURCE

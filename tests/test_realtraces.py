@@ -1,0 +1,129 @@
+"""Every third-party trace set in ../shared/realtraces parses, with the right windows and rules.
+
+The sets come from public projects (SOURCES.txt there names them); they are read in place.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from commprof.profiling.analyze import analyze_dir
+from commprof.profiling.metrics import collective_type_metrics, step_metrics, trace_overlap
+from commprof.profiling.trace_parser import ParsedTrace, load_trace, parse_trace
+from commprof.profiling.trace_rules import LAUNCH_CATS, LAUNCHED_CATS
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "realtraces"
+SETS = sorted(p.name for p in REAL.iterdir() if p.is_dir()) if REAL.is_dir() else []
+REGIME = {"hta_cpu_only_gloo": "cpu-gloo", "hta_alexnet_nostep": "cuda-gloo",
+          "hta_amd_mi250_single": "cuda-gloo"}  # fmt: skip
+"""Sets not in cuda-nccl: CPU-only gloo, and single-GPU traces with no collective."""
+
+
+def files(name: str) -> list[Path]:
+    return sorted(p for p in (REAL / name).iterdir() if p.name.endswith((".json", ".json.gz")))
+
+
+@cache
+def parsed(path: Path, unlaunched: str = "keep") -> ParsedTrace:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no-ProfilerStep and window-source notes
+        return parse_trace(path, unlaunched=unlaunched)
+
+
+def test_all_eleven_sets_are_present() -> None:
+    assert len(SETS) == 11, SETS
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_set_parses_with_sane_steps(name: str) -> None:
+    for path in files(name):
+        p = parsed(path)
+        assert p.regime == REGIME.get(name, "cuda-nccl")
+        steps = step_metrics(p)  # checks compute + exposed + idle + other == window itself
+        assert len(steps) == len(p.step_ids) >= 1
+        assert (steps["window_source"] == p.step_source).all()
+        assert steps["compute_ns"].sum() > 0 or p.regime == "cpu-gloo"
+        # A step that holds a collective has communication time (the ROCm device-window
+        # bug read comm 0 in every step while every collective fell outside the windows).
+        with_coll = set(p.collectives["step"].dropna().astype(int))
+        assert (steps.set_index("step").loc[sorted(with_coll), "comm_ns"] > 0).all()
+        types = collective_type_metrics(p)
+        in_steps = p.collectives[p.collectives["step"].notna()]
+        assert types["num_collectives"].sum() == len(in_steps)
+        assert set(types["collective_type"]) == set(in_steps["collective_type"])
+        assert (types["overlap_ns"] + types["exposed_ns"] == types["comm_ns"]).all()
+
+
+def test_rocm_device_step_annotations_are_not_used_when_they_miss_the_kernels() -> None:
+    # MI250 ROCm 6.2: gpu_user_annotation ProfilerStep#1 is 1.0 ms long where the CPU step
+    # is 9.3 ms, and holds no kernel time; the CPU windows hold the step's kernels.
+    path = files("hta_amd_mi250_single")[0]
+    with pytest.warns(UserWarning, match="step windows from the CPU annotations"):
+        p = parse_trace(path)
+    assert p.step_source == "ProfilerStep"
+    steps = step_metrics(p).set_index("step")
+    assert steps.loc[1, "compute_ns"] > 0  # step 2 is a 49 us stub with no kernel
+
+
+@pytest.mark.parametrize(
+    "name", ["hta_a100_r0of16", "hta_tracediff_test_r1of2", "hta_sampled_2of128"]
+)
+def test_unlaunched_kernels_counted_kept_or_dropped(name: str) -> None:
+    path = files(name)[0]
+    # Independent count from the plain events: device activities whose correlation id
+    # matches no runtime (launch) event.
+    events = [e for e in load_trace(path)["traceEvents"] if isinstance(e, dict)]
+    launches = {
+        e["args"].get("correlation")
+        for e in events
+        if e.get("cat") in LAUNCH_CATS and isinstance(e.get("args"), dict)
+    } - {-1, None}
+    orphans = [e for e in events if e.get("ph") == "X" and e.get("cat") in LAUNCHED_CATS
+               and e.get("args", {}).get("correlation", -1) not in launches]  # fmt: skip
+    keep, drop = parsed(path), parsed(path, "drop")
+    assert keep.num_unlaunched == drop.num_unlaunched == len(orphans)
+    assert keep.unlaunched_ns == sum(round(e["dur"] * 1000) for e in orphans)
+    comm_keep, _ = trace_overlap(keep)
+    comm_drop, _ = trace_overlap(drop)
+    assert (keep.unlaunched_rule, drop.unlaunched_rule) == ("keep", "drop")
+    assert comm_keep >= comm_drop
+    assert (comm_keep == comm_drop) == (keep.unlaunched_comm_ns == 0)
+    if not orphans:
+        assert np.array_equal(keep.classes["compute"].starts, drop.classes["compute"].starts)
+
+
+def test_analyze_reports_window_source_and_unlaunched_per_trace() -> None:
+    tables = analyze_dir(REAL / "hta_sampled_2of128")
+    traces = tables["traces"].set_index("rank")
+    assert sorted(traces.index) == [0, 1]
+    assert (traces["window_source"] == "ProfilerStep").all()
+    assert (traces["unlaunched_rule"] == "keep").all()
+    types = tables["collective_types"]
+    # NCCL SendRecv kernels (pipeline send/recv) on both ranks, in both steps.
+    assert set(types["collective_type"]) == {"send_recv"}
+    assert len(types) == 2 * 2
+    steps = tables["steps"].set_index(["rank", "step"])
+    per_step = types.set_index(["rank", "step"])
+    assert (per_step["comm_ns"] == steps.loc[per_step.index, "comm_ns"]).all()
+
+
+def test_cli_unlaunched_drop_is_htas_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from commprof.cli import main
+
+    folder = REAL / "hta_tracediff_test_r1of2"
+    assert main(["analyze", str(folder), "--json", "--unlaunched", "drop"]) == 0
+    dropped = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(folder), "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in dropped["steps"]] == [r["step"] for r in kept["steps"]]
+    # The 614 launch-less kernels (22.3 ms of them communication) only add comm time.
+    assert sum(r["comm_ns"] for r in kept["steps"]) > sum(r["comm_ns"] for r in dropped["steps"])
+    assert main(["analyze", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "Per collective type (durations in ms" in out and "num_unlaunched" in out
