@@ -138,7 +138,8 @@ def cap_advice(data: Processed) -> pd.DataFrame:
     """The step model's cap per (model, world size) with a calibratable cell.
 
     Returns:
-        Columns ``model, world_size, cell_id, calibration_cap_mb, best_cap_mb, num_buckets,
+        Columns ``model, world_size, cell_id, calibration_cap_mb, best_cap_mb, moved`` (the
+        best cap is not the calibration cap; None and NaN are DDP's default), ``num_buckets,
         tie_from_mb`` (:func:`tie_from`), ``best_step_ns, best_low_ns, best_high_ns,
         cal_step_ns, cal_low_ns, cal_high_ns, predicted_gain`` (``1 - best / at calibration
         cap``, predicted), ``gain_low, gain_high`` (:func:`_gain_range`), ``measured_cal_ns``
@@ -163,6 +164,7 @@ def cap_advice(data: Processed) -> pd.DataFrame:
                 "cell_id": fitted.calibration.cell_id,
                 "calibration_cap_mb": cal_cap,
                 "best_cap_mb": best.bucket_cap_mb,
+                "moved": not _same_cap(best.bucket_cap_mb, cal_cap),
                 "num_buckets": best.num_buckets,
                 "tie_from_mb": tied,
                 "best_step_ns": best.step_ns,

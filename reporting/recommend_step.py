@@ -39,7 +39,7 @@ def _ms(value_ns: float) -> str:
 
 def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
     """The table and the caption's description of its optional columns."""
-    changed = advice["best_cap_mb"].ne(advice["calibration_cap_mb"]).any()
+    changed = advice["moved"].any()
     measured = advice["measured_best_ns"].notna().any()
     tied = advice["tie_from_mb"].notna().any()
     columns = [("model", "l"), ("$p$", "r"), ("calibrated at", "l"), ("predicted cap", "l")]
@@ -54,7 +54,7 @@ def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
         row += [_cap(r.tie_from_mb) if math.isfinite(r.tie_from_mb) else MISSING] if tied else []
         row += [_ms(r.best_step_ns), f"{_ms(r.best_low_ns)}--{_ms(r.best_high_ns)}"]
         row += [_ms(r.measured_best_ns)] if measured else []
-        same = r.best_cap_mb == r.calibration_cap_mb
+        same = not r.moved
         row += [MISSING if same else fmt(100.0 * r.predicted_gain, 1)] if changed else []
         rows.append(row)
     notes = []
@@ -108,8 +108,7 @@ def _what_if_table(frame: pd.DataFrame) -> str:
 
 
 def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
-    same = advice[advice["best_cap_mb"] == advice["calibration_cap_mb"]]
-    moved = advice[advice["best_cap_mb"] != advice["calibration_cap_mb"]]
+    same, moved = advice[~advice["moved"]], advice[advice["moved"]]
     out = [
         "Table~\\ref{tab:step_advice} gives the step model's prediction: calibrated on one cell "
         "per model and world size, it names the cap with the shortest predicted step among the "
@@ -153,14 +152,12 @@ def _discrimination(advice: pd.DataFrame, oos: pd.DataFrame, q: prose.Quotes) ->
         mine = oos[(oos["model"] == r.model) & (oos["world_size"] == r.world_size)]
         if mine.empty:
             continue
-        caps = [r.calibration_cap_mb, *mine["bucket_cap_mb"]]
         pred = [r.cal_step_ns, *mine["predicted_ns"]]
         meas = [r.measured_cal_ns, *mine["measured_ns"]]
         if min(pred) == max(pred) or not all(math.isfinite(m) for m in meas):
             continue
         told += 1
-        fastest = caps[meas.index(min(meas))]
-        agree += int(pred[caps.index(fastest)] == min(pred))
+        agree += int(pred[meas.index(min(meas))] == min(pred))  # the measured fastest cap
     pairs = advice.merge(oos[["model", "world_size"]].drop_duplicates())
     if not told:
         return (
@@ -256,11 +253,18 @@ def step_finding(data: Processed, q: prose.Quotes) -> str:
     if oos.empty:
         return ""
     err = oos["error_pct"]
+    sign = (
+        ", under-predicting every one"
+        if (err < 0).all()
+        else ", over-predicting every one"
+        if (err > 0).all()
+        else ""
+    )
     return (
         f"The step model predicts the median training step, out of sample (caps it was not "
         f"calibrated at), with a median absolute error of "
         f"{q.num('step_oos_abs_err_median_pct', err.abs().median())}\\% over "
-        f"{q.count('step_oos_num', len(oos))} configurations "
+        f"{q.count('step_oos_num', len(oos))} configurations{sign} "
         "(Section~\\ref{sec:recommend})."
     )
 
