@@ -276,9 +276,15 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
         advice = step_advice.advise_cap(tables, model, int(ws), caps_mb=caps)
         at = {c.bucket_cap_mb: c for c in advice.curve}
         best = at[advice.best_cap_mb]
-        if best.step_ns < at[cal_cap].step_ns:
-            key = f"[{model},p={ws}]"
-            expected[f"step_pred_gain{key}"] = 100 * (1 - best.step_ns / at[cal_cap].step_ns)
+        if best.step_ns < at[cal_cap].step_ns:  # a tie keeps the calibration cap: no gain
+            key, cal = f"[{model},p={ws}]", at[cal_cap]
+            expected[f"step_pred_gain{key}"] = 100 * (1 - best.step_ns / cal.step_ns)
+            ends = [100 * (1 - best.step_ns_range[i] / cal.step_ns_range[i]) for i in (0, 1)]
+            expected[f"step_pred_gain_low{key}"] = min(ends)
+            expected[f"step_pred_gain_high{key}"] = max(ends)
+            if run is not None and best.bucket_cap_mb in run.index and cal_cap in run.index:
+                gain = 1 - run[best.bucket_cap_mb] / run[cal_cap]
+                expected[f"step_meas_gain{key}"] = 100 * gain
         sizes = parameter_sizes(model)
         fitted = step_advice.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
         for name in WHAT_IF:  # published bandwidth, the CLI's assumed latency
@@ -314,7 +320,7 @@ def test_step_model_numbers_equal_the_step_advice_api(built: dict, shape: str) -
     digits |= {n: 2 for n in expected if n.startswith("whatif_")}
     for name, value in expected.items():
         assert main[name]["text"] == f"{value:,.{digits.get(name, 1)}f}", (shape, name)
-    quoted = {n for n in main if n.startswith(("step_pred_gain[", "step_oos_", "whatif_"))}
+    quoted = {n for n in main if n.startswith(("step_pred_", "step_meas_", "step_oos_", "whatif_"))}
     assert quoted <= set(expected), (shape, quoted - set(expected))
     text = built[shape]["text"]["main"]
     if "step_oos_num" in expected:  # the Findings bullet and the section quote the same error
