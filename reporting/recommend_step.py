@@ -65,7 +65,7 @@ def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
     if measured:
         notes.append(
             "measured: the median step where the predicted cap ran (unprofiled, repeats "
-            f"pooled; {MISSING}: not run)"
+            f"pooled; {MISSING}: not run; at the calibration cap, in sample)"
         )
     if changed:
         notes.append(f"gain: predicted, over the calibration cap ({MISSING}: the same cap)")
