@@ -28,7 +28,7 @@ from commprof.modeling import step_advice
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.interconnects import builtin_interconnects
-from commprof.reporting import build
+from commprof.reporting import build, predicted
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
@@ -348,3 +348,19 @@ def test_step_model_section_only_where_the_data_support_it(built: dict) -> None:
             if f"tab:{label}" in body:
                 caption = re.search(rf"\\caption\{{(.*?)\}}\\label\{{tab:{label}\}}", body, re.S)
                 assert caption is not None and "redicted" in caption.group(1), (shape, label)
+
+
+def test_step_model_with_ddp_default_cap() -> None:
+    # the same cells with the 25 MiB cap recorded as unset (DDP's default, a null in the
+    # dataset): the calibration cell is at the default, which is never scored out of sample
+    tables = load(DATA)
+    cells = tables["cells"]
+    cells.loc[cells["bucket_cap_mb"] == 25.0, "bucket_cap_mb"] = np.nan
+    data = process(tables)
+    advice = predicted.cap_advice(data)
+    assert len(advice) == 4 and advice["calibration_cap_mb"].isna().all()
+    assert not advice.loc[advice["best_cap_mb"].isna(), "moved"].any()
+    oos = predicted.out_of_sample(data)
+    assert len(oos) == 8 and oos["bucket_cap_mb"].notna().all()  # 0.25 and 1 MiB per pair
+    body, _ = build.main_body(data, set(), "default_cap")
+    assert "DDP default" in body and not re.search(r"\bnan\b", body, re.IGNORECASE)
