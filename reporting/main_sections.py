@@ -20,6 +20,7 @@ from commprof.reporting import prose, report_tables
 from commprof.reporting.prose import Quotes, Section, escape, paragraph, words
 from commprof.reporting.recommend import cap_choices
 from commprof.reporting.recommend import cap_text as tex_cap
+from commprof.reporting.recommend_step import step_finding
 from commprof.reporting.viz import cap_label
 
 
@@ -86,7 +87,12 @@ def findings(data: Processed, q: Quotes, figs: set[str]) -> Section:
             body="No cell completed, so nothing was measured; the postmortem lists every cell "
             "and why it did not run or failed.",
         )
-    items = [_exposed_finding(data, q, figs), _cap_finding(data, q), _model_finding(data, q)]
+    items = [
+        _exposed_finding(data, q, figs),
+        _cap_finding(data, q),
+        _model_finding(data, q),
+        step_finding(data, q),
+    ]
     body = "\\begin{itemize}\n" + "\n".join(f"\\item {i}" for i in items if i) + "\n\\end{itemize}"
     return Section(title="Findings", label="findings", body=body)
 

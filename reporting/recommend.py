@@ -3,12 +3,15 @@
 One function, :func:`recommendations`, takes the processed dataset and returns the section (text
 and table) or None where the dataset has no model and world size run with two caps or more.
 
-What it says today is measured only: per (model, world size) with at least two caps among the
-unprofiled configurations, the cap whose median step was shortest, its median step, and the
-gain over the slowest cap measured, with whether the interquartile ranges of the two separate
-them. The predicted gain of a cap (and the what-if on published interconnects) needs a step
-model validated against these measurements; it is not part of this module yet, and nothing
-here predicts. This module imports no torch and no ray.
+Measured: per (model, world size) with at least two caps among the unprofiled configurations,
+the cap whose median step was shortest, its median step, and the gain over the slowest cap
+measured, with whether the interquartile ranges of the two separate them. Predicted (the step
+model, ``reporting.predicted``): per (model, world size) with a calibratable cell, the cap with
+the shortest predicted step and its gain over the calibration cell's cap, beside the measured
+step where that cap ran; the model's error on the caps it was not calibrated on (out of sample
+only: with one cap per model there is no check and no claim of accuracy); and the advice on two
+published interconnects, every number of it marked predicted. This module imports no torch and
+no ray.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
-from commprof.reporting import prose
+from commprof.reporting import predicted, prose
+from commprof.reporting.recommend_step import step_paragraphs
 from commprof.reporting.report_tables import booktabs, fmt
 from commprof.reporting.viz import cap_label
 
@@ -92,19 +96,8 @@ def _table(choices: pd.DataFrame) -> str:
     return booktabs(columns, rows, size="footnotesize", colsep_pt=4)
 
 
-def recommendations(data: Processed, quotes: prose.Quotes) -> prose.Section | None:
-    """The Recommendations section: the cap to use per model and world size, as measured.
-
-    Args:
-        data: the processed dataset.
-        quotes: the report's quote registry.
-
-    Returns:
-        The section, or None where no (model, world size) ran with two caps or more.
-    """
-    choices = cap_choices(data)
-    if choices.empty:
-        return None
+def _measured(choices: pd.DataFrame, quotes: prose.Quotes) -> tuple[list[str], list[str]]:
+    """The measured cap choice: its sentences and its table."""
     sentences = [
         "Table~\\ref{tab:recommend} gives, for every model and world size run with more than "
         "one bucket cap, the cap whose median step was shortest, as measured here (no "
@@ -131,9 +124,38 @@ def recommendations(data: Processed, quotes: prose.Quotes) -> prose.Section | No
         "$1 - \\mathrm{fastest}/\\mathrm{slowest}$; IQRs apart: the fastest cap's 75th "
         "percentile is below the slowest cap's 25th. Measured, not predicted."
     )
+    return sentences, [prose.table("recommend", caption, _table(choices), here=True)]
+
+
+def recommendations(data: Processed, quotes: prose.Quotes) -> prose.Section | None:
+    """The Recommendations section: the cap to use per model and world size, measured and
+    predicted by the step model.
+
+    Args:
+        data: the processed dataset.
+        quotes: the report's quote registry.
+
+    Returns:
+        The section, or None where no (model, world size) ran with two caps or more and none
+        has a cell the step model can be calibrated on.
+    """
+    choices = cap_choices(data)
+    advice = predicted.cap_advice(data)
+    if choices.empty and advice.empty:
+        return None
+    paragraphs: list[str] = []
+    floats: list[str] = []
+    if not choices.empty:
+        sentences, tables = _measured(choices, quotes)
+        paragraphs.append(prose.paragraph(sentences))
+        floats += tables
+    if not advice.empty:
+        texts, tables = step_paragraphs(data, advice, quotes)
+        paragraphs += texts
+        floats += tables
     return prose.Section(
         title="Recommendations",
         label="recommend",
-        body=prose.paragraph(sentences),
-        floats=[prose.table("recommend", caption, _table(choices), here=True)],
+        body="\n\n".join(paragraphs),
+        floats=floats,
     )

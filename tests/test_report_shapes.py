@@ -23,7 +23,12 @@ import pandas as pd
 import pytest
 
 from commprof.analysis.dataset import Processed, process
-from commprof.reporting import build
+from commprof.catalog import parameter_sizes
+from commprof.modeling import step_advice
+from commprof.modeling.cost_model import LinkParams
+from commprof.modeling.estimate import DEFAULT_ALPHA_NS
+from commprof.modeling.interconnects import builtin_interconnects
+from commprof.reporting import build, predicted
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
@@ -34,6 +39,8 @@ pytestmark = pytest.mark.skipif(
 
 ONE_CELL = "d0edd4383678"  # srn-100k, p=2, cap 0.25 MiB: ok on its only attempt
 LOAD_CPUS = 2  # the host the smoke dataset ran on reported 2 CPUs (env_json)
+WHAT_IF = ("nvlink4", "ib-ndr")  # the published links the Recommendations what-if names
+LINKS = builtin_interconnects()
 
 SHAPES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "full": lambda c: pd.Series(True, index=c.index),
@@ -240,3 +247,120 @@ def test_every_measured_number_in_the_prose_is_a_quote(built: dict, shape: str) 
         quoted = {q["text"] for q in built[shape]["quoted"][stem].values()}
         numbers = re.findall(r"-?\d[\d,]*\.\d+|-?\d[\d,]*(?=\\%)|\d{1,3}(?:,\d{3})+", _prose(tex))
         assert set(numbers) <= quoted, (shape, stem, set(numbers) - quoted)
+
+
+def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """The step model's quotes recomputed from the raw tables with the public step_advice API:
+    per (model, world size) with an ok cell of that size to calibrate on, the cap search over
+    the default grid and the caps run (the calibration cap kept on a predicted tie), and the
+    out-of-sample error at every cap run other than the calibration cell's."""
+    latest = tables["cells"].sort_values("attempt").groupby("cell_id").tail(1)
+    ok = latest[(latest["status"] == "ok") & ~latest["profile"]]
+    raw_steps = tables["steps"][tables["steps"]["measured"]].merge(ok)
+    med = raw_steps.groupby(["model", "world_size", "bucket_cap_mb"])["step_ns"].median()
+    expected: dict[str, float] = {}
+    errors, inside = [], 0
+    exposed: dict[str, float] = {}
+    done = latest[latest["status"] == "ok"]
+    for model, ws in sorted(set(zip(done["model"], done["world_size"], strict=True))):
+        try:
+            cell = step_advice.select_calibration_cell(tables, model, world_size=int(ws))
+        except ValueError:
+            continue
+        row = tables["cells"][tables["cells"]["cell_id"] == cell].iloc[-1]
+        if int(row["world_size"]) != int(ws):
+            continue
+        cal_cap = float(row["bucket_cap_mb"])  # every committed cell names its cap
+        run = med.loc[model, int(ws)] if (model, int(ws)) in med.index.droplevel(2) else None
+        caps = sorted({*step_advice.CAP_GRID_MB, cal_cap, *([] if run is None else run.index)})
+        advice = step_advice.advise_cap(tables, model, int(ws), caps_mb=caps)
+        at = {c.bucket_cap_mb: c for c in advice.curve}
+        best = at[advice.best_cap_mb]
+        if best.step_ns < at[cal_cap].step_ns:  # a tie keeps the calibration cap: no gain
+            key, cal = f"[{model},p={ws}]", at[cal_cap]
+            expected[f"step_pred_gain{key}"] = 100 * (1 - best.step_ns / cal.step_ns)
+            ends = [100 * (1 - best.step_ns_range[i] / cal.step_ns_range[i]) for i in (0, 1)]
+            expected[f"step_pred_gain_low{key}"] = min(ends)
+            expected[f"step_pred_gain_high{key}"] = max(ends)
+            if run is not None and best.bucket_cap_mb in run.index and cal_cap in run.index:
+                gain = 1 - run[best.bucket_cap_mb] / run[cal_cap]
+                expected[f"step_meas_gain{key}"] = 100 * gain
+        sizes = parameter_sizes(model)
+        fitted = step_advice.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
+        for name in WHAT_IF:  # published bandwidth, the CLI's assumed latency
+            link = LinkParams.from_bandwidth(
+                bandwidth_bytes_per_s=LINKS[name].per_direction_bytes_per_s,
+                alpha_ns=DEFAULT_ALPHA_NS,
+            )
+            curve = step_advice.recommend_cap(fitted, sizes, caps_mb=caps, link=link).curve
+            fastest = min(curve, key=lambda c: (c.step_ns, c.num_buckets))
+            cal = next(c for c in curve if c.bucket_cap_mb == cal_cap)
+            worst = (cal if cal.step_ns <= fastest.step_ns else fastest).exposed_ns / 1e6
+            exposed[name] = max(exposed.get(name, 0.0), worst)
+        for cap, measured in [] if run is None else run.items():
+            if cap != cal_cap:
+                pred = at[cap]
+                errors.append(100 * (pred.step_ns - measured) / measured)
+                inside += pred.step_ns_range[0] <= measured <= pred.step_ns_range[1]
+    if any(v > 0 for v in exposed.values()):  # all zero: said in words, no number
+        expected.update({f"whatif_exposed_max_ms[{k}]": v for k, v in exposed.items()})
+    if errors:
+        expected["step_oos_num"] = len(errors)
+        expected["step_oos_abs_err_median_pct"] = float(np.median(np.abs(errors)))
+        expected["step_oos_abs_err_max_pct"] = float(np.max(np.abs(errors)))
+        expected["step_oos_in_range"] = inside
+    return expected
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_step_model_numbers_equal_the_step_advice_api(built: dict, shape: str) -> None:
+    main = built[shape]["quoted"]["main"]
+    expected = _step_advice_expected(built[shape]["tables"])
+    digits = {"step_oos_num": 0, "step_oos_in_range": 0}
+    digits |= {n: 2 for n in expected if n.startswith("whatif_")}
+    for name, value in expected.items():
+        assert main[name]["text"] == f"{value:,.{digits.get(name, 1)}f}", (shape, name)
+    quoted = {n for n in main if n.startswith(("step_pred_", "step_meas_", "step_oos_", "whatif_"))}
+    assert quoted <= set(expected), (shape, quoted - set(expected))
+    text = built[shape]["text"]["main"]
+    if "step_oos_num" in expected:  # the Findings bullet and the section quote the same error
+        err, n = main["step_oos_abs_err_median_pct"]["text"], main["step_oos_num"]["text"]
+        assert f"with a median absolute error of {err}% over {n}" in text
+    else:
+        assert "The step model predicts the median training step" not in text
+
+
+def test_step_model_section_only_where_the_data_support_it(built: dict) -> None:
+    # no completed cell: no step model, no what-if; one cell (one cap): advice without any claim
+    # of accuracy, since no other cap was run to check it on
+    body = (built["all_failed"]["dir"] / "generated" / "main_body.tex").read_text()
+    assert "tab:step_advice" not in body and "tab:what_if" not in body
+    one = built["one_cell"]
+    body = (one["dir"] / "generated" / "main_body.tex").read_text()
+    assert "tab:step_advice" in body and "tab:step_oos" not in body
+    assert (
+        "has no out-of-sample check of it and says nothing of its accuracy" in one["text"]["main"]
+    )
+    assert not any(n.startswith("step_oos_") for n in one["quoted"]["main"])
+    for shape in SHAPES:  # every prediction is called one
+        body = (built[shape]["dir"] / "generated" / "main_body.tex").read_text()
+        for label in ("step_advice", "what_if"):
+            if f"tab:{label}" in body:
+                caption = re.search(rf"\\caption\{{(.*?)\}}\\label\{{tab:{label}\}}", body, re.S)
+                assert caption is not None and "redicted" in caption.group(1), (shape, label)
+
+
+def test_step_model_with_ddp_default_cap() -> None:
+    # the same cells with the 25 MiB cap recorded as unset (DDP's default, a null in the
+    # dataset): the calibration cell is at the default, which is never scored out of sample
+    tables = load(DATA)
+    cells = tables["cells"]
+    cells.loc[cells["bucket_cap_mb"] == 25.0, "bucket_cap_mb"] = np.nan
+    data = process(tables)
+    advice = predicted.cap_advice(data)
+    assert len(advice) == 4 and advice["calibration_cap_mb"].isna().all()
+    assert not advice.loc[advice["best_cap_mb"].isna(), "moved"].any()
+    oos = predicted.out_of_sample(data)
+    assert len(oos) == 8 and oos["bucket_cap_mb"].notna().all()  # 0.25 and 1 MiB per pair
+    body, _ = build.main_body(data, set(), "default_cap")
+    assert "DDP default" in body and not re.search(r"\bnan\b", body, re.IGNORECASE)
