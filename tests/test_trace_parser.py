@@ -122,6 +122,14 @@ def nccl_events() -> list[dict[str, Any]]:
     ]
 
 
+def test_newer_kinetos_seq_num_is_the_sequence_number() -> None:
+    events = nccl_events()
+    newer = events[2]["args"]
+    newer["seq_num"] = newer.pop("Seq")  # newer Kineto spells it seq_num
+    p = parse_trace(trace(events, distributedInfo={"backend": "nccl", "rank": 0}))
+    assert p.collectives["seq"].tolist()[0] == 5
+
+
 def test_cuda_nccl_metadata_first_then_name_patterns() -> None:
     p = parse_trace(trace(nccl_events(), distributedInfo={"backend": "nccl", "rank": 0}))
     assert p.regime == "cuda-nccl"

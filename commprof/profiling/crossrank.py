@@ -17,9 +17,9 @@ Matching (docs/design.md, Cross-rank): the key is (group, index). The group is t
 group's name from the collective's args; where a trace has none, on device traces it is the
 CUDA stream the kernel ran on (NCCL runs each communicator on a stream of its own), numbered by
 first use on each rank since stream ids differ between processes, and on host traces one group.
-The index is the sequence number (Kineto's ``Seq``) where every collective of the group has one,
-else the position within the group and step (ProfilerStep#N is the same iteration on every
-rank), else the position within the group.
+The index is the sequence number (Kineto's ``Seq``, newer ``seq_num``) where every collective
+of the group has one, else the position within the group and step (ProfilerStep#N is the same
+iteration on every rank), else the position within the group.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ def _collectives(
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(np.where(inside, ids[np.clip(win, 0, None)], 0), dtype="Int64"),
         "seq": pd.array(
-            [_int64(a.get("Seq")) for a in args], dtype="Int64"
+            [_int64(a.get("Seq", a.get("seq_num"))) for a in args], dtype="Int64"
         ),
         "num_bytes": pd.array([_message_bytes(a) for a in args], dtype="Int64"),
         "process_group": [str(a.get("Process Group Name", "")) for a in args],

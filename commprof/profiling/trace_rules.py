@@ -41,10 +41,11 @@ DTYPE_BYTES = {
 }  # fmt: skip
 """Element sizes of the dtype spellings in Kineto args (``dtype`` and ``Input type``)."""
 COLLECTIVE_ARG_KEYS = (
-    "Collective name", "Seq", "Process Group Name", "In msg nelems", "dtype",
+    "Collective name", "Seq", "seq_num", "Process Group Name", "In msg nelems", "dtype",
     "Input Dims", "Input type",
 )  # fmt: skip
-"""The ``args`` keys a collective's row reads (name, sequence, group, message size)."""
+"""The ``args`` keys a collective's row reads (name, sequence: ``Seq``, newer Kineto
+``seq_num``; group, message size)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
