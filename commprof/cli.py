@@ -430,6 +430,12 @@ def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple
 
     if getattr(args, "params_file", None):
         return load_param_sizes_file(args.params_file)
+    if getattr(args, "fit", None) and args.model and args.model not in MODEL_NAMES:
+        # a model of the user's own (commprof.attach): its sizes as the dataset recorded them
+        from commprof.modeling.step_advice import param_sizes_for
+        from commprof.results import load
+
+        return param_sizes_for(load(args.fit), args.model)
     return resolve_model(args.model, MODEL_NAMES, parameter_sizes)
 
 

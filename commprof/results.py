@@ -159,6 +159,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("hook_latency_ns", pa.int64()),
             ("trace_collective_ns", pa.int64()),
             ("bucket_exposed_ns", pa.int64()),
+            # where the step windows came from (ProfilerStep on the CPU or on the device)
+            ("window_source", pa.string()),
         ]
     ),
 }

@@ -24,7 +24,6 @@ from typing import cast
 import pandas as pd
 
 from commprof.analysis.dataset import Processed
-from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import ParamSize
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
@@ -34,6 +33,7 @@ from commprof.modeling.step_advice import (
     CapPrediction,
     StepModel,
     load_step_model,
+    param_sizes_for,
     predict_cap,
     recommend_cap,
     select_calibration_cell,
@@ -78,7 +78,11 @@ def calibrated(data: Processed) -> list[tuple[str, int, StepModel, float | None]
         if int(row["world_size"]) != int(ws):
             continue  # only another world size to calibrate on: not this pair's advice
         fitted = load_step_model(
-            data.tables, model, world_size=int(ws), param_sizes=parameter_sizes(model), cell_id=cell
+            data.tables,
+            model,
+            world_size=int(ws),
+            param_sizes=param_sizes_for(data.tables, model, cell),
+            cell_id=cell,
         )
         out.append((model, int(ws), fitted, _cap(row["bucket_cap_mb"])))
     return out
@@ -151,7 +155,9 @@ def cap_advice(data: Processed) -> pd.DataFrame:
     rows = []
     for name, ws, fitted, cal_cap in calibrated(data):
         mine = measured[(measured["model"] == name) & (measured["world_size"] == ws)]
-        best, at_cal, tied = _advice(fitted, parameter_sizes(name), _caps(mine, cal_cap), cal_cap)
+        best, at_cal, tied = _advice(
+            fitted, param_sizes_for(data.tables, name), _caps(mine, cal_cap), cal_cap
+        )
         got = {
             _cap(c): float(s)
             for c, s in zip(mine["bucket_cap_mb"], mine["step_ns_median"], strict=True)
@@ -200,7 +206,7 @@ def out_of_sample(data: Processed) -> pd.DataFrame:
             cap = _cap(cap_value)
             if _same_cap(cap, cal_cap):
                 continue  # the calibration configuration: in sample
-            pred = predict_cap(fitted, parameter_sizes(name), bucket_cap_mb=cap)
+            pred = predict_cap(fitted, param_sizes_for(data.tables, name), bucket_cap_mb=cap)
             low, high = pred.step_ns_range
             rows.append(
                 {
@@ -241,7 +247,9 @@ def what_if(data: Processed) -> pd.DataFrame:
             params = LinkParams.from_bandwidth(
                 bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=DEFAULT_ALPHA_NS
             )
-            best, at_cal, _ = _advice(fitted, parameter_sizes(name), caps, cal_cap, link=params)
+            best, at_cal, _ = _advice(
+                fitted, param_sizes_for(data.tables, name), caps, cal_cap, link=params
+            )
             rows.append(
                 {
                     "model": name,

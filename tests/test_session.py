@@ -107,7 +107,9 @@ def _builds_report(out: Path) -> None:
     assert report_main(out, None) in (0, 1)
     report = out / "report"
     assert (report / "main.tex").is_file()
-    assert (report / "figures" / "overlap_vs_cap.pdf").is_file()
+    # one configuration: the figures of one cell (no cap or world-size comparison to draw)
+    for stem in ("step_breakdown", "layer_attribution"):
+        assert (report / "figures" / f"{stem}.pdf").is_file(), stem
     if shutil.which("latexmk"):
         assert (report / "main.pdf").stat().st_size > 0
         assert (report / "postmortem.pdf").stat().st_size > 0

@@ -227,3 +227,25 @@ def test_prediction_in_closed_form() -> None:
     assert two.buckets[1].end_ns == pytest.approx(4150 + 4000)
     with pytest.raises(ValueError, match="parameters"):
         predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
+
+
+def test_recorded_parameter_sizes_match_the_catalog() -> None:
+    """A model outside the catalog (commprof.attach) is re-bucketed from its recorded buckets;
+    on a catalog model the recorded sizes equal the catalog's closed form."""
+    from commprof import results
+    from commprof.catalog import parameter_sizes
+    from commprof.modeling.step_advice import param_sizes_for
+
+    tables = results.load(Path(__file__).parent / "data" / "results_smoke")
+    cells = tables["cells"]
+    for model in ("srn-100k", "srn-1m"):
+        tables_as_user = {**tables, "cells": cells.assign(model=cells["model"].where(
+            cells["model"] != model, "UserNet"))}  # fmt: skip
+        recorded, catalog = param_sizes_for(tables_as_user, "UserNet"), parameter_sizes(model)
+        assert sorted(recorded) == sorted(catalog)
+        # the order is the gradient-ready order DDP rebuilt its buckets in: the modules come in
+        # registration order, the parameters inside one module as autograd finished them
+        modules = [name.rpartition(".")[0] for name, _ in recorded]
+        assert modules == [name.rpartition(".")[0] for name, _ in catalog]
+    with pytest.raises(ValueError, match="neither in the catalog"):
+        param_sizes_for(tables, "NoSuchNet")

@@ -109,6 +109,42 @@ def _cell_fit(tables: dict[str, pd.DataFrame], cell_id: str) -> Fit:
     return next(iter(fits.values()))
 
 
+def param_sizes_for(
+    tables: dict[str, pd.DataFrame], model: str, cell_id: str | None = None
+) -> list[tuple[str, int]]:
+    """(parameter name, numel) in registration order: from the catalog for a named model, else
+    read back from the dataset's ``bucket_params`` rows (a user's own model recorded by
+    ``commprof.attach``).
+
+    Raises:
+        ValueError: the model is not in the catalog and no cell of it recorded its buckets.
+    """
+    from commprof.catalog import parameter_sizes  # closed form, torch-free
+
+    try:
+        return parameter_sizes(model)
+    except ValueError:
+        pass
+    cells = tables["cells"]
+    ok = cells[(cells["model"] == model) & (cells["status"] == "ok")]
+    ids = [cell_id] if cell_id is not None else list(ok["cell_id"])
+    rows = tables["bucket_params"]
+    rows = rows[rows["cell_id"].isin(ids)]
+    if rows.empty:
+        raise ValueError(
+            f"model {model!r} is neither in the catalog nor recorded in the dataset's "
+            "bucket_params table; name a catalog model or pass --params-file"
+        )
+    first = rows[
+        (rows["cell_id"] == rows["cell_id"].iloc[0]) & (rows["attempt"] == rows["attempt"].iloc[0])
+    ]
+    # the rebuilt buckets hold the parameters in reverse gradient-ready order (bucket 0: the last
+    # layers), which is the order DDP buckets any cap in from step 1
+    ordered = first.sort_values(["bucket_index", "position"]).drop_duplicates("param_name")
+    sizes = zip(ordered["param_name"], ordered["numel"], strict=True)
+    return [(str(name), int(numel)) for name, numel in sizes][::-1]
+
+
 def load_step_model(
     tables: dict[str, pd.DataFrame],
     model: str,
@@ -289,9 +325,7 @@ def advise_cap(
         The advice: the cap with the shortest predicted step, and the curve, each point with
         step time, exposed communication, overlap efficiency and their ranges.
     """
-    from commprof.catalog import parameter_sizes  # closed form, torch-free
-
-    sizes = parameter_sizes(model)
+    sizes = param_sizes_for(tables, model)
     fitted = load_step_model(
         tables, model, world_size=world_size, param_sizes=sizes, backend=backend
     )
