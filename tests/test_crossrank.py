@@ -167,3 +167,17 @@ def test_golden_gloo_two_ranks_one_clock() -> None:
     offset = int(cr.offsets.set_index("rank").loc[1, "offset_ns"])
     assert abs(offset) <= cr.offsets["residual_max_ns"].max() and not cr.matching_doubtful()
     assert (cr.per_rank.groupby(["step_key", "index"])["wait_ns"].min() == 0).all()
+
+
+def test_the_shortest_duration_is_the_transfer() -> None:
+    # Two collectives on two ranks that end together: the rank that came last waited nothing.
+    frame = pd.DataFrame({
+        "rank": [0, 1, 0, 1], "group": ["default"] * 4, "name": ["allreduce"] * 4,
+        "start_ns": [0, 6, 12, 10], "end_ns": [10, 10, 19, 19],
+        "seq": pd.array([None] * 4, dtype="Int64"), "step": pd.array([0] * 4, dtype="Int64"),
+    }).assign(duration_ns=lambda f: f["end_ns"] - f["start_ns"])  # fmt: skip
+    out = cross_rank(frame, align=False)
+    assert out is not None
+    first, second = (g.set_index("rank") for _, g in out.per_rank.groupby("index", sort=True))
+    assert first["transfer_ns"].tolist() == [4, 4] and first["wait_ns"].tolist() == [10 - 4, 0]
+    assert second["transfer_ns"].tolist() == [7, 7] and second["wait_ns"].tolist() == [0, 9 - 7]

@@ -14,7 +14,6 @@ from commprof.profiling.metrics import (
     collective_type_metrics,
     step_metrics,
     trace_overlap,
-    transfer_wait,
 )
 from commprof.profiling.trace_parser import ParsedTrace, parse_trace
 
@@ -116,21 +115,6 @@ def test_bucket_exposure_warns_on_count_mismatch() -> None:
         out = bucket_exposure(p, records)
     assert out["matched_by"].tolist() == ["order", "none"]
     assert out["comm_ns"].isna().tolist() == [False, True]
-
-
-def test_transfer_wait_shortest_duration_is_transfer() -> None:
-    def colls(durations: list[int]) -> pd.DataFrame:
-        return pd.DataFrame({
-            "name": ["allreduce"] * len(durations), "step": [0] * len(durations),
-            "duration_ns": durations, "seq": pd.array([None] * len(durations), dtype="Int64"),
-            "process_group": [""] * len(durations),
-        })  # fmt: skip
-
-    out = transfer_wait([colls([10, 7]), colls([4, 9])])
-    first = out[out["position"] == 0].set_index("rank")
-    second = out[out["position"] == 1].set_index("rank")
-    assert first["transfer_ns"].tolist() == [4, 4] and first["wait_ns"].tolist() == [10 - 4, 0]
-    assert second["transfer_ns"].tolist() == [7, 7] and second["wait_ns"].tolist() == [0, 9 - 7]
 
 
 def test_collective_type_metrics_closed_form() -> None:
