@@ -33,7 +33,11 @@ CALIBRATION_ROUND = 0
 BIG_WORLD = ("srn-10m", 4, 25.0)
 REGRET_TOLERANCE = 0.03
 """A recommended cap is a hit when its measured step is within 3 % of the round's best."""
-MODELS = ("simulator", "idle_ring", "bucket_sum", "no_overlap")
+MODELS = ("simulator", "simulator_median", "idle_ring", "bucket_sum", "no_overlap")
+"""``simulator_median``: the simulator with the interference factors of the median pair ratio
+(``slowdown``) in place of the mean (``slowdown_mean``), an ablation of that choice."""
+ADVISED = ("simulator", "simulator_median", "idle_ring")
+"""Models whose cap advice is scored."""
 
 
 def _measured(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -61,13 +65,30 @@ def _measured(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return cells.join(step.rename("step_ns")).join(exposed.rename("exposed_ns")).reset_index()
 
 
+def _models(
+    tables: dict[str, pd.DataFrame], name: str, sizes: list[tuple[str, int]], cal_id: str
+) -> tuple[StepModel, StepModel]:
+    """The step model calibrated on ``cal_id``: mean interference factors, then median."""
+    return tuple(  # type: ignore[return-value]
+        load_step_model(
+            tables, name, world_size=2, param_sizes=sizes, cell_id=cal_id,
+            interference_statistic=statistic,
+        )
+        for statistic in ("mean", "median")
+    )  # fmt: skip
+
+
 def _baselines(
-    model: StepModel, tables: dict[str, pd.DataFrame], sizes: list[tuple[str, int]], cap: float,
-    world_size: int, same_host: bool,
+    models: tuple[StepModel, StepModel], tables: dict[str, pd.DataFrame],
+    sizes: list[tuple[str, int]], cap: float, world_size: int, same_host: bool,
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
-    """(step, exposed) per model for one cap."""
+    """(step, exposed) per model for one cap; ``models``: mean and median interference."""
+    model = models[0]
     cal = model.calibration
     sim = predict_cap(model, sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host)
+    sim_median = predict_cap(
+        models[1], sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host
+    )
     idle = predict_cap(
         model, sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host,
         interference=NO_INTERFERENCE,
@@ -96,6 +117,7 @@ def _baselines(
         in_training = float(fit.predict_ns(nbytes, world_size).sum())
     return {
         "simulator": (sim.step_ns, sim.exposed_ns),
+        "simulator_median": (sim_median.step_ns, sim_median.exposed_ns),
         "idle_ring": (idle.step_ns, idle.exposed_ns),
         "bucket_sum": (fixed + compute + in_training, in_training),
         "no_overlap": (fixed + compute + idle_sum, idle_sum),
@@ -119,15 +141,15 @@ def _per_model(
     cal_id = mine[
         (mine["bucket_cap_mb"] == CALIBRATION_CAP_MB) & (mine["repeat"] == CALIBRATION_ROUND)
     ]["cell_id"].iloc[0]
-    model = load_step_model(tables, name, world_size=2, param_sizes=sizes, cell_id=cal_id)
+    models = _models(tables, name, sizes, cal_id)
     out: dict[str, Any] = {"calibration_cell": cal_id, "caps": {}}
-    predicted: dict[float, float] = {}
-    idle_pred: dict[float, float] = {}
+    predicted: dict[str, dict[float, float]] = {m: {} for m in ADVISED}
     for cap in CAPS_MB:
         rows = mine[mine["bucket_cap_mb"] == cap]
         step, exposed = float(rows["step_ns"].median()), float(rows["exposed_ns"].median())
-        preds = _baselines(model, tables, sizes, cap, 2, same_host=False)
-        predicted[cap], idle_pred[cap] = preds["simulator"][0], preds["idle_ring"][0]
+        preds = _baselines(models, tables, sizes, cap, 2, same_host=False)
+        for m in ADVISED:
+            predicted[m][cap] = preds[m][0]
         out["caps"][str(cap)] = {
             "held_out": cap != CALIBRATION_CAP_MB,
             "measured_step_ms": step / 1e6,
@@ -144,29 +166,37 @@ def _per_model(
         }
         for m in MODELS
     }
-    out["advice"] = {
-        "simulator": _regret(mine, predicted),
-        "idle_ring": _regret(mine, idle_pred),
-    }
+    out["advice"] = {m: _regret(mine, predicted[m]) for m in ADVISED}
     return out
 
 
 def _regret(mine: pd.DataFrame, predicted: dict[float, float]) -> dict[str, Any]:
-    """Per round: is the recommended cap's measured step within 3 % of the round's best?"""
+    """Is the recommended cap's measured step within 3 % of the best measured cap's?
+
+    Two readings, both reported. ``pairs`` (the issue's: "the best measured cap" is the cap
+    with the shortest median step over all rounds; each round is one interleaved pair of it and
+    the recommended cap). ``round_best`` (stricter: against the shortest of the four caps in
+    that round, a minimum of four noisy values).
+    """
     rec = min(predicted, key=lambda c: predicted[c])
-    hits, ratios = 0, []
+    medians = mine.groupby("bucket_cap_mb")["step_ns"].median()
+    best = float(medians.idxmin())
+    pair_ratios, round_ratios = [], []
     for _, rows in mine.groupby("repeat"):
         by_cap = dict(zip(rows["bucket_cap_mb"], rows["step_ns"], strict=True))
         if set(by_cap) != set(CAPS_MB):
             continue
-        ratio = by_cap[rec] / min(by_cap.values())
-        ratios.append(ratio)
-        hits += ratio <= 1 + REGRET_TOLERANCE
+        pair_ratios.append(by_cap[rec] / by_cap[best])
+        round_ratios.append(by_cap[rec] / min(by_cap.values()))
     return {
         "recommended_cap_mb": rec,
-        "rounds": len(ratios),
-        "hits": hits,
-        "step_ratio_to_best": ratios,
+        "best_measured_cap_mb": best,
+        "median_step_ratio_to_best": float(medians[rec] / medians[best]),
+        "rounds": len(pair_ratios),
+        "hits": sum(r <= 1 + REGRET_TOLERANCE for r in pair_ratios),
+        "hits_round_best": sum(r <= 1 + REGRET_TOLERANCE for r in round_ratios),
+        "step_ratio_to_best": pair_ratios,
+        "step_ratio_to_round_best": round_ratios,
     }
 
 
@@ -175,9 +205,7 @@ def _big_world(tables: dict[str, pd.DataFrame], measured: pd.DataFrame) -> dict[
     sizes = parameter_sizes(name)
     two = measured[(measured["model"] == name) & (measured["world_size"] == 2)]
     cal_id = two[(two["bucket_cap_mb"] == cap) & (two["repeat"] == CALIBRATION_ROUND)]
-    model = load_step_model(
-        tables, name, world_size=2, param_sizes=sizes, cell_id=cal_id["cell_id"].iloc[0]
-    )
+    models = _models(tables, name, sizes, str(cal_id["cell_id"].iloc[0]))
     rows = measured[(measured["model"] == name) & (measured["world_size"] == world)]
     step, exposed = float(rows["step_ns"].median()), float(rows["exposed_ns"].median())
     out: dict[str, Any] = {
@@ -185,7 +213,7 @@ def _big_world(tables: dict[str, pd.DataFrame], measured: pd.DataFrame) -> dict[
         "measured_step_ms": step / 1e6, "measured_exposed_ms": exposed / 1e6,
     }  # fmt: skip
     for same_host in (True, False):
-        preds = _baselines(model, tables, sizes, cap, world, same_host=same_host)
+        preds = _baselines(models, tables, sizes, cap, world, same_host=same_host)
         out["same_host" if same_host else "own_devices"] = {
             m: _errors(preds[m], step, exposed) for m in MODELS
         }
@@ -213,7 +241,9 @@ def analyze(data: Path) -> dict[str, Any]:
                 m: round(r["held_out"][m]["exposed_err_max_pct_of_step"], 1) for m in MODELS
             },
             "advice_hits": f"{advice['hits']}/{advice['rounds']} "
-            f"(recommended {advice['recommended_cap_mb']} MiB)",
+            f"(recommended {advice['recommended_cap_mb']} MiB, "
+            f"best measured {advice['best_measured_cap_mb']} MiB)",
+            "advice_hits_round_best": f"{advice['hits_round_best']}/{advice['rounds']}",
         }
     summary["p2_to_p4"] = {
         k: round(big[k]["simulator"]["step_ape_pct"], 1) for k in ("same_host", "own_devices")

@@ -138,6 +138,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("slowdown", pa.float64()),  # loaded p50 / alone p50
             ("slowdown_q25", pa.float64()),
             ("slowdown_q75", pa.float64()),
+            ("slowdown_mean", pa.float64()),  # mean loaded / mean alone (null before 2.1)
         ]
     ),
     "trace_metrics": pa.schema(

@@ -41,9 +41,14 @@ def test_record_in_closed_form() -> None:
     assert row["time_alone_p50_ns"] == 20 and row["time_loaded_p50_ns"] == 80
     assert row["slowdown"] == 80 / 20
     assert (row["slowdown_q25"], row["slowdown_q75"]) == (60 / 20, 100 / 20)
+    assert row["slowdown_mean"] == 80 / 20
     # the comm arm in pairs: ratios 2, 3, 4 (a drift doubled the second pair's both times)
     row = interference_record([10, 20, 10], [20, 60, 40], arm=ARMS[0], num_bytes=8)
     assert row["slowdown"] == 3.0 and (row["slowdown_q25"], row["slowdown_q75"]) == (2.5, 3.5)
+    assert row["slowdown_mean"] == 120 / 40
+    # one stalled pair of five: the median ratio stays 1, the mean counts the stall
+    row = interference_record([10] * 5, [10, 10, 10, 10, 210], arm=ARMS[0], num_bytes=8)
+    assert row["slowdown"] == 1.0 and row["slowdown_mean"] == 250 / 50
     with pytest.raises(ValueError, match="pairs"):
         interference_record([10, 20], [20], arm=ARMS[0], num_bytes=8)
     with pytest.raises(ValueError, match="arm"):

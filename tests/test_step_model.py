@@ -109,6 +109,13 @@ def test_interference_rows_to_factors() -> None:
     assert i.comm_spread == (1.0, 0.0)
     assert i.shifted(1.0).comm_slowdown == (4.0, 5.0)
     assert interference_from_rows(rows.iloc[0:0]) is NO_INTERFERENCE
+    # rows with the mean: it is the factor (default), the median on request; null falls back
+    rows["slowdown_mean"] = [6.0, 1.5, None, 7.0]
+    assert interference_from_rows(rows).comm_slowdown == (6.0, 7.0)
+    assert interference_from_rows(rows).compute_slowdown == (1.5, 1.0)
+    assert interference_from_rows(rows, statistic="median").comm_slowdown == (3.0, 5.0)
+    with pytest.raises(ValueError, match="statistic"):
+        interference_from_rows(rows, statistic="p90")
 
 
 def test_cpu_share_scale() -> None:

@@ -153,6 +153,7 @@ def load_step_model(
     param_sizes: Sequence[ParamSize],
     backend: str = "gloo",
     cell_id: str | None = None,
+    interference_statistic: str = "mean",
 ) -> StepModel:
     """Calibrate the simulator for ``model`` from a dataset.
 
@@ -163,6 +164,8 @@ def load_step_model(
         param_sizes: the model's ``(name, numel[, element_size])`` in registration order.
         backend: the backend of the calibration cell.
         cell_id: calibrate on this cell instead of choosing one.
+        interference_statistic: what the interference factors are made of
+            (``step_model.FACTOR_STATISTICS``; the mean by default).
 
     Returns:
         The step model.
@@ -174,7 +177,9 @@ def load_step_model(
     row = cells[cells["cell_id"].str.startswith(chosen)].iloc[-1]
     chosen = str(row["cell_id"])
     rows = tables["interference"]
-    interference = interference_from_rows(rows[rows["cell_id"] == chosen])
+    interference = interference_from_rows(
+        rows[rows["cell_id"] == chosen], statistic=interference_statistic
+    )
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
     return StepModel(

@@ -55,20 +55,33 @@ ARM_COMM = "comm_under_compute"
 ARM_COMPUTE = "compute_under_comm"
 
 
-def interference_from_rows(rows: pd.DataFrame) -> Interference:
+FACTOR_STATISTICS = ("mean", "median")
+"""What an interference factor is made of: ``mean`` (``slowdown_mean``: mean loaded over mean
+alone time, so stalls of a few iterations count as they count in a step's time) or ``median``
+(``slowdown``: the median pair ratio)."""
+
+
+def interference_from_rows(rows: pd.DataFrame, *, statistic: str = "mean") -> Interference:
     """Interference factors from ``interference`` table rows (median over cells per size).
 
     Args:
         rows: rows of the dataset's ``interference`` table (one or more cells).
+        statistic: one of :data:`FACTOR_STATISTICS`; rows written before ``slowdown_mean``
+            existed (null there) fall back to ``slowdown``.
 
     Returns:
         Factors per measured size, at least 1 (overlap speeds neither side up: a factor below
         1 is the noise of a loaded host), spread the half interquartile range; without rows
         :data:`NO_INTERFERENCE`.
     """
+    if statistic not in FACTOR_STATISTICS:
+        raise ValueError(f"statistic must be one of {FACTOR_STATISTICS}, got {statistic!r}")
     if rows.empty:
         return NO_INTERFERENCE
-    med = rows.groupby(["arm", "num_bytes"])[["slowdown", "slowdown_q25", "slowdown_q75"]].median()
+    rows = rows.assign(factor=rows["slowdown"])
+    if statistic == "mean" and "slowdown_mean" in rows:
+        rows["factor"] = rows["slowdown_mean"].fillna(rows["slowdown"])
+    med = rows.groupby(["arm", "num_bytes"])[["factor", "slowdown_q25", "slowdown_q75"]].median()
     sizes = sorted({int(n) for n in rows["num_bytes"]})
 
     table = med.to_dict("index")
@@ -77,7 +90,7 @@ def interference_from_rows(rows: pd.DataFrame) -> Interference:
         factors, spread = [], []
         for n in sizes:
             row = table.get((arm, n))
-            factors.append(1.0 if row is None else max(1.0, float(row["slowdown"])))
+            factors.append(1.0 if row is None else max(1.0, float(row["factor"])))
             spread.append(
                 0.0 if row is None else float(row["slowdown_q75"] - row["slowdown_q25"]) / 2.0
             )

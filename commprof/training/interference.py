@@ -18,7 +18,10 @@ overlap). Per message size ``S`` two arms measure it:
 
 The comm arm's slowdown is the median of the pairs' ratios loaded / alone, the compute arm's
 ``time_loaded_p50 / time_alone_p50``; the quartiles ``slowdown_q25`` and ``slowdown_q75`` (of
-the ratios; of the loaded units over the alone median) say how much it varies. Rows go to
+the ratios; of the loaded units over the alone median) say how much it varies. ``slowdown_mean``
+is the mean loaded time over the mean alone time: on a shared host a few loaded all-reduces
+stall for a scheduler period (ten times the median and more), which a median hides and a
+step's time does not (docs/design.md, Step model). Rows go to
 the dataset's ``interference`` table (docs/design.md) and the step simulator takes them
 (``commprof.modeling.step_model.interference_from_rows``).
 """
@@ -223,6 +226,7 @@ def interference_record(
         "slowdown": ratio,
         "slowdown_q25": q25,
         "slowdown_q75": q75,
+        "slowdown_mean": statistics.fmean(loaded_ns) / statistics.fmean(alone_ns),
     }
 
 
