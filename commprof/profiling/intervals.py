@@ -24,6 +24,32 @@ def _frozen(values: npt.ArrayLike) -> Int64Array:
     return out
 
 
+def _checked(starts: npt.ArrayLike, ends: npt.ArrayLike) -> tuple[Int64Array, Int64Array]:
+    """Raw interval bounds as int64 arrays (not copied where they are already int64)."""
+    s = np.asarray(starts)
+    e = np.asarray(ends)
+    if s.shape != e.shape or s.ndim != 1:
+        raise ValueError(
+            f"starts and ends must be 1-D arrays of equal length, got shapes "
+            f"{s.shape} and {e.shape}"
+        )
+    if s.size and not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(e.dtype, np.integer)):
+        raise TypeError(
+            f"interval bounds must be integer nanoseconds, got dtypes {s.dtype} and {e.dtype}; "
+            "convert float microseconds with np.rint(ts_us * 1000).astype(np.int64)"
+        )
+    s = s.astype(np.int64, copy=False)
+    e = e.astype(np.int64, copy=False)
+    bad = np.flatnonzero(e < s)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{bad.size} interval(s) end before they start, first at index {i}: "
+            f"[{int(s[i])}, {int(e[i])})"
+        )
+    return s, e
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IntervalSet:
     """Sorted, disjoint, non-touching, non-empty half-open intervals [start, end).
@@ -58,12 +84,16 @@ class IntervalSet:
         return cls(starts=np.empty(0, np.int64), ends=np.empty(0, np.int64))
 
     @classmethod
-    def from_arrays(cls, starts: npt.ArrayLike, ends: npt.ArrayLike) -> IntervalSet:
+    def from_arrays(
+        cls, starts: npt.ArrayLike, ends: npt.ArrayLike, *, owned: bool = False
+    ) -> IntervalSet:
         """Merge raw intervals (any order; nested, overlapping, touching or zero-length).
 
         Args:
             starts: Interval starts (ns), integer values.
             ends: Interval ends (ns), each ``>= `` its start.
+            owned: The caller gives the arrays away (fresh int64 arrays it no longer uses):
+                they are sorted in place and may become the set's own, without copies.
 
         Returns:
             The union of the intervals as an :class:`IntervalSet`.
@@ -71,49 +101,42 @@ class IntervalSet:
         Raises:
             ValueError: If the lengths differ or an end lies before its start.
         """
-        s = np.asarray(starts)
-        e = np.asarray(ends)
-        if s.shape != e.shape or s.ndim != 1:
-            raise ValueError(
-                f"starts and ends must be 1-D arrays of equal length, got shapes "
-                f"{s.shape} and {e.shape}"
-            )
-        if s.size and not (
-            np.issubdtype(s.dtype, np.integer) and np.issubdtype(e.dtype, np.integer)
-        ):
-            raise TypeError(
-                f"interval bounds must be integer nanoseconds, got dtypes {s.dtype} and {e.dtype}; "
-                "convert float microseconds with np.rint(ts_us * 1000).astype(np.int64)"
-            )
-        s = s.astype(np.int64, copy=False)
-        e = e.astype(np.int64, copy=False)
-        bad = np.flatnonzero(e < s)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"{bad.size} interval(s) end before they start, first at index {i}: "
-                f"[{int(s[i])}, {int(e[i])})"
-            )
+        s, e = _checked(starts, ends)
+        owned = owned and s is starts and e is ends
         keep = e > s  # zero-length intervals cover nothing
         if not keep.all():
-            s, e = s[keep], e[keep]
+            s, e, owned = s[keep], e[keep], True
         del keep  # temporaries go as soon as they are used: traces hold millions of events
         if s.size == 0:
             return cls.empty()
-        # Sort by start, then sweep: the running maximum of ends says how far the
-        # merged interval so far reaches; a new interval starts wherever a start
-        # lies strictly beyond that reach (touching intervals, start == reach, merge).
-        order = np.argsort(s, kind="stable")
-        s, e = s[order], e[order]
-        del order
-        reach = np.maximum.accumulate(e)
-        del e
-        new_group = np.empty(s.size, dtype=bool)
-        new_group[0] = True
-        new_group[1:] = s[1:] > reach[:-1]
-        first = np.flatnonzero(new_group)
-        last = np.append(first[1:] - 1, s.size - 1)
-        return cls(starts=s[first], ends=reach[last])
+        # Starts and ends sorted each on its own (no argsort, no permuted copies): a merged
+        # interval ends at the i-th smallest end exactly where the next start lies beyond
+        # it, as then the i + 1 earliest-ending intervals are the i + 1 earliest-starting
+        # ones; touching intervals (start == end) merge.
+        if owned:
+            s.sort()
+            e.sort()
+        else:
+            s, e = np.sort(s), np.sort(e)
+        last = np.empty(s.size, dtype=bool)
+        np.greater(s[1:], e[:-1], out=last[:-1])
+        last[-1] = True
+        if last.all():  # nothing merges (e.g. the kernels of one stream)
+            return cls._trusted(s, e)
+        first = np.empty(s.size, dtype=bool)
+        first[0] = True
+        first[1:] = last[:-1]
+        return cls._trusted(s[first], e[last])
+
+    @classmethod
+    def _trusted(cls, starts: Int64Array, ends: Int64Array) -> IntervalSet:
+        """A set of fresh int64 arrays already sorted and merged: frozen in place, not copied."""
+        starts.setflags(write=False)
+        ends.setflags(write=False)
+        out = object.__new__(cls)
+        object.__setattr__(out, "starts", starts)
+        object.__setattr__(out, "ends", ends)
+        return out
 
     def __len__(self) -> int:
         return int(self.starts.size)
@@ -137,13 +160,13 @@ def _sweep(
     order = np.argsort(pos, kind="stable")
     pos, code = pos[order], np.cumsum(delta[order])
     mask = keep(code[:-1])
-    return IntervalSet.from_arrays(pos[:-1][mask], pos[1:][mask])
+    return IntervalSet.from_arrays(pos[:-1][mask], pos[1:][mask], owned=True)
 
 
 def union(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     """Points covered by ``a`` or ``b``."""
     return IntervalSet.from_arrays(
-        np.concatenate([a.starts, b.starts]), np.concatenate([a.ends, b.ends])
+        np.concatenate([a.starts, b.starts]), np.concatenate([a.ends, b.ends]), owned=True
     )
 
 
@@ -152,7 +175,9 @@ def union_all(sets: list[IntervalSet]) -> IntervalSet:
     if not sets:
         return IntervalSet.empty()
     return IntervalSet.from_arrays(
-        np.concatenate([s.starts for s in sets]), np.concatenate([s.ends for s in sets])
+        np.concatenate([s.starts for s in sets]),
+        np.concatenate([s.ends for s in sets]),
+        owned=True,
     )
 
 
