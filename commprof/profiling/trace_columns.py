@@ -45,6 +45,7 @@ from commprof.profiling.trace_rules import (
     MAX_TS_US,
     RuleTable,
     needed_cats,
+    needed_names,
     tables_for_meta,
 )
 
@@ -108,6 +109,10 @@ def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
         return key, table.get(key)
 
 
+def _is_launch(cat: Any) -> bool:
+    return type(cat) is str and cat in LAUNCH_CATS
+
+
 class _PlainChunk(list[Any]):
     """A chunk decoded as plain values (its events did not fit the typed structs)."""
 
@@ -149,6 +154,10 @@ class ColumnBuilder:
         """Top-level keys of the trace, filled by the reader before the events it precedes."""
         self.relevant: frozenset[str] | None = None
         """Categories of the events kept (None: all), decided at the first event."""
+        self.needed_names: re.Pattern[str] | None = None
+        """Names of the events kept whatever their category (with ``relevant``)."""
+        self.name_needed: dict[Any, bool] = {}
+        """Name -> whether ``needed_names`` matches it, for the names of other categories."""
         self.decided = False
         self.launch_only = False
         """Launch events are kept as correlation ids only (decided with ``relevant``)."""
@@ -216,19 +225,29 @@ class ColumnBuilder:
                 self.add(e)
             return len(chunk)
         # Column at a time over the chunk's complete events: list comprehensions and
-        # array appends, no per-event Python function call.
+        # array appends, no per-event Python function call (but the name check of an
+        # event of a category not kept, cached by name).
         if not self.decided:
             self._decide()
         rel = self.relevant
         if rel is None:
             xs = [e for e in chunk if e.ph == "X"]
-        else:  # only events some rule, the step windows or the launches can use
+        elif self.needed_names is None:  # only events some rule, the windows or launches use
             xs = [e for e in chunk if e.ph == "X" and type(e.cat) is str and e.cat in rel]
-        if self.launch_only and (launches := [e for e in xs if e.cat in LAUNCH_CATS]):
-            self._append_corr(
-                self.launch_corr, [-1 if e.args is None else e.args.correlation for e in launches]
-            )
-            xs = [e for e in xs if e.cat not in LAUNCH_CATS]
+        else:  # and those of other categories with a needed name
+            by_name = self._name_needed
+            xs = [
+                e
+                for e in chunk
+                if e.ph == "X" and ((type(e.cat) is str and e.cat in rel) or by_name(e.name))
+            ]
+        if self.launch_only:  # launches as correlation ids only
+            is_launch = [type(e.cat) is str and e.cat in LAUNCH_CATS for e in xs]
+            launches = [e for e, launch in zip(xs, is_launch, strict=True) if launch]
+            if launches:
+                corr = [-1 if e.args is None else e.args.correlation for e in launches]
+                self._append_corr(self.launch_corr, corr)
+                xs = [e for e, launch in zip(xs, is_launch, strict=True) if not launch]
         if not xs:
             return len(chunk)
         base = len(self)
@@ -264,9 +283,22 @@ class ColumnBuilder:
         """Which categories to keep, from the tables that the top-level keys leave."""
         tables = tables_for_meta(self.tables, self.meta)
         self.relevant = needed_cats(tables)
+        self.needed_names = needed_names(tables)
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
         self.decided = True
+
+    def _name_needed(self, name: Any) -> bool:
+        """Whether an event of a category not kept is kept for its name (``needed_names``)."""
+        if self.needed_names is None:
+            return False
+        try:
+            return self.name_needed[name]
+        except KeyError:
+            needed = self.name_needed[name] = self.needed_names.match(str(name)) is not None
+            return needed
+        except TypeError:  # unhashable (a list where a string belongs): kept, as before
+            return True
 
     @staticmethod
     def _append_corr(column: array[int], corr: list[Any]) -> None:
@@ -317,9 +349,11 @@ class ColumnBuilder:
             self._decide()
         if self.relevant is not None:
             cat = e.get("cat")
-            if type(cat) is not str or cat not in self.relevant:
+            if (type(cat) is not str or cat not in self.relevant) and not self._name_needed(
+                e.get("name", "")
+            ):
                 return
-            if self.launch_only and cat in LAUNCH_CATS:
+            if self.launch_only and _is_launch(cat):
                 a = e.get("args")
                 corr = a.get("correlation", -1) if type(a) is dict else -1
                 self.launch_corr.append(_int64_or_none(corr))
