@@ -7,14 +7,17 @@ here (``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``, ``dur`` and the few
 A chunk whose values do not fit the types (a string ``dur``, an ``args`` that is
 no object) is decoded again as plain values and taken one event at a time.
 :class:`ColumnBuilder` keeps of each complete (``ph == "X"``) event only compact
-columns: ts and dur (float microseconds, converted once to int64 ns with
-``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
-the CUPTI correlation id, and the collective ``args`` keys of the few events a
-rule table may count as collectives or test with ``has_arg``. About 40 bytes an
-event, against about 1.5 KiB for the event as a Python dict. Where the rule tables that
-can apply need only some categories (``trace_rules.needed_cats``; a trace whose
-``distributedInfo`` names NCCL is cuda-nccl), other events are not kept at all, and
-launches only as correlation ids.
+columns: int64 ns start and end (ts and dur are float microseconds, converted and checked a
+chunk at a time with ``np.rint(us * 1000)``; docs/design.md, Definitions), interned category
+and name codes, one int32 code of the (pid, tid) pair (the int64 thread column is built from it
+at the end), the CUPTI correlation id, and the collective ``args`` keys of the few events a
+rule table may count as collectives or test with ``has_arg``. About 40 bytes an event, against
+about 1.5 KiB for the event as a Python dict, and no float column of the whole trace is ever
+alive. Only the events the candidate rule tables can use are kept (``trace_rules.needed_cats``
+and ``needed_names``: the tables' categories, and events of any category named like a
+communication-thread marker or, while the regime is to be detected, a comm kernel); where
+``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
+correlation ids.
 """
 
 from __future__ import annotations
