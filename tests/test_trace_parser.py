@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from trace_events import x
 
+from commprof.profiling import trace_columns
 from commprof.profiling.intervals import total_length
 from commprof.profiling.trace_columns import read_columns
 from commprof.profiling.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
@@ -597,3 +598,24 @@ def test_a_trace_without_distributed_info_keeps_only_the_events_its_rules_can_us
         assert pairs(p.classes["compute"]) == [(5_000, 25_000)]
         assert pairs(p.classes["communication"]) == [(10_000, 40_000)]
         assert p.collectives["name"].tolist() == ["gloo:all_reduce"]
+
+
+def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ts/dur are converted and checked a chunk at a time (a file's chunk, or FLUSH_EVENTS
+    # events of a dict): the message counts the bad events of every chunk and names the first.
+    events = [step(0, 0, 100)] + [x(f"op{i}", "cpu_op", i, 1) for i in range(10)]
+    events[3]["dur"] = -1.0
+    events[6]["ts"] = None
+    events[9]["dur"] = 1e12
+    first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-1.0\)"
+    only_none = r"1 event\(s\) .* \(first: 'op5' ts=None dur=1\)"
+    monkeypatch.setattr(trace_columns, "FLUSH_EVENTS", 2)
+    path = tmp_path / "bad.json"
+    for evs, want in ((events, first), ([events[0], events[6]], only_none)):
+        with pytest.raises(ValueError, match=want):
+            parse_trace(trace(evs), regime="cpu-gloo")
+        path.write_text(json.dumps(trace(evs)))
+        with pytest.raises(ValueError, match=want):
+            parse_trace(path, regime="cpu-gloo", chunk_bytes=64)
