@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from trace_events import x
 
+from commprof.profiling import trace_columns
 from commprof.profiling.intervals import total_length
 from commprof.profiling.trace_columns import read_columns
 from commprof.profiling.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
@@ -570,3 +571,51 @@ def test_cuts_inside_strings_and_nested_objects_are_retried(tmp_path: Path) -> N
         assert load_trace(path, chunk_bytes=chunk_bytes) == want, chunk_bytes
         assert_same_parse(parse_trace(path, chunk_bytes=chunk_bytes), from_dict)
     assert pairs(from_dict.classes["compute"]) == [(1_000, 3_000), (5_000, 7_000)]
+
+
+def test_a_trace_without_distributed_info_keeps_only_the_events_its_rules_can_use(
+    tmp_path: Path,
+) -> None:
+    # No distributedInfo: every regime's rules may apply, so the columns keep their
+    # categories, the launches and step annotations, and events of any category named
+    # like a gloo thread marker or a comm kernel; a python_function is dropped unless so named.
+    events = [
+        step(0, 0, 100),
+        x("gloo:all_reduce", "user_annotation", 10, 30, tid=2),  # communication
+        x("aten::add", "cpu_op", 5, 20, tid=1),  # compute
+        x("aten::copy_", "cpu_op", 12, 5, tid=2),  # on the gloo thread: ignored
+        x("forward", "python_function", 0, 90, tid=1),  # no rule reads it: dropped
+        x("gloo:wait", "python_function", 50, 1, tid=3),  # marks thread 3: kept
+        x("aten::mul", "cpu_op", 60, 10, tid=3),  # on thread 3: ignored, not compute
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace(events)))
+    for source in (trace(events), path):
+        cols = read_columns(source, RULES.values())
+        assert "forward" not in cols.names and "gloo:wait" in cols.names
+        p = parse_trace(source)
+        assert p.regime == "cpu-gloo"
+        assert pairs(p.classes["compute"]) == [(5_000, 25_000)]
+        assert pairs(p.classes["communication"]) == [(10_000, 40_000)]
+        assert p.collectives["name"].tolist() == ["gloo:all_reduce"]
+
+
+def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ts/dur are converted and checked a chunk at a time (a file's chunk, or FLUSH_EVENTS
+    # events of a dict): the message counts the bad events of every chunk and names the first.
+    events = [step(0, 0, 100)] + [x(f"op{i}", "cpu_op", i, 1) for i in range(10)]
+    events[3]["dur"] = -1.0
+    events[6]["ts"] = None
+    events[9]["dur"] = 1e12
+    first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-1.0\)"
+    only_none = r"1 event\(s\) .* \(first: 'op5' ts=None dur=1\)"
+    monkeypatch.setattr(trace_columns, "FLUSH_EVENTS", 2)
+    path = tmp_path / "bad.json"
+    for evs, want in ((events, first), ([events[0], events[6]], only_none)):
+        with pytest.raises(ValueError, match=want):
+            parse_trace(trace(evs), regime="cpu-gloo")
+        path.write_text(json.dumps(trace(evs)))
+        with pytest.raises(ValueError, match=want):
+            parse_trace(path, regime="cpu-gloo", chunk_bytes=64)

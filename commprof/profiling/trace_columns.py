@@ -7,14 +7,17 @@ here (``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``, ``dur`` and the few
 A chunk whose values do not fit the types (a string ``dur``, an ``args`` that is
 no object) is decoded again as plain values and taken one event at a time.
 :class:`ColumnBuilder` keeps of each complete (``ph == "X"``) event only compact
-columns: ts and dur (float microseconds, converted once to int64 ns with
-``np.rint(us * 1000)``; docs/design.md, Definitions), interned category, name, pid and tid codes,
-the CUPTI correlation id, and the collective ``args`` keys of the few events a
-rule table may count as collectives or test with ``has_arg``. About 40 bytes an
-event, against about 1.5 KiB for the event as a Python dict. Where the rule tables that
-can apply need only some categories (``trace_rules.needed_cats``; a trace whose
-``distributedInfo`` names NCCL is cuda-nccl), other events are not kept at all, and
-launches only as correlation ids.
+columns: int64 ns start and end (ts and dur are float microseconds, converted and checked a
+chunk at a time with ``np.rint(us * 1000)``; docs/design.md, Definitions), interned category
+and name codes, one int32 code of the (pid, tid) pair (the int64 thread column is built from it
+at the end), the CUPTI correlation id, and the collective ``args`` keys of the few events a
+rule table may count as collectives or test with ``has_arg``. About 40 bytes an event, against
+about 1.5 KiB for the event as a Python dict, and no float column of the whole trace is ever
+alive. Only the events the candidate rule tables can use are kept (``trace_rules.needed_cats``
+and ``needed_names``: the tables' categories, and events of any category named like a
+communication-thread marker or, while the regime is to be detected, a comm kernel); where
+``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
+correlation ids.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from commprof.profiling.trace_rules import (
     MAX_TS_US,
     RuleTable,
     needed_cats,
+    needed_names,
     tables_for_meta,
 )
 
@@ -74,13 +78,15 @@ class TraceColumns:
     correlation: npt.NDArray[np.int64]
     """``args.correlation`` (CUPTI launch <-> device event), -1 where absent."""
     launch_correlation: npt.NDArray[np.int64]
-    """Correlation ids of the launch events kept only as ids (not as events): where no rule
-    needs a launch's thread, a launch matters only as proof that a kernel was launched."""
+    """Correlation ids, sorted, of the launch events kept only as ids (not as events): where no
+    rule needs a launch's thread, a launch matters only as proof that a kernel was launched."""
     args: dict[int, dict[str, Any]]
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
 
 
 UNSET = msgspec.UNSET
+FLUSH_EVENTS = 1 << 16
+"""Events of a dict trace taken between conversions of their ts/dur to ns (``_flush``)."""
 
 
 def _int64_or_none(value: Any) -> int:
@@ -104,6 +110,10 @@ def _interned(table: dict[Any, int], key: Any) -> tuple[Any, int | None]:
     except TypeError:  # unhashable (a list or dict where a string belongs)
         key = json.dumps(key, sort_keys=True)
         return key, table.get(key)
+
+
+def _is_launch(cat: Any) -> bool:
+    return type(cat) is str and cat in LAUNCH_CATS
 
 
 class _PlainChunk(list[Any]):
@@ -147,6 +157,10 @@ class ColumnBuilder:
         """Top-level keys of the trace, filled by the reader before the events it precedes."""
         self.relevant: frozenset[str] | None = None
         """Categories of the events kept (None: all), decided at the first event."""
+        self.needed_names: re.Pattern[str] | None = None
+        """Names of the events kept whatever their category (with ``relevant``)."""
+        self.name_needed: dict[Any, bool] = {}
+        """Name -> whether ``needed_names`` matches it, for the names of other categories."""
         self.decided = False
         self.launch_only = False
         """Launch events are kept as correlation ids only (decided with ``relevant``)."""
@@ -162,16 +176,29 @@ class ColumnBuilder:
         self.has_fields = [f"k{struct_keys.index(k)}" for k in self.has_keys if k in struct_keys]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.ts_us, self.dur_us = array("d"), array("d")
+        """ts and dur (float us) of the events not yet converted to ns (``_flush``)."""
+        self.start_ns, self.end_ns = array("q"), array("q")
         self.cat_code, self.name_code = array("i"), array("i")
-        self.pid_code, self.tid_code, self.correlation = array("i"), array("i"), array("q")
+        self.pair_code, self.correlation = array("i"), array("q")
         self.cats: dict[Any, int] = {}
         self.names: dict[Any, int] = {}
         self.pids: dict[Any, int] = {}
         self.tids: dict[Any, int] = {}
+        self.pairs: dict[tuple[int, int], int] = {}
+        """(pid code, tid code) -> pair code, in order of first appearance."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
         self.first_bad: tuple[int, Any, Any, Any] | None = None
+        """Index, name, ts and dur of the first event whose ts or dur was None."""
+        self.num_bad, self.num_beyond = 0, 0
+        self.bad: tuple[int, Any, Any, Any] | None = None
+        self.beyond: tuple[int, Any, Any, Any] | None = None
+        """First event with a missing, negative or absurd ts/dur; first ending past int64 ns."""
+
+    def __len__(self) -> int:
+        """Complete events kept so far."""
+        return len(self.start_ns) + len(self.ts_us)
 
     def decode(self, data: bytes) -> list[Any]:
         """Decode a chunk of events: typed structs, else plain values (a :class:`_PlainChunk`)."""
@@ -201,30 +228,43 @@ class ColumnBuilder:
                 self.add(e)
             return len(chunk)
         # Column at a time over the chunk's complete events: list comprehensions and
-        # array appends, no per-event Python function call.
+        # array appends, no per-event Python function call (but the name check of an
+        # event of a category not kept, cached by name).
         if not self.decided:
             self._decide()
         rel = self.relevant
         if rel is None:
             xs = [e for e in chunk if e.ph == "X"]
-        else:  # only events some rule, the step windows or the launches can use
+        elif self.needed_names is None:  # only events some rule, the windows or launches use
             xs = [e for e in chunk if e.ph == "X" and type(e.cat) is str and e.cat in rel]
-        if self.launch_only and (launches := [e for e in xs if e.cat in LAUNCH_CATS]):
-            self._append_corr(
-                self.launch_corr, [-1 if e.args is None else e.args.correlation for e in launches]
-            )
-            xs = [e for e in xs if e.cat not in LAUNCH_CATS]
+        else:  # and those of other categories with a needed name
+            by_name = self._name_needed
+            xs = [
+                e
+                for e in chunk
+                if e.ph == "X" and ((type(e.cat) is str and e.cat in rel) or by_name(e.name))
+            ]
+        if self.launch_only:  # launches as correlation ids only
+            is_launch = [type(e.cat) is str and e.cat in LAUNCH_CATS for e in xs]
+            launches = [e for e, launch in zip(xs, is_launch, strict=True) if launch]
+            if launches:
+                corr = [-1 if e.args is None else e.args.correlation for e in launches]
+                self._append_corr(self.launch_corr, corr)
+                xs = [e for e, launch in zip(xs, is_launch, strict=True) if not launch]
         if not xs:
             return len(chunk)
-        base = len(self.dur_us)
+        base = len(self)
         self.ts_us.fromlist([e.ts for e in xs])
         self.dur_us.fromlist([e.dur for e in xs])
         cc = self._codes(self.cats, xs, "cat", self.cat_bits)
         nc = self._codes(self.names, xs, "name", self.name_bits)
         self.cat_code.fromlist(cc)
         self.name_code.fromlist(nc)
-        self.pid_code.fromlist(self._codes(self.pids, xs, "pid", None))
-        self.tid_code.fromlist(self._codes(self.tids, xs, "tid", None))
+        pids = self._codes(self.pids, xs, "pid", None)
+        tids = self._codes(self.tids, xs, "tid", None)
+        pairs = self.pairs
+        pair_codes = [pairs.setdefault(k, len(pairs)) for k in zip(pids, tids, strict=True)]
+        self.pair_code.fromlist(pair_codes)
         args = [e.args for e in xs]
         self._append_corr(self.correlation, [-1 if a is None else a.correlation for a in args])
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
@@ -239,15 +279,29 @@ class ColumnBuilder:
             kept = {k: v for f, k in self.kept_fields if (v := getattr(a, f)) is not UNSET}
             if kept:
                 self.args[base + i] = kept
+        self._flush()
         return len(chunk)
 
     def _decide(self) -> None:
         """Which categories to keep, from the tables that the top-level keys leave."""
         tables = tables_for_meta(self.tables, self.meta)
         self.relevant = needed_cats(tables)
+        self.needed_names = needed_names(tables)
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
         self.decided = True
+
+    def _name_needed(self, name: Any) -> bool:
+        """Whether an event of a category not kept is kept for its name (``needed_names``)."""
+        if self.needed_names is None:
+            return False
+        try:
+            return self.name_needed[name]
+        except KeyError:
+            needed = self.name_needed[name] = self.needed_names.match(str(name)) is not None
+            return needed
+        except TypeError:  # unhashable (a list where a string belongs): kept, as before
+            return True
 
     @staticmethod
     def _append_corr(column: array[int], corr: list[Any]) -> None:
@@ -261,7 +315,7 @@ class ColumnBuilder:
         # finish() with its event), numeric strings are read as numbers (as numpy does).
         if value is None:
             if self.first_bad is None:
-                self.first_bad = (len(self.dur_us), e.get("name"), e.get("ts"), e.get("dur"))
+                self.first_bad = (len(self), e.get("name"), e.get("ts"), e.get("dur"))
             return float("nan")
         try:
             return float(value)
@@ -292,13 +346,17 @@ class ColumnBuilder:
         # only; new codes and odd values take the slow paths in the except clauses.
         if not isinstance(e, dict) or e.get("ph") != "X":
             return
+        if len(self.ts_us) >= FLUSH_EVENTS:
+            self._flush()
         if not self.decided:
             self._decide()
         if self.relevant is not None:
             cat = e.get("cat")
-            if type(cat) is not str or cat not in self.relevant:
+            if (type(cat) is not str or cat not in self.relevant) and not self._name_needed(
+                e.get("name", "")
+            ):
                 return
-            if self.launch_only and cat in LAUNCH_CATS:
+            if self.launch_only and _is_launch(cat):
                 a = e.get("args")
                 corr = a.get("correlation", -1) if type(a) is dict else -1
                 self.launch_corr.append(_int64_or_none(corr))
@@ -327,14 +385,15 @@ class ColumnBuilder:
         self.name_code.append(nc)
         key = e.get("pid")
         try:
-            self.pid_code.append(self.pids[key])
+            pc = self.pids[key]
         except (KeyError, TypeError):
-            self.pid_code.append(self._new_code(self.pids, key, None))
+            pc = self._new_code(self.pids, key, None)
         key = e.get("tid")
         try:
-            self.tid_code.append(self.tids[key])
+            tc = self.tids[key]
         except (KeyError, TypeError):
-            self.tid_code.append(self._new_code(self.tids, key, None))
+            tc = self._new_code(self.tids, key, None)
+        self.pair_code.append(self.pairs.setdefault((pc, tc), len(self.pairs)))
         a = e.get("args")
         if type(a) is not dict or not a:
             self.correlation.append(-1)
@@ -353,67 +412,107 @@ class ColumnBuilder:
         if keep:
             kept = {k: a[k] for k in self.keep_keys if k in a}
             if kept:
-                self.args[len(self.dur_us) - 1] = kept
+                self.args[len(self) - 1] = kept
+
+    def _flush(self) -> None:
+        """Convert the pending float ts/dur to int64 ns starts and ends, and check them.
+
+        Done per chunk (or per ``FLUSH_EVENTS`` events of a dict), so no float column of the
+        whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
+        the first one's details kept for ``finish``'s message, and stored as 0.
+        """
+        if not self.ts_us:
+            return
+        base = len(self.start_ns)
+        ts = np.frombuffer(self.ts_us, dtype=np.float64)
+        dur = np.frombuffer(self.dur_us, dtype=np.float64)
+        bad = ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0) | (dur > MAX_EVENT_DURATION_US)
+        # int64 nanoseconds hold about 292 years: a later end is a corrupt trace, not a time
+        with np.errstate(invalid="ignore"):  # inf - inf where ts and dur are both bad
+            beyond = np.abs(ts) + dur >= MAX_TS_US
+        if bad.any() or beyond.any():
+            first_bad, first_beyond = np.flatnonzero(bad), np.flatnonzero(beyond)
+            self.num_bad += first_bad.size
+            self.num_beyond += first_beyond.size
+            if self.bad is None and first_bad.size:
+                self.bad = self._details(base, int(first_bad[0]), ts, dur)
+                if self.first_bad is not None and self.first_bad[0] == self.bad[0]:
+                    self.bad = self.first_bad
+            if self.beyond is None and first_beyond.size:
+                self.beyond = self._details(base, int(first_beyond[0]), ts, dur)
+            ts, dur = np.where(bad | beyond, 0.0, ts), np.where(bad | beyond, 0.0, dur)
+        # us -> ns, rounded (docs/design.md, Definitions)
+        start, end = _to_ns(ts), _to_ns(dur)
+        end += start
+        del ts, dur  # the views on the pending arrays, before those are dropped
+        self.ts_us, self.dur_us = array("d"), array("d")
+        self.start_ns.frombytes(start.data.cast("B"))
+        self.end_ns.frombytes(end.data.cast("B"))
+
+    def _details(
+        self, base: int, i: int, ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64]
+    ) -> tuple[int, Any, Any, Any]:
+        name = list(self.names)[self.name_code[base + i]]
+        return base + i, name, float(ts[i]), float(dur[i])
 
     def finish(self, meta: dict[str, Any]) -> TraceColumns:
-        """The columns; checks every ts and dur.
+        """The columns; every ts and dur was checked as it was converted.
 
         Raises:
             ValueError: If there is no complete event, or a ts/dur is missing,
                 negative or absurd (over ``MAX_EVENT_DURATION_US``).
         """
-        if not self.ts_us:
+        self._flush()
+        if not self.start_ns:
             raise ValueError(f"{self.source}: trace has no complete ('X') events")
-        ts = np.frombuffer(self.ts_us, dtype=np.float64)
-        dur = np.frombuffer(self.dur_us, dtype=np.float64)
-        bad = np.flatnonzero(
-            ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0) | (dur > MAX_EVENT_DURATION_US)
-        )
-        if bad.size:
-            i = int(bad[0])
-            names = list(self.names)
-            first = (i, names[self.name_code[i]], float(ts[i]), float(dur[i]))
-            if self.first_bad is not None and self.first_bad[0] == i:
-                first = self.first_bad
+        if self.bad is not None:
             raise ValueError(
-                f"{self.source}: {bad.size} event(s) with missing, negative or absurd ts/dur "
-                f"(first: {first[1]!r} ts={first[2]!r} dur={first[3]!r}); "
+                f"{self.source}: {self.num_bad} event(s) with missing, negative or absurd ts/dur "
+                f"(first: {self.bad[1]!r} ts={self.bad[2]!r} dur={self.bad[3]!r}); "
                 "the trace is corrupt, re-export it"
             )
-        # int64 nanoseconds hold about 292 years: a later end is a corrupt trace, not a time
-        beyond = np.flatnonzero(np.abs(ts) + dur >= MAX_TS_US)
-        if beyond.size:
-            i = int(beyond[0])
+        if self.beyond is not None:
             raise ValueError(
-                f"{self.source}: {beyond.size} event(s) end past what int64 nanoseconds hold "
-                f"(first: {list(self.names)[self.name_code[i]]!r} ts={float(ts[i])!r} "
-                f"dur={float(dur[i])!r} us); the trace is corrupt, re-export it"
+                f"{self.source}: {self.num_beyond} event(s) end past what int64 nanoseconds hold "
+                f"(first: {self.beyond[1]!r} ts={self.beyond[2]!r} "
+                f"dur={self.beyond[3]!r} us); the trace is corrupt, re-export it"
             )
-        # us -> ns, rounded (docs/design.md, Definitions); in place, one array at a time,
-        # each float column released once converted (peak memory of a large parse).
-        start_ns, end_ns = _to_ns(ts), _to_ns(dur)
-        del ts, dur
-        self.ts_us, self.dur_us = array("d"), array("d")
-        end_ns += start_ns
-        thread = np.frombuffer(self.pid_code, dtype=np.int32).astype(np.int64)
-        thread *= len(self.tids) + 1
-        thread += np.frombuffer(self.tid_code, dtype=np.int32)
-        self.pid_code, self.tid_code = array("i"), array("i")
-        # The int columns share the arrays' buffers: nothing appends to them any more.
+        # (pid, tid) pair code -> the thread code pid * (num tids + 1) + tid, through a
+        # lookup table of the few distinct pairs: one int64 column, no temporaries.
+        span = len(self.tids) + 1
+        lut = np.array([p * span + t for p, t in self.pairs], dtype=np.int64)
+        thread = lut[np.frombuffer(self.pair_code, dtype=np.int32)]
+        self.pair_code = array("i")
+        launch_correlation = np.frombuffer(self.launch_corr, dtype=np.int64)
+        launch_correlation.sort()  # in place: _unlaunched searches it
+        # The columns share the arrays' buffers: nothing appends to them any more.
         return TraceColumns(
             source=self.source,
             meta=meta,
-            start_ns=start_ns,
-            end_ns=end_ns,
+            start_ns=np.frombuffer(self.start_ns, dtype=np.int64),
+            end_ns=np.frombuffer(self.end_ns, dtype=np.int64),
             cat_code=np.frombuffer(self.cat_code, dtype=np.int32),
             cats=list(self.cats),
             name_code=np.frombuffer(self.name_code, dtype=np.int32),
             names=list(self.names),
             thread=thread,
             correlation=np.frombuffer(self.correlation, dtype=np.int64),
-            launch_correlation=np.frombuffer(self.launch_corr, dtype=np.int64),
+            launch_correlation=launch_correlation,
             args=self.args,
         )
+
+
+def code_mask(codes: npt.NDArray[np.int32], wanted: list[bool]) -> npt.NDArray[np.bool_]:
+    """Whether each event's code (category or name) is one of the ``wanted`` (by code).
+
+    ``wanted[codes]`` a block at a time: no int64 index temporary the size of the trace,
+    as ``np.isin`` makes.
+    """
+    table = np.asarray(wanted, dtype=bool)
+    out = np.empty(codes.size, dtype=bool)
+    for lo in range(0, codes.size, FLUSH_EVENTS):
+        np.take(table, codes[lo : lo + FLUSH_EVENTS], out=out[lo : lo + FLUSH_EVENTS])
+    return out
 
 
 def read_columns(

@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, difference, union
-from commprof.profiling.trace_columns import TraceColumns, read_columns
+from commprof.profiling.intervals import Int64Array, IntervalSet, difference
+from commprof.profiling.trace_columns import TraceColumns, code_mask, read_columns
 from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
 from commprof.profiling.trace_rules import (
     CLASSES,
@@ -115,6 +115,8 @@ def _dtype_bytes(name: Any) -> int | None:
 
 
 INT64_MAX = 2**63 - 1
+BLOCK_EVENTS = 1 << 16
+"""Events taken at a time where a whole-trace temporary would be several bytes an event."""
 
 
 def _int64(value: Any) -> int | None:
@@ -159,13 +161,13 @@ class _Events:
     def cat_mask(self, cats: frozenset[str] | None) -> npt.NDArray[np.bool_]:
         if cats is None:
             return np.ones(len(self), bool)
-        return np.isin(self.cat_code, [i for i, c in enumerate(self.cats) if c in cats])
+        return code_mask(self.cat_code, [c in cats for c in self.cats])
 
     def name_mask(self, pattern: str | None) -> npt.NDArray[np.bool_]:
         if pattern is None:
             return np.ones(len(self), bool)
         rx = re.compile(pattern)
-        return np.isin(self.name_code, [i for i, n in enumerate(self.names) if rx.match(str(n))])
+        return code_mask(self.name_code, [rx.match(str(n)) is not None for n in self.names])
 
     def args(self, i: int) -> dict[str, Any]:
         """The kept args of event ``i`` (the reader keeps those rules can need)."""
@@ -173,8 +175,9 @@ class _Events:
 
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
         # Over the few events whose args were kept, not over every candidate in idx.
-        holders = [i for i, kept in self.cols.args.items() if key in kept]
-        return np.isin(idx, np.asarray(holders, dtype=np.intp))
+        held = np.zeros(len(self), bool)
+        held[[i for i, kept in self.cols.args.items() if key in kept]] = True
+        return held[idx]
 
     def launch_thread(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         # Device events carry no thread of their own: map them through the CUPTI
@@ -201,19 +204,24 @@ def _unlaunched(evs: _Events) -> npt.NDArray[np.bool_]:
 
     They were launched before the profiler started (or their launch was not recorded).
     """
-    device = np.flatnonzero(evs.cat_mask(LAUNCHED_CATS))
-    launches = np.concatenate(
-        [evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)], evs.cols.launch_correlation]
-    )
-    launches.sort()
-    corr = evs.cols.correlation[device]
-    # Sorted ids and a binary search: a fraction of np.isin's memory on large traces.
-    found = np.zeros(corr.size, bool)
-    if launches.size:
+    device = evs.cat_mask(LAUNCHED_CATS)
+    launches = evs.cols.launch_correlation  # sorted
+    kept = evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)]
+    if kept.size:
+        launches = np.concatenate([kept, launches])
+        launches.sort()
+    del kept
+    out = np.zeros(len(evs), bool)
+    if not launches.size:
+        out[device] = True
+        return out
+    # Sorted ids and a binary search, a block of events at a time: temporaries of a block,
+    # not of the trace (peak memory of a large parse).
+    for lo in range(0, len(evs), BLOCK_EVENTS):
+        corr = evs.cols.correlation[lo : lo + BLOCK_EVENTS]
         pos = np.minimum(np.searchsorted(launches, corr), launches.size - 1)
         found = launches[pos] == corr
-    out = np.zeros(len(evs), bool)
-    out[device] = (corr == -1) | ~found
+        out[lo : lo + BLOCK_EVENTS] = device[lo : lo + BLOCK_EVENTS] & ((corr == -1) | ~found)
     return out
 
 
@@ -271,6 +279,21 @@ def _collectives(
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
+def _class_sets(
+    evs: _Events, targets: npt.NDArray[np.int8], not_compute: npt.NDArray[np.bool_]
+) -> tuple[dict[str, IntervalSet], IntervalSet]:
+    """Interval set of each class, and of the not-compute events (carved out of compute).
+
+    One class's bounds alive at a time, sorted in place (peak memory of a large parse).
+    """
+
+    def merged(sel: npt.NDArray[np.bool_]) -> IntervalSet:
+        return IntervalSet.from_arrays(evs.start_ns[sel], evs.end_ns[sel], owned=True)
+
+    classes = {c: merged(targets == k) for k, c in enumerate(CLASSES)}
+    return classes, merged(not_compute)
+
+
 def parse_trace(
     trace: Path | str | dict[str, Any],
     *,
@@ -326,14 +349,10 @@ def parse_trace(
     def summed(mask: npt.NDArray[np.bool_]) -> int:
         return int((evs.end_ns[mask] - evs.start_ns[mask]).sum())
 
-    classes = {
-        c: IntervalSet.from_arrays(evs.start_ns[targets == k], evs.end_ns[targets == k])
-        for k, c in enumerate(CLASSES)
-    }
-    carve = IntervalSet.from_arrays(evs.start_ns[not_compute], evs.end_ns[not_compute])
+    classes, carve = _class_sets(evs, targets, not_compute)
     if len(carve):
         classes["compute"] = difference(classes["compute"], carve)
-    work = union(classes["communication"], classes["compute"])
+    work = [classes["communication"], classes["compute"]]
     ids, starts, ends, label = step_windows(cols, targets, work, source)
     info = meta.get("distributedInfo") or {}
     return ParsedTrace(

@@ -190,18 +190,27 @@ def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
     """Categories of the events that ``tables`` can use (None: any may matter).
 
     The rules' categories, the launches (correlation ids) and the annotations that carry
-    ``ProfilerStep#N``; a table with a rule on any category or a communication-thread
-    marker (a name in any category) needs every event.
+    ``ProfilerStep#N``; a table with a rule on any category needs every event. Events of
+    other categories whose name :func:`needed_names` matches are needed too.
     """
     cats: set[str] = set(LAUNCH_CATS) | {"user_annotation", "gpu_user_annotation"}
     for table in tables:
-        if table.comm_thread_marker is not None:
-            return None
         for rule in table.rules:
             if rule.cats is None:
                 return None
             cats |= rule.cats
     return frozenset(cats)
+
+
+def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str] | None:
+    """Names of the events needed whatever their category (None: none): the tables'
+    communication-thread markers (a name in any category marks its thread) and, where more
+    than one table may apply, the communication kernels (:func:`detect_regime` reads every
+    name)."""
+    names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
+    if len(tables) > 1:
+        names.append(COMM_KERNEL_PATTERN.pattern)
+    return re.compile("|".join(f"(?:{n})" for n in names)) if names else None
 
 
 def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tuple[RuleTable, ...]:

@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, clip, total_length
-from commprof.profiling.trace_columns import TraceColumns
+from commprof.profiling.intervals import Int64Array, IntervalSet, clip, total_length, union_all
+from commprof.profiling.trace_columns import TraceColumns, code_mask
 from commprof.profiling.trace_rules import STEP_PATTERN
 
 DEVICE_WINDOW_MIN_SHARE = 0.9
@@ -33,7 +33,7 @@ Windows = tuple[Int64Array, Int64Array, Int64Array]
 
 
 def _cat_mask(cols: TraceColumns, cat: str) -> npt.NDArray[np.bool_]:
-    return np.isin(cols.cat_code, [i for i, c in enumerate(cols.cats) if c == cat])
+    return code_mask(cols.cat_code, [c == cat for c in cols.cats])
 
 
 def _windows(
@@ -48,15 +48,17 @@ def _windows(
     return ids, frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
 
 
-def _kernel_time_inside(kernels: IntervalSet, windows: Windows) -> int:
-    # Window by window with binary search (clip): no temporaries the size of the trace.
+def _kernel_time_inside(kernels: list[IntervalSet], windows: Windows) -> int:
+    # Window by window with binary search (clip), the union of the sets taken per window:
+    # no temporaries the size of the trace.
     _, start, end = windows
     return sum(
-        total_length(clip(kernels, int(lo), int(hi))) for lo, hi in zip(start, end, strict=True)
+        total_length(union_all([clip(k, int(lo), int(hi)) for k in kernels]))
+        for lo, hi in zip(start, end, strict=True)
     )
 
 
-def _choose(cpu: Windows | None, device: Windows, kernels: IntervalSet, source: str) -> bool:
+def _choose(cpu: Windows | None, device: Windows, kernels: list[IntervalSet], source: str) -> bool:
     """Whether the device windows hold the kernels (else the CPU ones are used)."""
     on_device = _kernel_time_inside(kernels, device)
     on_cpu = _kernel_time_inside(kernels, cpu) if cpu is not None else 0
@@ -74,15 +76,16 @@ def _choose(cpu: Windows | None, device: Windows, kernels: IntervalSet, source: 
 
 
 def step_windows(
-    cols: TraceColumns, targets: npt.NDArray[np.int8], work: IntervalSet, source: str
+    cols: TraceColumns, targets: npt.NDArray[np.int8], work: list[IntervalSet], source: str
 ) -> tuple[Int64Array, Int64Array, Int64Array, str]:
     """Step numbers, window starts and ends (ns), and where the windows came from.
 
     Args:
         cols: The trace's columns.
         targets: Class index of each event (-1 unclassified), for the whole-trace fallback.
-        work: The steps' work that device windows must hold: the union of the
-            communication and compute classes (the kernels, in the cuda regimes).
+        work: The steps' work that device windows must hold: the sets whose union it is,
+            the communication and compute classes (the kernels, in the cuda regimes);
+            united window by window, never over the whole trace (peak memory).
         source: Trace name for messages.
 
     Returns:
@@ -97,9 +100,10 @@ def step_windows(
         (i, int(m.group(1))) for i, n in enumerate(cols.names) if (m := STEP_PATTERN.match(str(n)))
     ]
     if step_names:
-        sel = np.flatnonzero(np.isin(cols.name_code, [i for i, _ in step_names]))
-        on_device = _cat_mask(cols, "gpu_user_annotation")[sel]
         step_of_code = dict(step_names)
+        is_step = [i in step_of_code for i in range(len(cols.names))]
+        sel = np.flatnonzero(code_mask(cols.name_code, is_step))
+        on_device = _cat_mask(cols, "gpu_user_annotation")[sel]
         cpu = _windows(cols, sel[~on_device], step_of_code) if (~on_device).any() else None
         label, chosen = CPU_SOURCE, cpu
         if on_device.any():
