@@ -129,7 +129,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "interference": pa.schema(
         [
             *_KEY,
-            ("arm", pa.string()),  # comm_under_compute | compute_under_comm
+            ("arm", pa.string()),  # comm_under_compute | compute_under_comm | comm_burst
             ("num_bytes", pa.int64()),  # all-reduce message size
             ("num_iters_alone", pa.int32()),
             ("num_iters_loaded", pa.int32()),

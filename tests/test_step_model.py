@@ -116,6 +116,11 @@ def test_interference_rows_to_factors() -> None:
     assert interference_from_rows(rows, statistic="median").comm_slowdown == (3.0, 5.0)
     with pytest.raises(ValueError, match="statistic"):
         interference_from_rows(rows, statistic="p90")
+    assert interference_from_rows(rows).queue_factor(1024) == 1.0  # no burst arm: none
+    burst = {"arm": "comm_burst", "num_bytes": 1024, "slowdown": 2.0, "slowdown_mean": 2.5,
+             "slowdown_q25": 1.5, "slowdown_q75": 3.5}  # fmt: skip
+    i = interference_from_rows(pd.concat([rows, pd.DataFrame([burst])], ignore_index=True))
+    assert i.queue_slowdown == (2.5, 1.0) and i.queue_spread == (1.0, 0.0)
 
 
 def test_cpu_share_scale() -> None:

@@ -53,6 +53,26 @@ def test_two_channels_share_the_link() -> None:
     assert max(b.end_ns for b in one.buckets) == 80
 
 
+def test_queue_factor_only_while_others_wait() -> None:
+    # a queue costs 1.5x per op: three 40 ns buckets ready at 0 on one channel take 60 ns
+    # each while another waits or runs; the last, alone once the others are done, 40 ns
+    q = Interference(
+        sizes_bytes=(1.0,), comm_slowdown=(1.0,), compute_slowdown=(1.0,), queue_slowdown=(1.5,)
+    )
+    p = simulate_step(
+        ready_work_ns=[0, 0, 0], service_ns=[40, 40, 40], num_bytes=[1, 1, 1], interference=q
+    )
+    assert [(b.start_ns, b.end_ns) for b in p.buckets] == [(0, 60), (60, 120), (120, 160)]
+    # one bucket alone never pays it; shifted() moves it by its spread
+    one = simulate_step(ready_work_ns=[0], service_ns=[40], num_bytes=[1], interference=q)
+    assert one.buckets[0].end_ns == 40
+    spread = Interference(
+        sizes_bytes=(1.0,), comm_slowdown=(1.0,), compute_slowdown=(1.0,),
+        queue_slowdown=(1.5,), queue_spread=(0.25,),
+    )  # fmt: skip
+    assert spread.shifted(1.0).queue_factor(1) == 1.75 and NO_INTERFERENCE.queue_factor(1) == 1.0
+
+
 def test_launch_order_is_kept() -> None:
     # bucket 1's gradients are ready before bucket 0's: DDP still hands 0 over first
     p = simulate_step(ready_work_ns=[50, 10], service_ns=[5, 5], num_bytes=[1, 1])

@@ -53,6 +53,7 @@ from commprof.modeling.timeline import spread_to_parameters
 
 ARM_COMM = "comm_under_compute"
 ARM_COMPUTE = "compute_under_comm"
+ARM_QUEUE = "comm_burst"
 
 
 FACTOR_STATISTICS = ("mean", "median")
@@ -98,12 +99,16 @@ def interference_from_rows(rows: pd.DataFrame, *, statistic: str = "mean") -> In
 
     comm, comm_spread = column(ARM_COMM)
     comp, comp_spread = column(ARM_COMPUTE)
+    # cells from before the burst arm have none: a queue then costs only the shared link
+    queue, queue_spread = column(ARM_QUEUE) if (rows["arm"] == ARM_QUEUE).any() else ((), ())
     return Interference(
         sizes_bytes=tuple(float(n) for n in sizes),
         comm_slowdown=tuple(comm),
         compute_slowdown=tuple(comp),
         comm_spread=tuple(comm_spread),
         compute_spread=tuple(comp_spread),
+        queue_slowdown=tuple(queue),
+        queue_spread=tuple(queue_spread),
     )
 
 

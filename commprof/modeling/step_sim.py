@@ -18,7 +18,9 @@ the backend run it:
 * Interference (:class:`Interference`, measured by the microbenchmark's interference arms):
   while compute runs, a transfer of ``n`` bytes progresses ``comm_factor(n)`` times slower;
   while any transfer runs, compute progresses ``compute_factor(n)`` times slower (``n`` the
-  largest bucket in flight).
+  largest bucket in flight); while more than one all-reduce is in flight or queued, each
+  progresses ``queue_factor(n)`` times slower still (what a queue costs beyond the link:
+  measured by the burst arm, the per-op time of back-to-back all-reduces over one alone).
 * Backward ends (``backward()`` returns) when the compute is done and every bucket is reduced.
 
 Outputs (:class:`StepPrediction`): the step time ``forward + backward + optimizer + other``,
@@ -64,6 +66,11 @@ class Interference:
     """Optional half-width (same units as the factor) of each comm factor's uncertainty."""
     compute_spread: tuple[float, ...] = ()
     """Optional half-width of each compute factor's uncertainty."""
+    queue_slowdown: tuple[float, ...] = ()
+    """Optional per size: an all-reduce's time among others queued or in flight, per op, over
+    its time alone (none: 1, a queue costs only the shared link)."""
+    queue_spread: tuple[float, ...] = ()
+    """Optional half-width of each queue factor's uncertainty."""
 
     def __post_init__(self) -> None:
         n = len(self.sizes_bytes)
@@ -74,11 +81,11 @@ class Interference:
             )
         if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:], strict=False)):
             raise ValueError(f"Interference sizes_bytes must increase, got {self.sizes_bytes}")
-        for name in ("comm_slowdown", "compute_slowdown"):
+        for name in ("comm_slowdown", "compute_slowdown", "queue_slowdown"):
             bad = [f for f in getattr(self, name) if not (math.isfinite(f) and f > 0)]
             if bad:
                 raise ValueError(f"Interference {name} must be finite and > 0, got {bad}")
-        for name in ("comm_spread", "compute_spread"):
+        for name in ("comm_spread", "compute_spread", "queue_slowdown", "queue_spread"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise ValueError(f"Interference {name} needs {n} entries or none")
 
@@ -94,10 +101,16 @@ class Interference:
         """Slowdown of compute while an all-reduce of ``num_bytes`` runs."""
         return self._at(self.compute_slowdown, num_bytes)
 
+    def queue_factor(self, num_bytes: float) -> float:
+        """Slowdown of an all-reduce of ``num_bytes`` while others are queued or in flight."""
+        return self._at(self.queue_slowdown, num_bytes) if self.queue_slowdown else 1.0
+
     def shifted(self, sign: float) -> Interference:
-        """Factors moved by ``sign`` times their spread (floored at 1 / no uncertainty: same)."""
-        comm = self.comm_spread or (0.0,) * len(self.sizes_bytes)
-        comp = self.compute_spread or (0.0,) * len(self.sizes_bytes)
+        """Factors moved by ``sign`` times their spread (floored at 1e-3; no spread: same)."""
+        zeros = (0.0,) * len(self.sizes_bytes)
+        comm = self.comm_spread or zeros
+        comp = self.compute_spread or zeros
+        queue = self.queue_spread or zeros
         return Interference(
             sizes_bytes=self.sizes_bytes,
             comm_slowdown=tuple(
@@ -105,6 +118,9 @@ class Interference:
             ),
             compute_slowdown=tuple(
                 max(1e-3, f + sign * s) for f, s in zip(self.compute_slowdown, comp, strict=True)
+            ),
+            queue_slowdown=tuple(
+                max(1e-3, f + sign * s) for f, s in zip(self.queue_slowdown, queue, strict=False)
             ),
         )
 
@@ -286,8 +302,11 @@ def _play(
         largest = max((num_bytes[k] for k in active), default=0)
         compute_rate = 1.0 / interference.compute_factor(largest) if active else 1.0
         share = 1.0 / len(active) if active else 0.0
+        queued = len(active) + len(queue) > 1
         rates = {
-            k: share / (interference.comm_factor(num_bytes[k]) if computing else 1.0)
+            k: share
+            / (interference.comm_factor(num_bytes[k]) if computing else 1.0)
+            / (interference.queue_factor(num_bytes[k]) if queued else 1.0)
             for k in active
         }
         dt, hits_milestone = math.inf, False

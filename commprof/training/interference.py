@@ -16,7 +16,13 @@ overlap). Per message size ``S`` two arms measure it:
   of ``S`` bytes back to back; a unit counts only if the all-reduces were still running when it
   ended. On CUDA each unit is timed on the host up to a synchronize of the compute stream.
 
-The comm arm's slowdown is the median of the pairs' ratios loaded / alone, the compute arm's
+* ``comm_burst``: the all-reduce alone against ``BURST_SIZE`` of them issued back to back
+  without waiting (as DDP issues its buckets), all waited for at the end: the burst's time over
+  ``BURST_SIZE`` is the loaded time, alternating with alone iterations as above. It measures
+  what a queue of all-reduces costs beyond the link (the backend's threads waking each other;
+  on a CPU host the cores they share), which a single timed all-reduce never sees.
+
+The comm arms' slowdown is the median of the pairs' ratios loaded / alone, the compute arm's
 ``time_loaded_p50 / time_alone_p50``; the quartiles ``slowdown_q25`` and ``slowdown_q75`` (of
 the ratios; of the loaded units over the alone median) say how much it varies. ``slowdown_mean``
 is the mean loaded time over the mean alone time: on a shared host a few loaded all-reduces
@@ -40,12 +46,14 @@ import torch.distributed as dist
 
 COMPUTE_DIM = 256
 """Side of the square matrices of one compute unit (2 * 256**3 = 33.6 MFLOP)."""
-ARMS = ("comm_under_compute", "compute_under_comm")
+ARMS = ("comm_under_compute", "compute_under_comm", "comm_burst")
 """Arm names, as the ``interference`` table's ``arm`` column holds them."""
 WARMUP_ITERS = 3
 """Untimed iterations per size and arm."""
 PAUSE_POLL_S = 0.001
 """How often a paused compute thread checks whether to resume (s)."""
+BURST_SIZE = 8
+"""All-reduces issued back to back in one iteration of the burst arm."""
 MAX_BACKGROUND_ALLREDUCES = 400
 """Most all-reduces the compute-under-comm arm runs behind one size."""
 
@@ -115,6 +123,34 @@ def _time_allreduce(buf: torch.Tensor, device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # sync point: reduction done
     return time.perf_counter_ns() - start
+
+
+def _time_burst(buf: torch.Tensor, device: torch.device) -> int:
+    """``BURST_SIZE`` all-reduces issued at once, all ranks starting together; per one."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync point: outside the window
+    dist.barrier()  # sync point: all ranks start together
+    start = time.perf_counter_ns()
+    works = [dist.all_reduce(buf, async_op=True) for _ in range(BURST_SIZE)]
+    for work in works:
+        assert work is not None
+        work.wait()
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # sync point: reductions done
+    return (time.perf_counter_ns() - start) // BURST_SIZE
+
+
+def _comm_burst(numel: int, iters: int, device: torch.device) -> tuple[list[int], list[int]]:
+    """(alone, per-op in a burst) durations, max over ranks, in alternating pairs."""
+    buf = torch.ones(numel, device=device)
+    alone: list[int] = []
+    burst: list[int] = []
+    for it in range(WARMUP_ITERS + iters):
+        one, many = _time_allreduce(buf, device), _time_burst(buf, device)
+        if it >= WARMUP_ITERS:
+            alone.append(one)
+            burst.append(many)
+    return _max_over_ranks(alone, device), _max_over_ranks(burst, device)
 
 
 def _comm_under_compute(
@@ -202,7 +238,7 @@ def interference_record(
 ) -> dict[str, object]:
     """One ``interference`` row from the alone and loaded durations of one arm and size.
 
-    The comm arm's durations come in pairs (iteration i alone, then loaded): its slowdown and
+    The comm arms' durations come in pairs (iteration i alone, then loaded): their slowdown and
     quartiles are those of the pairs' ratios. The compute arm's loaded units are many short
     ones against the alone median: loaded quartiles over the alone median.
     """
@@ -210,7 +246,7 @@ def interference_record(
         raise ValueError(f"arm must be one of {ARMS} with durations, got {arm!r}")
     alone_p50 = statistics.median(alone_ns)
     p50 = statistics.median(loaded_ns)
-    if arm == ARMS[0]:
+    if arm != ARMS[1]:
         if len(alone_ns) != len(loaded_ns):
             raise ValueError("the comm arm's alone and loaded durations come in pairs")
         q25, ratio, q75 = _quartiles([lo / al for al, lo in zip(alone_ns, loaded_ns, strict=True)])
@@ -241,8 +277,9 @@ def run_interference_bench(
         device: Where buffers and compute live.
 
     Returns:
-        Two rows per size (fields of :func:`interference_record`); the comm arm is identical
-        on every rank, the compute arm is this rank's.
+        Three rows per size, one per arm of :data:`ARMS` (fields of
+        :func:`interference_record`); the comm arms are identical on every rank, the compute
+        arm is this rank's.
     """
     if not dist.is_initialized():
         raise RuntimeError("run_interference_bench needs an initialised process group")
@@ -257,4 +294,6 @@ def run_interference_bench(
         comm_ns = int(statistics.median(alone))
         alone_c, loaded_c = _compute_under_comm(numel, iters, dev, comm_ns)
         rows.append(interference_record(alone_c, loaded_c, arm=ARMS[1], num_bytes=numel * 4))
+        alone_b, burst = _comm_burst(numel, iters, dev)
+        rows.append(interference_record(alone_b, burst, arm=ARMS[2], num_bytes=numel * 4))
     return rows
