@@ -16,7 +16,7 @@ from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.step_advice import _cell_fit, advise_cap
+from commprof.modeling.step_advice import REPEAT_KEYS, _cell_fit, advise_cap, repeats_of
 from commprof.modeling.step_model import (
     StepCalibration,
     calibrate_step,
@@ -72,6 +72,40 @@ def test_calibration_takes_interference_out_of_the_timeline() -> None:
     assert (cal.forward_ns, cal.optimizer_ns, cal.measured_step_ns) == (100, 50, 1050)
     idle = calibrate_step(_tables(), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
     assert idle.param_ready_work_ns == (800.0, 300.0)
+
+
+def test_repeats_are_pooled() -> None:
+    # a repeat of the cell whose second bucket was ready 200 ns later: per (cell, step) the
+    # slowest rank, then the median over the pooled steps (of two: their mean)
+    one = _tables()
+    two = {name: frame.copy() for name, frame in _tables().items()}
+    for frame in two.values():
+        frame["cell_id"] = "fedcba987654"
+    late = two["buckets"]["bucket_index"] == 1
+    two["buckets"].loc[late, ["ready_ns", "launch_ns", "done_ns"]] += 200
+    two["steps"]["backward_ns"] += 200
+    both = {name: pd.concat([one[name], two[name]], ignore_index=True) for name in one}
+    sizes = [("a", 25), ("b", 75)]
+    cal = calibrate_step(both, [CELL, "fedcba987654"], sizes, NO_INTERFERENCE)
+    assert cal.param_ready_work_ns == (900.0, 300.0) and cal.cell_ids == (CELL, "fedcba987654")
+    assert cal.other_ns == 50  # both backwards end 50 ns after their last all-reduce
+    alone = calibrate_step(both, CELL, sizes, NO_INTERFERENCE)
+    assert alone.param_ready_work_ns == (800.0, 300.0) and alone.cell_ids == (CELL,)
+    both["cells"].loc[1, "world_size"] = 4
+    with pytest.raises(ValueError, match="differ in world_size"):
+        calibrate_step(both, [CELL, "fedcba987654"], sizes, NO_INTERFERENCE)
+
+
+def test_repeats_of_a_configuration() -> None:
+    base = dict.fromkeys(REPEAT_KEYS, "x") | {"bucket_cap_mb": float("nan"), "status": "ok"}
+    cells = pd.DataFrame([
+        base | {"cell_id": "c", "repeat": 0}, base | {"cell_id": "a", "repeat": 1},
+        base | {"cell_id": "b", "repeat": 2, "batch_size": 16},  # another configuration
+        base | {"cell_id": "d", "repeat": 3, "status": "failed"},
+        base | {"cell_id": "e", "repeat": 4},  # recorded no buckets
+    ])  # fmt: skip
+    buckets = pd.DataFrame({"cell_id": ["a", "b", "c", "d"]})
+    assert repeats_of({"cells": cells, "buckets": buckets}, "c") == ["c", "a"]
 
 
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:

@@ -152,7 +152,7 @@ def load_step_model(
     world_size: int,
     param_sizes: Sequence[ParamSize],
     backend: str = "gloo",
-    cell_id: str | None = None,
+    cell_id: str | Sequence[str] | None = None,
     interference_statistic: str = "mean",
 ) -> StepModel:
     """Calibrate the simulator for ``model`` from a dataset.
@@ -163,32 +163,59 @@ def load_step_model(
         world_size: the world size asked about (a calibration cell of this size is preferred).
         param_sizes: the model's ``(name, numel[, element_size])`` in registration order.
         backend: the backend of the calibration cell.
-        cell_id: calibrate on this cell instead of choosing one.
+        cell_id: calibrate on this cell, or pool these repeats of one configuration (the
+            first one's microbenchmark is the link fit), instead of choosing: by default the
+            chosen cell and every repeat of its configuration (:func:`repeats_of`).
         interference_statistic: what the interference factors are made of
             (``step_model.FACTOR_STATISTICS``; the mean by default).
 
     Returns:
         The step model.
     """
-    chosen = cell_id or select_calibration_cell(
-        tables, model, backend=backend, world_size=world_size
-    )
+    if cell_id is None:
+        chosen = select_calibration_cell(tables, model, backend=backend, world_size=world_size)
+        pooled = repeats_of(tables, chosen)
+    else:
+        pooled = [cell_id] if isinstance(cell_id, str) else list(cell_id)
     cells = tables["cells"]
-    row = cells[cells["cell_id"].str.startswith(chosen)].iloc[-1]
-    chosen = str(row["cell_id"])
+    pooled = [str(cells[cells["cell_id"].str.startswith(c)]["cell_id"].iloc[-1]) for c in pooled]
+    row = cells[cells["cell_id"] == pooled[0]].iloc[-1]
     rows = tables["interference"]
     interference = interference_from_rows(
-        rows[rows["cell_id"] == chosen], statistic=interference_statistic
+        rows[rows["cell_id"].isin(pooled)], statistic=interference_statistic
     )
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
     return StepModel(
-        calibration=calibrate_step(tables, chosen, param_sizes, interference),
-        link=_cell_fit(tables, chosen),
+        calibration=calibrate_step(tables, pooled, param_sizes, interference),
+        link=_cell_fit(tables, pooled[0]),
         interference=interference,
         device=str(row["device"]),
         cores_per_rank_host=max(1.0, cores),
     )
+
+
+REPEAT_KEYS = (
+    "model", "world_size", "bucket_cap_mb", "backend", "device", "placement", "hook",
+    "optimizer", "batch_size",
+)  # fmt: skip
+"""Cells equal in these are repeats of one configuration (``repeat``, seeds and measurement
+settings may differ)."""
+
+
+def _same(a: object, b: object) -> bool:
+    return bool(a == b) or bool(pd.isna(a) and pd.isna(b))  # type: ignore[call-overload]
+
+
+def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
+    """``cell_id`` and the other completed cells of its configuration that recorded buckets
+    (``cell_id`` first)."""
+    cells = tables["cells"]
+    ok = cells[(cells["status"] == "ok") & cells["cell_id"].isin(tables["buckets"]["cell_id"])]
+    me = cells[cells["cell_id"] == cell_id].iloc[-1]
+    same = ok[[all(_same(r[k], me[k]) for k in REPEAT_KEYS) for _, r in ok.iterrows()]]
+    others = sorted(set(same["cell_id"]) - {cell_id})
+    return [cell_id, *others]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -117,7 +117,9 @@ class StepCalibration:
     """A cell's step, in idle compute units, ready to be replayed at another cap or link."""
 
     cell_id: str
-    """The calibration cell."""
+    """The calibration cell (the first one where several are pooled)."""
+    cell_ids: tuple[str, ...] = ()
+    """Every cell whose steps were pooled (``cell_id`` first)."""
     world_size: int
     """Its ranks."""
     backend: str
@@ -176,44 +178,70 @@ def _latest_ok(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
     return ok.sort_values("attempt").iloc[-1]
 
 
+def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> list[pd.Series]:
+    """The latest ok attempt of each cell; they must be one configuration (same buckets)."""
+    if not cell_ids:
+        raise ValueError("calibrate_step needs at least one cell")
+    rows = [_latest_ok(tables, c) for c in cell_ids]
+    first = rows[0]
+    for row in rows[1:]:
+        for key in ("model", "world_size", "backend", "bucket_cap_mb"):
+            a, b = first.get(key), row.get(key)
+            if not (a == b or (pd.isna(a) and pd.isna(b))):
+                raise ValueError(
+                    f"cells {first['cell_id']} and {row['cell_id']} differ in {key} "
+                    f"({a!r} vs {b!r}): pool only repeats of one configuration"
+                )
+    return rows
+
+
 def calibrate_step(
     tables: dict[str, pd.DataFrame],
-    cell_id: str,
+    cell_id: str | Sequence[str],
     param_sizes: Sequence[ParamSize],
     interference: Interference,
 ) -> StepCalibration:
-    """Idle compute timeline and fixed step parts of one cell (module docstring).
+    """Idle compute timeline and fixed step parts of one cell or of repeats of one (module
+    docstring).
 
     Args:
         tables: the dataset (``commprof.results.load``).
-        cell_id: the calibration cell (or a unique prefix).
+        cell_id: the calibration cell (or a unique prefix), or several cells of one
+            configuration (repeats, as interleaved rounds make them): their measured steps are
+            pooled, so no one cell's minute of host load sets the timeline.
         param_sizes: its model's ``(name, numel[, element_size])`` in registration order.
         interference: the factors used to take interference out of the measured timeline.
 
     Returns:
         The calibration.
     """
-    row = _latest_ok(tables, cell_id)
-    key = {"cell_id": row["cell_id"], "attempt": row["attempt"]}
-    steps = tables["steps"]
-    steps = steps[(steps["cell_id"] == key["cell_id"]) & (steps["attempt"] == key["attempt"])]
+    rows = _pooled_rows(tables, [cell_id] if isinstance(cell_id, str) else list(cell_id))
+    row = rows[0]
+    keys = pd.DataFrame({
+        "cell_id": [r["cell_id"] for r in rows], "attempt": [r["attempt"] for r in rows]
+    })  # fmt: skip
+    steps = tables["steps"].merge(keys, on=["cell_id", "attempt"])
     steps = steps[steps["measured"].astype(bool)]
     if steps.empty or steps["start_ns"].isna().any():
-        raise ValueError(f"cell {key['cell_id']} has no measured steps with start times; rerun it")
+        raise ValueError(f"cell {row['cell_id']} has no measured steps with start times; rerun it")
     buckets = tables["buckets"].merge(steps, on=list(STEP_KEYS))
     if buckets.empty:
-        raise ValueError(f"cell {key['cell_id']} has no bucket rows of measured steps; rerun it")
+        raise ValueError(f"cell {row['cell_id']} has no bucket rows of measured steps; rerun it")
+    if (buckets.groupby("bucket_index")["num_bytes"].nunique() > 1).any():
+        raise ValueError(
+            f"cells {sorted(keys['cell_id'])} bucket the model differently: pool only repeats"
+        )
     # Per (rank, step): the compute work at each hook entry and at the last hand-over.
-    works: dict[int, list[np.ndarray]] = {}
+    works: dict[tuple[str, int], list[np.ndarray]] = {}
     other: list[float] = []
-    for _, group in buckets.groupby(["rank", "step"]):
+    for (cell, _, _), group in buckets.groupby(["cell_id", "rank", "step"]):
         group = group.sort_values("bucket_index")
         origin = float(group["start_ns"].iloc[0] + group["forward_ns"].iloc[0])
         ready = group["ready_ns"].to_numpy(np.float64) - origin
         launch = group["launch_ns"].to_numpy(np.float64) - origin
         done = group["done_ns"].to_numpy(np.float64) - origin
         pieces = _in_flight_pieces(launch, done, group["num_bytes"].to_numpy(), interference)
-        works.setdefault(int(group["step"].iloc[0]), []).append(
+        works.setdefault((str(cell), int(group["step"].iloc[0])), []).append(
             _work_at(np.append(ready, launch[-1]), pieces)
         )
         other.append(float(group["backward_ns"].iloc[0]) - max(float(done.max()), launch[-1]))
@@ -231,10 +259,11 @@ def calibrate_step(
         {k: float(np.median(v)) - before[i] for i, (k, v) in enumerate(sorted(per_bucket.items()))}
     )
     params = tables["bucket_params"]
-    params = params[params["cell_id"] == key["cell_id"]]
+    params = params[params["cell_id"] == row["cell_id"]]
     ready_work = spread_to_parameters(offsets, params, param_sizes)
     return StepCalibration(
-        cell_id=str(key["cell_id"]),
+        cell_id=str(row["cell_id"]),
+        cell_ids=tuple(str(c) for c in keys["cell_id"]),
         world_size=int(row["world_size"]),
         backend=str(row["backend"]),
         param_ready_work_ns=tuple(float(v) for v in ready_work),
