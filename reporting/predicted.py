@@ -36,6 +36,7 @@ from commprof.modeling.step_advice import (
     param_sizes_for,
     predict_cap,
     recommend_cap,
+    repeats_of,
     select_calibration_cell,
 )
 
@@ -82,7 +83,7 @@ def calibrated(data: Processed) -> list[tuple[str, int, StepModel, float | None]
             model,
             world_size=int(ws),
             param_sizes=param_sizes_for(data.tables, model, cell),
-            cell_id=cell,
+            cell_id=repeats_of(data.tables, cell),  # its configuration's repeats pooled
         )
         out.append((model, int(ws), fitted, _cap(row["bucket_cap_mb"])))
     return out

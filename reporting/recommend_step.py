@@ -110,9 +110,10 @@ def _what_if_table(frame: pd.DataFrame) -> str:
 def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
     same, moved = advice[~advice["moved"]], advice[advice["moved"]]
     out = [
-        "Table~\\ref{tab:step_advice} gives the step model's prediction: calibrated on one cell "
-        "per model and world size, it names the cap with the shortest predicted step among the "
-        "powers of two from 0.125~MiB to 512~MiB and the caps run here."
+        "Table~\\ref{tab:step_advice} gives the step model's prediction: calibrated on one "
+        "configuration per model and world size (its repeats pooled), it names the cap with "
+        "the shortest predicted step among the powers of two from 0.125~MiB to 512~MiB and "
+        "the caps run here."
     ]
     if len(same):
         pairs = [f"{prose.escape(r.model)} on {int(r.world_size)} ranks" for r in records(same)]
@@ -270,9 +271,9 @@ def step_finding(data: Processed, q: prose.Quotes) -> str:
 
 
 _ADVICE_CAPTION = (
-    "Predicted: the step model's cap per model and world size, calibrated on one cell at the "
-    "cap named, and its predicted median step with the range under the calibration's "
-    "uncertainty (link fit at its 95\\% interval ends, interference at its quartiles)"
+    "Predicted: the step model's cap per model and world size, calibrated on one configuration "
+    "(its repeats pooled) at the cap named, and its predicted median step with the range "
+    "under the calibration's uncertainty (link fit at its 95\\% interval ends, interference at its quartiles)"
 )
 _OOS_CAPTION = (
     "Out of sample: the step model's predicted median step at each cap run here other than its "
