@@ -273,7 +273,8 @@ def step_finding(data: Processed, q: prose.Quotes) -> str:
 _ADVICE_CAPTION = (
     "Predicted: the step model's cap per model and world size, calibrated on one configuration "
     "(its repeats pooled) at the cap named, and its predicted median step with the range "
-    "under the calibration's uncertainty (link fit at its 95\\% interval ends, interference at its quartiles)"
+    "under the calibration's uncertainty (link fit at its 95\\% interval ends, interference "
+    "at its quartiles)"
 )
 _OOS_CAPTION = (
     "Out of sample: the step model's predicted median step at each cap run here other than its "
