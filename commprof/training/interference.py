@@ -3,7 +3,7 @@
 Training overlaps a bucket's all-reduce with backward compute, and each slows the other: on a
 CPU rank both want the same cores and memory bandwidth; on a GPU the GEMMs and the NCCL kernels
 share SMs and memory (arXiv 2507.03114 measured compute 18.9 % slower on average under
-overlap). Per message size ``S`` two arms measure it:
+overlap). Per message size ``S`` three arms measure it:
 
 * ``comm_under_compute``: the all-reduce of ``S`` bytes timed as the idle microbenchmark does
   (barrier, then ``all_reduce(...).wait()``, max over ranks per iteration), alone and while the
@@ -20,7 +20,9 @@ overlap). Per message size ``S`` two arms measure it:
   without waiting (as DDP issues its buckets), all waited for at the end: the burst's time over
   ``BURST_SIZE`` is the loaded time, alternating with alone iterations as above. It measures
   what a queue of all-reduces costs beyond the link (the backend's threads waking each other;
-  on a CPU host the cores they share), which a single timed all-reduce never sees.
+  on a CPU host the cores they share), which a single timed all-reduce never sees. On idle
+  2-core gloo ranks a burst ran faster per op (0.34 to 0.94 of one alone: the two threads
+  pipeline), so the simulator's queue factor, floored at 1, was 1 there.
 
 The comm arms' slowdown is the median of the pairs' ratios loaded / alone, the compute arm's
 ``time_loaded_p50 / time_alone_p50``; the quartiles ``slowdown_q25`` and ``slowdown_q75`` (of
