@@ -603,7 +603,7 @@ def test_a_trace_without_distributed_info_keeps_only_the_events_its_rules_can_us
 def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # ts/dur are converted and checked a chunk at a time (a file's chunk, or FLUSH_EVENTS
+    # ts/dur are converted and checked a chunk at a time (a file's chunk, or BLOCK_EVENTS
     # events of a dict): the message counts the bad events of every chunk and names the first.
     events = [step(0, 0, 100)] + [x(f"op{i}", "cpu_op", i, 1) for i in range(10)]
     events[3]["dur"] = -1.0
@@ -611,7 +611,7 @@ def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
     events[9]["dur"] = 1e12
     first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-1.0\)"
     only_none = r"1 event\(s\) .* \(first: 'op5' ts=None dur=1\)"
-    monkeypatch.setattr(trace_columns, "FLUSH_EVENTS", 2)
+    monkeypatch.setattr(trace_columns, "BLOCK_EVENTS", 2)
     path = tmp_path / "bad.json"
     for evs, want in ((events, first), ([events[0], events[6]], only_none)):
         with pytest.raises(ValueError, match=want):

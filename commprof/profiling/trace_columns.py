@@ -85,8 +85,10 @@ class TraceColumns:
 
 
 UNSET = msgspec.UNSET
-FLUSH_EVENTS = 1 << 16
-"""Events of a dict trace taken between conversions of their ts/dur to ns (``_flush``)."""
+BLOCK_EVENTS = 1 << 16
+"""Events taken at a time where a whole-trace temporary would cost several bytes an event: a
+dict trace's events between conversions of their ts/dur to ns (``_flush``), the blocks of
+:func:`code_mask` and of ``trace_parser``'s launch search."""
 
 
 def _int64_or_none(value: Any) -> int:
@@ -346,7 +348,7 @@ class ColumnBuilder:
         # only; new codes and odd values take the slow paths in the except clauses.
         if not isinstance(e, dict) or e.get("ph") != "X":
             return
-        if len(self.ts_us) >= FLUSH_EVENTS:
+        if len(self.ts_us) >= BLOCK_EVENTS:
             self._flush()
         if not self.decided:
             self._decide()
@@ -417,7 +419,7 @@ class ColumnBuilder:
     def _flush(self) -> None:
         """Convert the pending float ts/dur to int64 ns starts and ends, and check them.
 
-        Done per chunk (or per ``FLUSH_EVENTS`` events of a dict), so no float column of the
+        Done per chunk (or per ``BLOCK_EVENTS`` events of a dict), so no float column of the
         whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
         the first one's details kept for ``finish``'s message, and stored as 0.
         """
@@ -510,8 +512,8 @@ def code_mask(codes: npt.NDArray[np.int32], wanted: list[bool]) -> npt.NDArray[n
     """
     table = np.asarray(wanted, dtype=bool)
     out = np.empty(codes.size, dtype=bool)
-    for lo in range(0, codes.size, FLUSH_EVENTS):
-        np.take(table, codes[lo : lo + FLUSH_EVENTS], out=out[lo : lo + FLUSH_EVENTS])
+    for lo in range(0, codes.size, BLOCK_EVENTS):
+        np.take(table, codes[lo : lo + BLOCK_EVENTS], out=out[lo : lo + BLOCK_EVENTS])
     return out
 
 

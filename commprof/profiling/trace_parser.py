@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from commprof.profiling.intervals import Int64Array, IntervalSet, difference
-from commprof.profiling.trace_columns import TraceColumns, code_mask, read_columns
+from commprof.profiling.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
 from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
 from commprof.profiling.trace_rules import (
     CLASSES,
@@ -115,8 +115,6 @@ def _dtype_bytes(name: Any) -> int | None:
 
 
 INT64_MAX = 2**63 - 1
-BLOCK_EVENTS = 1 << 16
-"""Events taken at a time where a whole-trace temporary would be several bytes an event."""
 
 
 def _int64(value: Any) -> int | None:
