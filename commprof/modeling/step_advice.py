@@ -30,6 +30,7 @@ from commprof.modeling.step_model import (
     cpu_share_scale,
     interference_from_rows,
     predict_range,
+    same_setting,
 )
 from commprof.modeling.step_sim import Interference, StepPrediction
 
@@ -203,17 +204,13 @@ REPEAT_KEYS = (
 settings may differ)."""
 
 
-def _same(a: object, b: object) -> bool:
-    return bool(a == b) or bool(pd.isna(a) and pd.isna(b))  # type: ignore[call-overload]
-
-
 def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
     """``cell_id`` and the other completed cells of its configuration that recorded buckets
     (``cell_id`` first)."""
     cells = tables["cells"]
     ok = cells[(cells["status"] == "ok") & cells["cell_id"].isin(tables["buckets"]["cell_id"])]
     me = cells[cells["cell_id"] == cell_id].iloc[-1]
-    same = ok[[all(_same(r[k], me[k]) for k in REPEAT_KEYS) for _, r in ok.iterrows()]]
+    same = ok[[all(same_setting(r[k], me[k]) for k in REPEAT_KEYS) for _, r in ok.iterrows()]]
     others = sorted(set(same["cell_id"]) - {cell_id})
     return [cell_id, *others]
 

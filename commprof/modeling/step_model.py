@@ -178,6 +178,11 @@ def _latest_ok(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
     return ok.sort_values("attempt").iloc[-1]
 
 
+def same_setting(a: object, b: object) -> bool:
+    """Equal cell settings, two missing values (NaN, None: DDP's default cap) counting equal."""
+    return bool(a == b) or bool(pd.isna(a) and pd.isna(b))  # type: ignore[call-overload]
+
+
 def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> list[pd.Series]:
     """The latest ok attempt of each cell; they must be one configuration (same buckets)."""
     if not cell_ids:
@@ -187,7 +192,7 @@ def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> li
     for row in rows[1:]:
         for key in ("model", "world_size", "backend", "bucket_cap_mb"):
             a, b = first.get(key), row.get(key)
-            if not (a == b or (pd.isna(a) and pd.isna(b))):
+            if not same_setting(a, b):
                 raise ValueError(
                     f"cells {first['cell_id']} and {row['cell_id']} differ in {key} "
                     f"({a!r} vs {b!r}): pool only repeats of one configuration"
