@@ -262,7 +262,10 @@ def limitations(data: Processed, q: Quotes) -> Section:
         "callback can run late while it waits for the interpreter lock.",
         "The end of backward compute is taken as the time the last bucket became ready; work "
         "after it inside backward (DDP's finalisation) counts as exposed communication.",
-        "The model sees neither contention with compute nor gloo's several worker threads.",
+        "The calibrated ring model sees neither contention with compute nor gloo's several "
+        "worker threads; the step model behind the main report's recommendations takes both "
+        "in (the interference arms, two channels sharing the link), and states its error out "
+        "of sample only where the dataset has caps beyond its calibration.",
     ]
     envs = data.tables["cells"]["env_json"].dropna()
     cpus = max((int(json.loads(e).get("cpu_count") or 0) for e in envs), default=0)
