@@ -16,6 +16,7 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
+from commprof.modeling.step_advice import TIE_TOLERANCE
 from commprof.reporting import predicted, prose
 from commprof.reporting.report_tables import MISSING, booktabs, fmt
 from commprof.reporting.viz import cap_label
@@ -272,9 +273,12 @@ def step_finding(data: Processed, q: prose.Quotes) -> str:
 
 _ADVICE_CAPTION = (
     "Predicted: the step model's cap per model and world size, calibrated on one configuration "
-    "(its repeats pooled) at the cap named, and its predicted median step with the range "
-    "under the calibration's uncertainty (link fit at its 95\\% interval ends, interference "
-    "at its quartiles)"
+    "(its repeats pooled; the link fit's times scaled so that the model replays their measured "
+    "backward) at the cap named, and its predicted median step with the range under the "
+    "calibration's uncertainty (link fit at its 95\\% interval ends, interference at its "
+    "quartiles); caps predicted within "
+    f"{fmt(100 * TIE_TOLERANCE, 0)}\\% of the fastest count as tied: the calibration cap "
+    "named where it is one, else the one with fewest buckets"
 )
 _OOS_CAPTION = (
     "Out of sample: the step model's predicted median step at each cap run here other than its "
@@ -283,6 +287,6 @@ _OOS_CAPTION = (
 )
 _WHAT_IF_CAPTION = (
     "What-if, predicted only: the step model's cap and median step with the link replaced by a "
-    "published interconnect (per-direction bandwidth, latency assumed {alpha_us}~$\\mu$s), the "
-    "calibration's compute timeline and interference kept ({links})."
+    "published interconnect (per-direction bandwidth, latency assumed {alpha_us}~$\\mu$s, not "
+    "scaled), the calibration's compute timeline and interference kept ({links})."
 )

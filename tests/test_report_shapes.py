@@ -276,7 +276,8 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
         advice = step_advice.advise_cap(tables, model, int(ws), caps_mb=caps)
         at = {c.bucket_cap_mb: c for c in advice.curve}
         best = at[advice.best_cap_mb]
-        if best.step_ns < at[cal_cap].step_ns:  # a tie keeps the calibration cap: no gain
+        if not any(c is at[cal_cap] for c in step_advice.tied(advice.curve)):
+            # a tie keeps the calibration cap: no gain
             key, cal = f"[{model},p={ws}]", at[cal_cap]
             expected[f"step_pred_gain{key}"] = 100 * (1 - best.step_ns / cal.step_ns)
             ends = [100 * (1 - best.step_ns_range[i] / cal.step_ns_range[i]) for i in (0, 1)]
@@ -293,9 +294,9 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
                 alpha_ns=DEFAULT_ALPHA_NS,
             )
             curve = step_advice.recommend_cap(fitted, sizes, caps_mb=caps, link=link).curve
-            fastest = min(curve, key=lambda c: (c.step_ns, c.num_buckets))
             cal = next(c for c in curve if c.bucket_cap_mb == cal_cap)
-            worst = (cal if cal.step_ns <= fastest.step_ns else fastest).exposed_ns / 1e6
+            chosen = cal if any(c is cal for c in step_advice.tied(curve)) else None
+            worst = (chosen or step_advice.best_of(curve)).exposed_ns / 1e6
             exposed[name] = max(exposed.get(name, 0.0), worst)
         for cap, measured in [] if run is None else run.items():
             if cap != cal_cap:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -16,15 +18,27 @@ from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.step_advice import REPEAT_KEYS, _cell_fit, advise_cap, repeats_of
+from commprof.modeling.step_advice import (
+    REPEAT_KEYS,
+    TIE_TOLERANCE,
+    CapPrediction,
+    _cell_fit,
+    advise_cap,
+    best_of,
+    load_step_model,
+    predict_cap,
+    repeats_of,
+)
 from commprof.modeling.step_model import (
+    LINK_SCALE_BOUNDS,
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
+    fit_link_scale,
     interference_from_rows,
     predict_step,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
+from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
 
 CELL = "0123456789ab"
 
@@ -174,6 +188,16 @@ def _commprof(*args: str) -> str:
     return out.stdout
 
 
+def _assert_advised(points: dict[float | None, tuple[float, int]], advised: float | None) -> None:
+    """The advised cap is within TIE_TOLERANCE of the shortest step, and no cap that is has
+    fewer buckets."""
+    shortest = min(step for step, _ in points.values())
+    step, buckets = points[advised]
+    assert step <= shortest * (1 + TIE_TOLERANCE)
+    near = [n for s, n in points.values() if s <= shortest * (1 + TIE_TOLERANCE)]
+    assert buckets == min(near)
+
+
 def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # A new user's path: one `commprof run` with default flags, then `estimate --fit` on it.
     data = tmp_path / "data"
@@ -190,8 +214,16 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     for b in pred["buckets"]:
         assert b["ready_ns"] <= b["start_ns"] <= b["end_ns"]
     rec = doc["recommendation"]
-    best = min(rec["curve"], key=lambda c: (c["step_ns"], c["num_buckets"]))
-    assert rec["best_bucket_cap_mb"] == best["bucket_cap_mb"]
+    points = {c["bucket_cap_mb"]: (c["step_ns"], c["num_buckets"]) for c in rec["curve"]}
+    _assert_advised(points, rec["best_bucket_cap_mb"])
+    # the calibrated model replays its own cell's backward (the in-training link scale)
+    tables = results.load(data)
+    model = load_step_model(tables, "srn-100k", world_size=2, param_sizes=sizes)
+    cal = model.calibration
+    assert LINK_SCALE_BOUNDS[0] < model.link_scale < LINK_SCALE_BOUNDS[1]
+    assert doc["calibration"]["link_scale"] == pytest.approx(model.link_scale)
+    replay = predict_cap(model, sizes, bucket_cap_mb=cal.bucket_cap_mb).prediction
+    assert replay.backward_ns + cal.other_ns == pytest.approx(cal.measured_backward_ns, rel=1e-6)
     # p = 4 on the same host, without interference: compute scales by the core share exactly
     env = json.loads(pd.read_parquet(data / "cells")["env_json"].iloc[0])
     cores = env["cpu_count"] / env["num_threads"]
@@ -203,6 +235,11 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     assert four["prediction"]["compute_end_ns"] == pytest.approx(
         scale * two["prediction"]["compute_end_ns"], rel=1e-6, abs=2
     )
+    # ... and so do gloo's transfers over loopback, against p = 4 on ranks of their own
+    apart = json.loads(_commprof(*common, "--world-size", "4", "--no-interference"))
+    pairs = zip(four["prediction"]["buckets"], apart["prediction"]["buckets"], strict=True)
+    for shared, own in pairs:
+        assert shared["service_ns"] == pytest.approx(scale * own["service_ns"], rel=1e-6, abs=2)
     # a published link: the measured compute kept, each bucket's all-reduce the ring model's
     swapped = json.loads(
         _commprof(*common, "--world-size", "2", "--interconnect", "nvlink4", "--no-interference")
@@ -214,9 +251,8 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # the one-call API a report uses agrees with the command line's search
     advice = advise_cap(results.load(data), "srn-100k", 2, caps_mb=(0.25, 32.0))
     assert [c.bucket_cap_mb for c in advice.curve] == [0.25, 32.0]
-    assert (
-        advice.best_cap_mb
-        == min(advice.curve, key=lambda c: (c.step_ns, c.num_buckets)).bucket_cap_mb
+    _assert_advised(
+        {c.bucket_cap_mb: (c.step_ns, c.num_buckets) for c in advice.curve}, advice.best_cap_mb
     )
     by_cap = {c["bucket_cap_mb"]: c["step_ns"] for c in rec["curve"]}
     assert [round(c.step_ns) for c in advice.curve] == [by_cap[0.25], by_cap[32.0]]
@@ -253,7 +289,8 @@ def test_prediction_in_closed_form() -> None:
     cal = StepCalibration(
         cell_id=CELL, world_size=2, backend="nccl", param_ready_work_ns=(300.0, 100.0),
         compute_work_ns=300.0, hook_fixed_ns=10.0, hook_ns_per_byte=0.01, forward_ns=50.0,
-        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0,
+        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0, measured_backward_ns=math.nan,
+        bucket_cap_mb=512.0,
     )  # fmt: skip
     sizes = [("a", 1000), ("b", 1000)]
     link = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)
@@ -273,6 +310,48 @@ def test_prediction_in_closed_form() -> None:
     assert two.buckets[1].end_ns == pytest.approx(4150 + 4000)
     with pytest.raises(ValueError, match="parameters"):
         predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
+    # service_scale multiplies the link's times: the exposed all-reduce takes 3 x 8000
+    p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3)
+    assert p3.exposed_ns == pytest.approx(24000)
+    with pytest.raises(ValueError, match="service_scale"):
+        predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=0)
+
+    # the in-training link scale replays the measured backward: 300 + 90 of compute and hook,
+    # then the exposed all-reduce, then other; measured 2 x 8000 for it gives a scale of 2
+    def scale_for(backward_ns: float) -> float:
+        measured = replace(cal, measured_backward_ns=backward_ns)
+        return fit_link_scale(measured, sizes, link=link, interference=NO_INTERFERENCE)
+
+    assert scale_for(300 + 90 + 2 * 8000 + 5) == pytest.approx(2.0, rel=1e-9)
+    assert scale_for(300 + 90 + 0.5 * 8000 + 5) == pytest.approx(0.5, rel=1e-9)
+    # shorter than the compute alone: the cell says nothing of the link; beyond the bounds: clamped
+    assert scale_for(300) == 1.0
+    assert scale_for(1e9) == LINK_SCALE_BOUNDS[1]
+    with pytest.raises(ValueError, match="no measured backward"):
+        scale_for(math.nan)
+
+
+def _point(cap: float, step_ns: float, num_buckets: int) -> CapPrediction:
+    sim = simulate_step(ready_work_ns=[], service_ns=[], num_bytes=[])
+    return CapPrediction(
+        bucket_cap_mb=cap, num_buckets=num_buckets, step_ns=step_ns, exposed_ns=0.0,
+        overlap_efficiency=math.nan, step_ns_range=(step_ns, step_ns),
+        exposed_ns_range=(0.0, 0.0), prediction=sim,
+    )  # fmt: skip
+
+
+def test_near_ties_go_to_fewer_buckets() -> None:
+    # 4 MiB is the shortest, 25 MiB within TIE_TOLERANCE with fewer buckets: 25 MiB
+    tied = 100.0 * (1 + TIE_TOLERANCE / 2)
+    curve = [_point(1.0, 105.0, 9), _point(4.0, 100.0, 3), _point(25.0, tied, 1)]
+    assert best_of(curve).bucket_cap_mb == 25.0
+    # just beyond the tolerance the shortest wins
+    curve[2] = _point(25.0, 100.0 * (1 + 2 * TIE_TOLERANCE), 1)
+    assert best_of(curve).bucket_cap_mb == 4.0
+    # equal buckets within the tolerance: the shorter step
+    assert best_of([_point(8.0, tied, 3), _point(4.0, 100.0, 3)]).bucket_cap_mb == 4.0
+    with pytest.raises(ValueError, match="at least one"):
+        best_of([])
 
 
 def test_recorded_parameter_sizes_match_the_catalog() -> None:

@@ -63,7 +63,8 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
 def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None, str]:
     if not args.interconnect:
         cell = model.calibration.cell_id
-        return None, f"fit of cell {cell}'s microbenchmark ({model.link.method})"
+        scale = "" if args.no_interference else f" x {model.link_scale:.2f} in training"
+        return None, f"fit of cell {cell}'s microbenchmark ({model.link.method}){scale}"
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
         bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
@@ -102,6 +103,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "world_size": cal.world_size,
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
+            "link_scale": model.link_scale if link is None and not args.no_interference else 1.0,
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },
@@ -163,7 +165,7 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         "--same-host",
         action="store_true",
         help="with --fit DIR and another --world-size: the ranks share the calibration's CPU "
-        "host, so compute slows by the core share",
+        "host, so compute and gloo's transfers slow by the core share",
     )
     parser.add_argument(
         "--no-interference",

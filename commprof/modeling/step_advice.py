@@ -28,6 +28,7 @@ from commprof.modeling.step_model import (
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
+    fit_link_scale,
     interference_from_rows,
     predict_range,
     same_setting,
@@ -52,6 +53,8 @@ class StepModel:
     """Where the calibration cell's tensors lived."""
     cores_per_rank_host: float
     """CPU cores of the calibration host over threads per rank (for :func:`cpu_share_scale`)."""
+    link_scale: float = 1.0
+    """In-training link scale (``step_model.fit_link_scale``) applied to the calibrated link."""
 
 
 def select_calibration_cell(
@@ -187,12 +190,15 @@ def load_step_model(
     )
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
+    calibration = calibrate_step(tables, pooled, param_sizes, interference)
+    link = _cell_fit(tables, pooled[0])
     return StepModel(
-        calibration=calibrate_step(tables, pooled, param_sizes, interference),
-        link=_cell_fit(tables, pooled[0]),
+        calibration=calibration,
+        link=link,
         interference=interference,
         device=str(row["device"]),
         cores_per_rank_host=max(1.0, cores),
+        link_scale=fit_link_scale(calibration, param_sizes, link=link, interference=interference),
     )
 
 
@@ -255,10 +261,13 @@ def predict_cap(
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
         world_size: ranks (default: the calibration's).
         link: another link (a published interconnect's parameters), keeping the measured
-            compute timeline; default the calibrated fit.
-        same_host: the ranks share the calibration's CPU host, so compute slows by the core
-            share (:func:`step_model.cpu_share_scale`); else each rank has its own.
-        interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model).
+            compute timeline; default the calibrated fit, its times multiplied by the
+            in-training link scale (``model.link_scale``) unless ``interference`` is given.
+        same_host: the ranks share the calibration's CPU host, so compute, and gloo's
+            transfers on the calibrated link, slow by the core share
+            (:func:`step_model.cpu_share_scale`); else each rank has its own.
+        interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model,
+            the link's idle times without the in-training scale).
 
     Returns:
         The prediction with its range.
@@ -268,6 +277,9 @@ def predict_cap(
     scale = 1.0
     if same_host and model.device == "cpu":
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
+    service = 1.0
+    if link is None:
+        service = scale * (model.link_scale if interference is None else 1.0)
     low, mid, high = predict_range(
         cal,
         param_sizes,
@@ -276,6 +288,7 @@ def predict_cap(
         interference=model.interference if interference is None else interference,
         world_size=ws,
         compute_scale=scale,
+        service_scale=service,
     )
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,
@@ -297,9 +310,31 @@ class CapAdvice:
     """The cap search."""
 
     best_cap_mb: float | None
-    """The cap with the shortest predicted step (ties: fewer buckets)."""
+    """The cap with the fewest buckets among those predicted within :data:`TIE_TOLERANCE` of
+    the shortest step (:func:`best_of`)."""
     curve: tuple[CapPrediction, ...]
     """Every cap tried, in the order given."""
+
+
+TIE_TOLERANCE = 0.01
+"""Caps predicted within this fraction of the shortest step count as tied."""
+
+
+def best_of(curve: Sequence[CapPrediction]) -> CapPrediction:
+    """The point to recommend: among the caps predicted within :data:`TIE_TOLERANCE` of the
+    shortest step, the one with the fewest buckets (then the shorter step). A gain of a percent
+    is below what repeats of one cell resolve (the step-model benchmark's pairs of one cap
+    moved by several percent round to round), and fewer buckets mean fewer collectives to
+    launch and to vary."""
+    return min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+
+
+def tied(curve: Sequence[CapPrediction]) -> list[CapPrediction]:
+    """The points of ``curve`` predicted within :data:`TIE_TOLERANCE` of its shortest step."""
+    if not curve:
+        raise ValueError("a cap search needs at least one predicted cap")
+    shortest = min(c.step_ns for c in curve)
+    return [c for c in curve if c.step_ns <= shortest * (1.0 + TIE_TOLERANCE)]
 
 
 def recommend_cap(
@@ -310,7 +345,8 @@ def recommend_cap(
     caps_mb: Sequence[float | None] = CAP_GRID_MB,
     **what_if: object,
 ) -> CapAdvice:
-    """The cap with the shortest predicted step time among ``caps_mb``.
+    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
+    buckets (:func:`best_of`).
 
     Args:
         model: from :func:`load_step_model`.
@@ -328,8 +364,7 @@ def recommend_cap(
         predict_cap(model, param_sizes, bucket_cap_mb=cap, world_size=world_size, **what_if)  # type: ignore[arg-type]
         for cap in caps_mb
     )
-    best = min(curve, key=lambda c: (c.step_ns, c.num_buckets))
-    return CapAdvice(best_cap_mb=best.bucket_cap_mb, curve=curve)
+    return CapAdvice(best_cap_mb=best_of(curve).bucket_cap_mb, curve=curve)
 
 
 def advise_cap(

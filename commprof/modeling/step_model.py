@@ -18,14 +18,18 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
 * ``other_ns`` is what backward spends after its last all-reduce and compute (DDP's finalize:
   copying the reduced buckets back into the gradients), forward and optimizer are medians: all
   three are taken as they are at every cap.
+* The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
+  all-reduce times with which the simulator replays the cells' own median backward.
 
 Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
 world size asked for (the ring model's p dependence), :func:`step_sim.simulate_step` plays the
 step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on another link
 or world size whose ranks have their own devices; on one CPU host whose cores the ranks share,
-the ratio of the ranks' core shares (:func:`cpu_share_scale`). Uncertainty: the same prediction
-with alpha and beta at the ends of their 95 % intervals and the interference factors at their
-quartiles (:func:`predict_range`).
+the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale`` multiplies the
+link's all-reduce times: the in-training link scale on the calibrated link, times the same core
+share on one CPU host (gloo over loopback moves and reduces the bytes on the ranks' cores).
+Uncertainty: the same prediction with alpha and beta at the ends of their 95 % intervals and the
+interference factors at their quartiles (:func:`predict_range`).
 
 This module imports no torch and no ray.
 """
@@ -141,6 +145,10 @@ class StepCalibration:
     """Median backward time after the last all-reduce and compute (DDP's finalize)."""
     measured_step_ns: float
     """Median measured step time of the cell (for reference)."""
+    measured_backward_ns: float
+    """Median measured backward time (what :func:`fit_link_scale` replays)."""
+    bucket_cap_mb: float | None
+    """The calibration cells' cap (MiB; None: DDP's default)."""
 
 
 def _work_at(x: np.ndarray, pieces: list[tuple[float, float, float]]) -> np.ndarray:
@@ -279,6 +287,8 @@ def calibrate_step(
         optimizer_ns=float(steps["optimizer_ns"].median()),
         other_ns=max(0.0, float(np.median(other))),
         measured_step_ns=float(steps["step_ns"].median()),
+        measured_backward_ns=float(steps["backward_ns"].median()),
+        bucket_cap_mb=None if pd.isna(row.get("bucket_cap_mb")) else float(row["bucket_cap_mb"]),
     )
 
 
@@ -337,6 +347,7 @@ def predict_step(
     interference: Interference = NO_INTERFERENCE,
     num_channels: int | None = None,
     compute_scale: float = 1.0,
+    service_scale: float = 1.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
@@ -349,6 +360,9 @@ def predict_step(
         interference: slowdown factors (:data:`NO_INTERFERENCE`: the idle model).
         num_channels: collectives in flight at once (default: the backend's).
         compute_scale: multiplies forward, backward compute and optimizer (module docstring).
+        service_scale: multiplies every bucket's idle all-reduce time from ``link`` (the
+            in-training link scale of :func:`fit_link_scale`, the core share of ranks that
+            share one CPU host).
 
     Returns:
         The simulated step.
@@ -358,8 +372,9 @@ def predict_step(
             f"the model has {len(param_sizes)} parameters, the calibration cell "
             f"{calibration.cell_id} {len(calibration.param_ready_work_ns)}: use its own model"
         )
-    if not compute_scale > 0:
-        raise ValueError(f"compute_scale must be > 0, got {compute_scale}")
+    for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
     ws = calibration.world_size if world_size is None else world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
@@ -372,7 +387,7 @@ def predict_step(
     )
     return simulate_step(
         ready_work_ns=ready,
-        service_ns=_service_ns(link, sizes, ws).tolist(),
+        service_ns=(service_scale * _service_ns(link, sizes, ws)).tolist(),
         num_bytes=[b.num_bytes for b in buckets],
         compute_work_ns=max(compute_scale * calibration.compute_work_ns, max(ready)),
         num_channels=channels,
@@ -385,6 +400,54 @@ def predict_step(
         optimizer_ns=compute_scale * calibration.optimizer_ns,
         other_ns=calibration.other_ns,
     )
+
+
+LINK_SCALE_BOUNDS = (1.0 / 8.0, 16.0)
+"""The in-training link scale searched (:func:`fit_link_scale`)."""
+
+
+def fit_link_scale(
+    calibration: StepCalibration,
+    param_sizes: Sequence[ParamSize],
+    *,
+    link: LinkParams | Fit,
+    interference: Interference,
+) -> float:
+    """The in-training link scale: the multiplier of the link's idle all-reduce times with which
+    the simulator replays the calibration cells' own median backward.
+
+    The microbenchmark times the link idle and its interference arms load it with one
+    matrix-product thread; in training the all-reduces also share the host with the other
+    ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
+    benchmark host 2 to 3 times the idle fit per bucket). The calibration cells measure that
+    directly: the scale is what the simulator, at the calibration cap with the calibrated
+    timeline and interference, needs to end backward when the cells did (``measured_backward_ns
+    - other_ns``), found by bisection in log scale within :data:`LINK_SCALE_BOUNDS` (the
+    simulated backward grows with the scale). Where even the smallest scale ends backward later
+    than measured (the communication was hidden, so the cells say nothing of the link), 1.
+
+    Raises:
+        ValueError: the calibration has no measured backward time.
+    """
+    target = calibration.measured_backward_ns - calibration.other_ns
+    if not math.isfinite(target):
+        raise ValueError(f"calibration cell {calibration.cell_id} has no measured backward time")
+
+    def backward(scale: float) -> float:
+        return predict_step(
+            calibration, param_sizes, bucket_cap_mb=calibration.bucket_cap_mb, link=link,
+            interference=interference, service_scale=scale,
+        ).backward_ns  # fmt: skip
+
+    if backward(LINK_SCALE_BOUNDS[0]) >= target:
+        return 1.0
+    if backward(LINK_SCALE_BOUNDS[1]) <= target:
+        return LINK_SCALE_BOUNDS[1]
+    lo, hi = (math.log(b) for b in LINK_SCALE_BOUNDS)
+    for _ in range(40):  # 40 halvings of a range of log(128): far below a ns of backward
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if backward(math.exp(mid)) < target else (lo, mid)
+    return math.exp((lo + hi) / 2.0)
 
 
 def _fit_bound(fit: Fit, side: int) -> Fit:
