@@ -4,14 +4,17 @@ Collection (one run, this machine: gloo over loopback, ranks spawned locally, no
 srn-1m, srn-10m and resnet18 at caps 0.25, 1, 4 and 25 MiB on 2 ranks, and srn-10m at 25 MiB on
 4 ranks, in interleaved rounds (every cell once per round, the order shuffled per round with a
 fixed seed) so that load drifts hit every cap alike; a round's 2-rank cells share one gang of
-rank processes (one process group for all), as a sweep's reused gangs do. Round 0's 25 MiB cell
-of each model is run with the defaults of ``commprof run`` (microbenchmark and interference
-arms); the others with a minimal microbenchmark. The raw dataset is kept (``--data``).
+rank processes (one process group for all), as a sweep's reused gangs do. Every round's 25 MiB
+cell of each model (the calibration cells) is run with the defaults of ``commprof run``
+(microbenchmark and interference arms; round 0's only, before the seventh run); the others with
+a minimal microbenchmark. The raw dataset is kept (``--data``).
 
-The split, fixed here before any error was looked at:
+The split, fixed before any error was looked at (the calibrations are in
+``step_model_analysis.py``):
 
-* Calibration: per model, round 0's 25 MiB cell at p = 2 (its timeline, the ring fit of its
-  microbenchmark, its interference rows). Nothing else.
+* Calibration: per model, its 25 MiB cells at p = 2 (every round's pooled, the headline; round
+  0's alone beside it): their timeline and the ring fit of their microbenchmarks; the
+  interference factors from every p = 2 calibration cell of the host. Nothing else.
 * Validation: every other cap of the model at p = 2 (median over rounds of the measured step
   time and of the per-step exposed communication, both from the timing hook's own records);
   and srn-10m at p = 4, predicted from the p = 2 calibration.
@@ -79,7 +82,7 @@ def _cells(round_index: int, models: dict[str, int]) -> list[Cell]:
     cells = []
     for model, batch in models.items():
         for cap in CAPS_MB:
-            calibration = round_index == 0 and cap == CALIBRATION_CAP_MB
+            calibration = cap == CALIBRATION_CAP_MB
             extra: dict[str, Any] = {} if calibration else dict(MINIMAL_MICROBENCH)
             cells.append(
                 Cell(

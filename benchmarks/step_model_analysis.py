@@ -3,9 +3,12 @@
 The split (benchmarks/README.md, "Step model"): calibrate per model on its 25 MiB cells at
 p = 2, predict the other caps at p = 2 and the p = 4 cell. Two calibrations, both reported:
 ``pooled`` (the headline from the fifth run on, declared before that run): the 25 MiB cells of
-every round pooled (``calibrate_step`` on repeats), the link fit and interference rows from
-round 0's cell, the only one with the full microbenchmark; ``round0`` (the split of the first
-four runs): round 0's 25 MiB cell alone. The fourth run showed why one cell is not enough: its
+every round pooled (``calibrate_step`` on repeats; from the seventh run each runs the full
+microbenchmark, whose mean times are pooled for the link fit; before, round 0's cell alone
+did); ``round0`` (the split of the first four runs): round 0's 25 MiB cell alone. From the
+seventh run both take the interference factors of the host (``step_advice.host_interference``:
+every p = 2 cell that ran the arms, which in this benchmark are the calibration cells of all
+three models). The fourth run showed why one cell is not enough: its
 round-0 cells ran 0.83 to 0.90 times their configuration's median step, so every cap was
 under-predicted by about as much. No validation cell enters either calibration. The p = 4
 cells run on the same 2-core host as the calibration, so the headline p = 4 prediction uses

@@ -120,6 +120,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("time_min_ns", pa.int64()),
             ("time_max_ns", pa.int64()),
             ("transfer_p50_ns", pa.int64()),  # shortest rank per iteration: no waiting
+            ("time_mean_ns", pa.int64()),  # mean over iterations (null before 2.1)
             ("algbw_gbps", pa.float64()),
             ("busbw_gbps", pa.float64()),
             ("num_wrong", pa.int64()),

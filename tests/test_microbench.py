@@ -84,6 +84,12 @@ def test_size_record_bus_bandwidth(world_size: int) -> None:
     # transfer: the shortest rank per iteration (rank 0, 1000 (i + 1)); p50 is the middle one
     assert rec["transfer_p50_ns"] == 2000
     assert rec["num_iters"] == 3 and rec["num_wrong"] == 0
+    assert rec["time_mean_ns"] == p50_ns  # 1000, 2000, 3000 (+ p - 1): mean = median
+    # the last iteration stalled by 9000 ns: the median does not see it, the mean pays it
+    stalled = [[*times[:2], times[2] + 9000] for times in per_rank_ns]
+    rec_stalled = size_record(stalled, 0, num_bytes=8000, dtype="float32", world_size=world_size)
+    assert rec_stalled["time_p50_ns"] == p50_ns
+    assert rec_stalled["time_mean_ns"] == p50_ns + 3000
     algbw = 8000 / p50_ns  # bytes per ns = GB/s (decimal)
     assert rec["algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
     # busbw = algbw * 2(p-1)/p: 4/3 at p = 3, 3/2 at p = 4 (1 at p = 2 hides a missing factor).

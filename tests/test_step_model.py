@@ -25,6 +25,7 @@ from commprof.modeling.step_advice import (
     _cell_fit,
     advise_cap,
     best_of,
+    host_interference,
     load_step_model,
     predict_cap,
     repeats_of,
@@ -120,6 +121,25 @@ def test_repeats_of_a_configuration() -> None:
     ])  # fmt: skip
     buckets = pd.DataFrame({"cell_id": ["a", "b", "c", "d"]})
     assert repeats_of({"cells": cells, "buckets": buckets}, "c") == ["c", "a"]
+
+
+def test_interference_rows_of_the_host() -> None:
+    # the arms measure host and backend: every ok cell of one (backend, device, world size)
+    # counts, its latest attempt only
+    base = {"backend": "gloo", "device": "cpu", "world_size": 2, "status": "ok", "attempt": 1}
+    cells = pd.DataFrame([
+        base | {"cell_id": "a"}, base | {"cell_id": "b"},  # another model or cap: same host
+        base | {"cell_id": "c", "world_size": 4}, base | {"cell_id": "d", "backend": "nccl"},
+        base | {"cell_id": "e", "status": "failed"},
+        base | {"cell_id": "f"}, base | {"cell_id": "f", "attempt": 2},  # retried
+    ])  # fmt: skip
+    rows = pd.DataFrame(
+        {"cell_id": ["a", "b", "c", "d", "e", "f", "f"], "attempt": [1, 1, 1, 1, 1, 1, 2]}
+    )
+    got = host_interference({"cells": cells, "interference": rows}, "a")
+    assert sorted(zip(got["cell_id"], got["attempt"], strict=True)) == [
+        ("a", 1), ("b", 1), ("f", 2)
+    ]  # fmt: skip
 
 
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:
@@ -275,11 +295,20 @@ def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
             for n in sizes
         ]
     )
-    fit = _cell_fit({"cells": cells, "microbench": micro}, "a" * 12)
+    fit = _cell_fit({"cells": cells, "microbench": micro}, ["a" * 12])
     assert fit.num_points == 4  # type: ignore[union-attr]
     assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
     with pytest.raises(ValueError, match="rerun it"):
-        _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, "a" * 12)
+        _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, ["a" * 12])
+    # cells of this version record mean times (stalls included): the repeats are pooled and
+    # the mean fitted; here an exact ring with alpha 1500 ns and 2 ns/B, 3000 + 2 n at p = 2
+    mean = micro.assign(time_mean_ns=3000 + 2 * micro["num_bytes"])
+    # one row from before the column: its median stands in
+    mean.loc[0, "time_mean_ns"] = None
+    mean.loc[0, "time_p50_ns"] = 3000 + 2 * 1000
+    fit = _cell_fit({"cells": cells, "microbench": mean}, ["a" * 12, "b" * 12])
+    assert fit.num_points == 4  # type: ignore[union-attr]
+    assert fit.predict_ns([8000], 2)[0] == pytest.approx(3000 + 2 * 8000)
 
 
 def test_prediction_in_closed_form() -> None:

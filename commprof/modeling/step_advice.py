@@ -1,9 +1,10 @@
 """A calibrated step model from a dataset, and bucket-cap advice from it (public API).
 
 :func:`load_step_model` picks a calibration cell of a model in a dataset (the one a single
-``commprof run`` makes is enough), fits the ring model to that cell group's microbenchmark,
-reads the interference factors and calibrates the simulator (``step_model``).
-:func:`recommend_cap` predicts the step at each cap and names the fastest. Both are what
+``commprof run`` makes is enough) and its repeats, fits the ring model to their
+microbenchmarks' mean times, reads the interference factors, calibrates the simulator
+(``step_model``) and fits its in-training link scale. :func:`recommend_cap` predicts the step
+at each cap and names the fastest (near-ties to fewer buckets). Both are what
 ``commprof estimate --fit RESULTS`` uses, and what a report calls::
 
     advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
@@ -46,7 +47,7 @@ class StepModel:
     calibration: StepCalibration
     """The calibration cell's timeline and fixed step parts."""
     link: Fit
-    """Ring fit of the calibration cell group's microbenchmark (backend, regime, world size)."""
+    """Ring fit of the calibration cells' microbenchmarks, mean times (:data:`LINK_TIME`)."""
     interference: Interference
     """Factors from the calibration cell's interference rows (none: no slowdown)."""
     device: str
@@ -86,28 +87,42 @@ def select_calibration_cell(
     return str(ranked["cell_id"].iloc[0])
 
 
-def _cell_fit(tables: dict[str, pd.DataFrame], cell_id: str) -> Fit:
-    """Ring fit of the cell's microbenchmark; with fewer than ``MIN_POINTS`` sizes there (a
-    dataset from before cells measured ``CALIBRATION_SIZES_BYTES`` by default), of every ok
-    cell's of its backend, device and world size."""
+LINK_TIME = "time_mean_ns"
+"""The microbenchmark column the step model's link is fitted on: the mean time, stalls
+included, which is what a step pays (``time_p50_ns`` where a row predates the column)."""
+
+
+def _cell_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> Fit:
+    """Ring fit of the mean all-reduce times of the cells' microbenchmarks, pooled (the
+    repeats of the calibration configuration: more iterations of a time with rare long
+    stalls); with fewer than ``MIN_POINTS`` sizes there (a dataset from before cells measured
+    ``CALIBRATION_SIZES_BYTES`` by default), of every ok cell's of the first cell's backend,
+    device and world size."""
     cells = tables["cells"]
     cells = cells[cells["status"] == "ok"][
         ["cell_id", "attempt", "backend", "device", "world_size"]
     ]
     rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
-    own = rows[rows["cell_id"] == cell_id]
-    if own.empty:
-        raise ValueError(f"cell {cell_id} has no microbenchmark rows to fit the link on")
+    if LINK_TIME in rows:
+        rows = rows.assign(**{LINK_TIME: rows[LINK_TIME].fillna(rows["time_p50_ns"])})
+    else:
+        rows = rows.assign(**{LINK_TIME: rows["time_p50_ns"]})
+    own = rows[rows["cell_id"].isin(cell_ids)]
+    first = rows[rows["cell_id"] == cell_ids[0]]
+    if first.empty:
+        raise ValueError(f"cell {cell_ids[0]} has no microbenchmark rows to fit the link on")
+    own = own[(own[["backend", "device", "world_size"]] == first.iloc[0][
+        ["backend", "device", "world_size"]]).all(axis=1)]  # fmt: skip
     if own["num_bytes"].nunique() < MIN_POINTS:
         group = own[["backend", "device", "world_size"]].iloc[0]
         own = rows[(rows[list(group.index)] == group).all(axis=1)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         try:
-            fits = fit_table(own)
+            fits = fit_table(own, time_column=LINK_TIME)
         except ValueError as err:
             raise ValueError(
-                f"cell {cell_id}: {err}. A cell run by this version measures "
+                f"cell {cell_ids[0]}: {err}. A cell run by this version measures "
                 "training.trainer.CALIBRATION_SIZES_BYTES by default; rerun it"
             ) from err
     return next(iter(fits.values()))
@@ -167,11 +182,12 @@ def load_step_model(
         world_size: the world size asked about (a calibration cell of this size is preferred).
         param_sizes: the model's ``(name, numel[, element_size])`` in registration order.
         backend: the backend of the calibration cell.
-        cell_id: calibrate on this cell, or pool these repeats of one configuration (the
-            first one's microbenchmark is the link fit), instead of choosing: by default the
+        cell_id: calibrate on this cell, or pool these repeats of one configuration (their
+            microbenchmarks pooled for the link fit), instead of choosing: by default the
             chosen cell and every repeat of its configuration (:func:`repeats_of`).
         interference_statistic: what the interference factors are made of
-            (``step_model.FACTOR_STATISTICS``; the mean by default).
+            (``step_model.FACTOR_STATISTICS``; the mean by default); they come from every
+            cell of the calibration cell's group that ran the arms (:func:`host_interference`).
 
     Returns:
         The step model.
@@ -184,14 +200,13 @@ def load_step_model(
     cells = tables["cells"]
     pooled = [str(cells[cells["cell_id"].str.startswith(c)]["cell_id"].iloc[-1]) for c in pooled]
     row = cells[cells["cell_id"] == pooled[0]].iloc[-1]
-    rows = tables["interference"]
     interference = interference_from_rows(
-        rows[rows["cell_id"].isin(pooled)], statistic=interference_statistic
+        host_interference(tables, pooled[0]), statistic=interference_statistic
     )
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
-    link = _cell_fit(tables, pooled[0])
+    link = _cell_fit(tables, pooled)
     return StepModel(
         calibration=calibration,
         link=link,
@@ -200,6 +215,26 @@ def load_step_model(
         cores_per_rank_host=max(1.0, cores),
         link_scale=fit_link_scale(calibration, param_sizes, link=link, interference=interference),
     )
+
+
+HOST_KEYS = ("backend", "device", "world_size")
+"""Cells equal in these share the interference factors (:func:`host_interference`)."""
+
+
+def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
+    """The ``interference`` rows of every completed cell of ``cell_id``'s backend, device and
+    world size (their latest attempts).
+
+    The arms load the rank with a fixed matrix product, not the cell's model, so they measure
+    the host and backend, and each cell runs few iterations of a time with rare long stalls
+    (a factor at 64 KiB ranged from 0.4 to 21 over four cells of one host): the median over
+    every cell of the group is the estimate, not one cell's.
+    """
+    cells = tables["cells"]
+    ok = cells[cells["status"] == "ok"].sort_values("attempt").groupby("cell_id").tail(1)
+    me = cells[cells["cell_id"] == cell_id].iloc[-1]
+    group = ok[[all(same_setting(r[k], me[k]) for k in HOST_KEYS) for _, r in ok.iterrows()]]
+    return tables["interference"].merge(group[["cell_id", "attempt"]], on=["cell_id", "attempt"])
 
 
 REPEAT_KEYS = (
