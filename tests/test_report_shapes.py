@@ -310,6 +310,9 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
         expected["step_oos_abs_err_median_pct"] = float(np.median(np.abs(errors)))
         expected["step_oos_abs_err_max_pct"] = float(np.max(np.abs(errors)))
         expected["step_oos_in_range"] = inside
+        one_sign = all(e < 0 for e in errors) or all(e > 0 for e in errors)
+        if not one_sign:  # one sign is said in words, mixed signs quoted
+            expected["step_oos_err_median_pct"] = float(np.median(errors))
     return expected
 
 

@@ -49,7 +49,8 @@ class StepModel:
     link: Fit
     """Ring fit of the calibration cells' microbenchmarks, mean times (:data:`LINK_TIME`)."""
     interference: Interference
-    """Factors from the calibration cell's interference rows (none: no slowdown)."""
+    """Factors from the host's interference rows (:func:`host_interference`; none: no
+    slowdown)."""
     device: str
     """Where the calibration cell's tensors lived."""
     cores_per_rank_host: float
