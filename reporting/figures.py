@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullFormatter
@@ -228,7 +229,11 @@ def plot_layer_attribution(data: Processed, path: Path) -> str:
             ax.set_title(
                 viz.cell_label(cell.model, cell.world_size, cell.bucket_cap_mb, bool(cell.profile))
             )
-            ax.set_xlabel(viz.axis_label("All-reduce service time per step", "ms"))
+        label = viz.axis_label("All-reduce service time per step", "ms")
+        if len(chosen) > 1:  # one label under the panels: per panel they run into each other
+            fig.supxlabel(label, fontsize=matplotlib.rcParams["axes.labelsize"])
+        else:
+            axes[0].set_xlabel(label)
         viz.save(fig, path)
     return ""
 

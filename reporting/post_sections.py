@@ -224,9 +224,11 @@ def environment(data: Processed, q: Quotes) -> Section:
             f"{q.count('num_measured_steps', len(data.breakdown))} rank-steps in all"
             + (", so its medians rest on few samples." if hi < 30 else ".")
         )
+    wall = data.status["wall_s"].dropna()
     sentences.append(
-        f"The cells took {q.num('sweep_wall_s', float(data.status['wall_s'].sum()))}~s of wall "
-        "time."
+        "The dataset does not record the cells' wall time."
+        if wall.empty
+        else f"The cells took {q.num('sweep_wall_s', float(wall.sum()))}~s of wall time."
     )
     return Section(title="Environment", body=paragraph(sentences))
 

@@ -150,6 +150,10 @@ def figure(name: str, caption: str) -> str:
     )
 
 
+LONG_CAPTION = "%caption%"
+"""Where :func:`table` puts a long table's caption and label (``report_tables.booktabs``)."""
+
+
 def table(name: str, caption: str, fragment: str, *, here: bool = False) -> str:
     """A table environment holding a generated fragment, labelled ``tab:<name>``.
 
@@ -158,13 +162,15 @@ def table(name: str, caption: str, fragment: str, *, here: bool = False) -> str:
         caption: the caption (LaTeX).
         fragment: the ``tabular`` fragment.
         here: pin the table where it is (``[H]``): for a short table that must stay in its
-            section rather than float past the next one.
+            section rather than float past the next one. A ``longtable`` fragment (a long
+            table, ``report_tables.LONG_ROWS``) is not a float: it stays where it is and breaks
+            across pages.
     """
+    label = f"\\caption{{{caption}}}\\label{{tab:{name}}}"
+    if "\\begin{longtable}" in fragment:  # breaks across pages: caption inside, no float
+        return fragment.rstrip().replace(LONG_CAPTION, label + r" \\", 1)
     where = "H" if here else "!htbp"
-    return (
-        f"\\begin{{table}}[{where}]\\centering\n\\caption{{{caption}}}\\label{{tab:{name}}}\n"
-        f"{fragment.rstrip()}\n\\end{{table}}"
-    )
+    return f"\\begin{{table}}[{where}]\\centering\n{label}\n{fragment.rstrip()}\n\\end{{table}}"
 
 
 def write_body(sections: Iterable[Section | None], path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
-from commprof.reporting.prose import escape
+from commprof.reporting.prose import LONG_CAPTION, escape
 from commprof.reporting.viz import cap_label
 
 MISSING = "--"
@@ -41,6 +41,11 @@ def fmt_int(value: float | int | None) -> str:
     return fmt(value, 0)
 
 
+LONG_ROWS = 40
+"""A table with more body rows than this is a ``longtable``: it breaks across pages, its
+column names repeated on each, where a float taller than the page would be cut off."""
+
+
 def booktabs(
     columns: Sequence[tuple[str, str]],
     rows: Iterable[Sequence[str]],
@@ -49,7 +54,8 @@ def booktabs(
     colsep_pt: float | None = None,
     head: str = "",
 ) -> str:
-    """A booktabs ``tabular`` (or ``tabularx`` when a column spec is ``X``) fragment.
+    """A booktabs ``tabular`` (or ``tabularx`` when a column spec is ``X``) fragment; a
+    ``longtable`` past :data:`LONG_ROWS` rows.
 
     Args:
         columns: (header, column spec) per column; header text is LaTeX.
@@ -66,6 +72,16 @@ def booktabs(
     if not body:
         body = [rf"\multicolumn{{{len(columns)}}}{{l}}{{\emph{{none in this dataset}}}} \\"]
     env = "tabularx" if "X" in spec else "tabular"
+    names = [" & ".join(c[0] for c in columns) + r" \\", r"\midrule"]
+    if len(body) > LONG_ROWS and env == "tabular":
+        top = [r"\toprule", *([head] if head else []), *names]
+        lines = [r"\begingroup", f"\\{size}"]
+        if colsep_pt is not None:
+            lines.append(f"\\setlength{{\\tabcolsep}}{{{colsep_pt:g}pt}}")
+        lines += [rf"\begin{{longtable}}{{{spec}}}", LONG_CAPTION, *top, r"\endfirsthead"]
+        lines += [*top, r"\endhead", r"\bottomrule", r"\endlastfoot", *body]
+        lines += [r"\end{longtable}", r"\endgroup"]
+        return "\n".join(lines) + "\n"
     width = "{\\linewidth}" if env == "tabularx" else ""
     lines = [f"\\{size}"]
     if colsep_pt is not None:
@@ -73,7 +89,7 @@ def booktabs(
     lines += [rf"\begin{{{env}}}{width}{{{spec}}}", r"\toprule"]
     if head:
         lines.append(head)
-    lines += [" & ".join(c[0] for c in columns) + r" \\", r"\midrule", *body, r"\bottomrule"]
+    lines += [*names, *body, r"\bottomrule"]
     lines.append(rf"\end{{{env}}}")
     return "\n".join(line for line in lines if line) + "\n"
 

@@ -28,7 +28,7 @@ from commprof.modeling import step_advice
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.interconnects import builtin_interconnects
-from commprof.reporting import build, predicted
+from commprof.reporting import build, predicted, prose, report_tables
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
@@ -368,3 +368,23 @@ def test_step_model_with_ddp_default_cap() -> None:
     assert len(oos) == 8 and oos["bucket_cap_mb"].notna().all()  # 0.25 and 1 MiB per pair
     body, _ = build.main_body(data, set(), "default_cap")
     assert "DDP default" in body and not re.search(r"\bnan\b", body, re.IGNORECASE)
+
+
+def test_a_table_longer_than_a_page_breaks_across_pages(tmp_path: Path) -> None:
+    # a sweep of many cells lists them all: past LONG_ROWS rows a table is a longtable, every
+    # row printed, its column names repeated on each page, where a float would be cut off
+    rows = [(f"cell{i:03d}", report_tables.fmt_int(i)) for i in range(150)]
+    fragment = report_tables.booktabs([("cell", "l"), ("value", "r")], rows)
+    assert "\\begin{longtable}" in fragment
+    short = report_tables.booktabs([("cell", "l"), ("value", "r")], rows[: report_tables.LONG_ROWS])
+    assert "\\begin{tabular}" in short and "longtable" not in short
+    shutil.copy(Path(build.__file__).parent / "templates" / "postmortem.tex", tmp_path)
+    (tmp_path / "generated").mkdir()
+    body = prose.table("many", "Every cell.", fragment, here=True) + "\n\nAfter the table.\n"
+    (tmp_path / "generated" / "postmortem_body.tex").write_text(body, encoding="ascii")
+    ok, log = build.build_pdf(tmp_path / "postmortem.tex")
+    assert ok, log[-2000:]
+    text = _pdf_text(tmp_path / "postmortem.pdf")
+    assert all(f"cell{i:03d}" in text for i in range(150))
+    assert text.count("Every cell.") == 1 and text.count("cell value") >= 2
+    assert text.index("cell149") < text.index("After the table.")

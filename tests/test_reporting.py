@@ -120,3 +120,18 @@ def test_folder_without_cells_is_exit_2(
     assert f"no dataset in {root} (no committed cells); pass a dataset folder such as " in err
     assert "results/<sweep>/" in err
     assert not out.exists()  # no placeholder figures
+
+
+def test_wall_time_is_said_only_where_recorded() -> None:
+    from commprof.analysis.dataset import process
+    from commprof.reporting import post_sections
+    from commprof.results import load
+
+    tables = load(DATA)
+    recorded = post_sections.environment(process(tables), prose.Quotes()).body
+    total = float(tables["cells"]["wall_s"].sum())
+    assert f"The cells took {report_tables.fmt(total, 1)}~s of wall time." in recorded
+    # cells committed without it (a benchmark's own commit path): no "0.0 s"
+    tables["cells"]["wall_s"] = float("nan")
+    missing = post_sections.environment(process(tables), prose.Quotes()).body
+    assert "does not record the cells' wall time" in missing and "of wall time" not in missing

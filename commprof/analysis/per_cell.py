@@ -119,7 +119,7 @@ def cell_status(cells: pd.DataFrame) -> pd.DataFrame:
             "reason_short": _guard_reason(last["guard_json"])
             if last["status"] == "rejected"
             else _first_line(reason),
-            "wall_s": float(group["wall_s"].fillna(0.0).sum()),
+            "wall_s": float(group["wall_s"].sum(min_count=1)),  # NaN: none recorded
         }
         rows.append(row)
     out = pd.DataFrame(rows)
