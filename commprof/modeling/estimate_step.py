@@ -30,6 +30,7 @@ from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.step_advice import (
     CapPrediction,
     StepModel,
+    in_training_scale,
     load_step_model,
     predict_cap,
     recommend_cap,
@@ -63,8 +64,10 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
 def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None, str]:
     if not args.interconnect:
         cell = model.calibration.cell_id
-        scale = "" if args.no_interference else f" x {model.link_scale:.2f} in training"
-        return None, f"fit of cell {cell}'s microbenchmark ({model.link.method}){scale}"
+        interference = NO_INTERFERENCE if args.no_interference else None
+        scale = in_training_scale(model, link=None, interference=interference)
+        scale_text = "" if scale == 1.0 else f" x {scale:.2f} in training"
+        return None, f"fit of cell {cell}'s microbenchmark ({model.link.method}){scale_text}"
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
         bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
@@ -103,7 +106,9 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "world_size": cal.world_size,
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
-            "link_scale": model.link_scale if link is None and not args.no_interference else 1.0,
+            "link_scale": in_training_scale(
+                model, link=link, interference=what_if.get("interference")
+            ),
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },

@@ -108,15 +108,14 @@ def _cell_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> Fit:
         rows = rows.assign(**{LINK_TIME: rows[LINK_TIME].fillna(rows["time_p50_ns"])})
     else:
         rows = rows.assign(**{LINK_TIME: rows["time_p50_ns"]})
-    own = rows[rows["cell_id"].isin(cell_ids)]
     first = rows[rows["cell_id"] == cell_ids[0]]
     if first.empty:
         raise ValueError(f"cell {cell_ids[0]} has no microbenchmark rows to fit the link on")
-    own = own[(own[["backend", "device", "world_size"]] == first.iloc[0][
-        ["backend", "device", "world_size"]]).all(axis=1)]  # fmt: skip
+    group = first[["backend", "device", "world_size"]].iloc[0]
+    in_group = (rows[list(group.index)] == group).all(axis=1)
+    own = rows[in_group & rows["cell_id"].isin(cell_ids)]
     if own["num_bytes"].nunique() < MIN_POINTS:
-        group = own[["backend", "device", "world_size"]].iloc[0]
-        own = rows[(rows[list(group.index)] == group).all(axis=1)]
+        own = rows[in_group]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         try:
@@ -233,9 +232,19 @@ def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataF
     """
     cells = tables["cells"]
     ok = cells[cells["status"] == "ok"].sort_values("attempt").groupby("cell_id").tail(1)
-    me = cells[cells["cell_id"] == cell_id].iloc[-1]
-    group = ok[[all(same_setting(r[k], me[k]) for k in HOST_KEYS) for _, r in ok.iterrows()]]
+    group = _like(ok, cells, cell_id, HOST_KEYS)
     return tables["interference"].merge(group[["cell_id", "attempt"]], on=["cell_id", "attempt"])
+
+
+def _like(
+    candidates: pd.DataFrame, cells: pd.DataFrame, cell_id: str, keys: Sequence[str]
+) -> pd.DataFrame:
+    """The rows of ``candidates`` whose ``keys`` equal those of ``cell_id``'s latest row
+    (:func:`step_model.same_setting`: two missing values are equal)."""
+    me = cells[cells["cell_id"] == cell_id].iloc[-1]
+    return candidates[
+        [all(same_setting(r[k], me[k]) for k in keys) for _, r in candidates.iterrows()]
+    ]
 
 
 REPEAT_KEYS = (
@@ -251,9 +260,7 @@ def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
     (``cell_id`` first)."""
     cells = tables["cells"]
     ok = cells[(cells["status"] == "ok") & cells["cell_id"].isin(tables["buckets"]["cell_id"])]
-    me = cells[cells["cell_id"] == cell_id].iloc[-1]
-    same = ok[[all(same_setting(r[k], me[k]) for k in REPEAT_KEYS) for _, r in ok.iterrows()]]
-    others = sorted(set(same["cell_id"]) - {cell_id})
+    others = sorted(set(_like(ok, cells, cell_id, REPEAT_KEYS)["cell_id"]) - {cell_id})
     return [cell_id, *others]
 
 
@@ -315,7 +322,7 @@ def predict_cap(
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
     service = 1.0
     if link is None:
-        service = scale * (model.link_scale if interference is None else 1.0)
+        service = scale * in_training_scale(model, link=link, interference=interference)
     low, mid, high = predict_range(
         cal,
         param_sizes,
@@ -339,6 +346,14 @@ def predict_cap(
         ),
         prediction=mid,
     )
+
+
+def in_training_scale(
+    model: StepModel, *, link: LinkParams | Fit | None, interference: Interference | None
+) -> float:
+    """The link scale a prediction applies: ``model.link_scale`` on the calibrated link with
+    the calibrated interference, else 1 (the idle model, a published link)."""
+    return model.link_scale if link is None and interference is None else 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
