@@ -82,13 +82,15 @@ def _measured(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _models(
-    tables: dict[str, pd.DataFrame], name: str, sizes: list[tuple[str, int]], cal_id: list[str]
-) -> tuple[StepModel, StepModel]:
-    """The step model calibrated on ``cal_id``: mean interference factors, then median."""
+    tables: dict[str, pd.DataFrame], name: str, sizes: list[tuple[str, int]], cal_id: list[str],
+    link_cells: list[str],
+) -> tuple[StepModel, StepModel]:  # fmt: skip
+    """The step model calibrated on ``cal_id``, its link on ``link_cells`` (the calibration
+    cells of every model: the host's, none held out): mean interference factors, then median."""
     return tuple(  # type: ignore[return-value]
         load_step_model(
             tables, name, world_size=2, param_sizes=sizes, cell_id=cal_id,
-            interference_statistic=statistic,
+            interference_statistic=statistic, link_cells=link_cells,
         )
         for statistic in ("mean", "median")
     )  # fmt: skip
@@ -163,15 +165,23 @@ def _calibration_cells(measured: pd.DataFrame, name: str, cap: float, split: str
     return [str(c) for c in rows["cell_id"]]
 
 
+def _link_cells(measured: pd.DataFrame, split: str) -> list[str]:
+    """The calibration cells of every model (from the eighth run, the link's microbenchmarks:
+    the host's, pooled; no held-out cell)."""
+    names = sorted(set(measured["model"]))
+    return [c for n in names for c in _calibration_cells(measured, n, CALIBRATION_CAP_MB, split)]
+
+
 def _per_model(
     name: str, tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str
 ) -> dict[str, Any]:
     sizes = parameter_sizes(name)
     mine = measured[(measured["model"] == name) & (measured["world_size"] == 2)]
     cal_id = _calibration_cells(measured, name, CALIBRATION_CAP_MB, split)
-    models = _models(tables, name, sizes, cal_id)
+    models = _models(tables, name, sizes, cal_id, _link_cells(measured, split))
     out: dict[str, Any] = {
-        "calibration_cells": cal_id, "link_scale": models[0].link_scale, "caps": {}
+        "calibration_cells": cal_id, "link_scale": models[0].link_scale,
+        "stall_ms": models[0].stall_ns / 1e6, "caps": {},
     }  # fmt: skip
     predicted: dict[str, list[CapPrediction]] = {m: [] for m in ADVISED}
     for cap in CAPS_MB:
@@ -238,7 +248,10 @@ def _big_world(
 ) -> dict[str, Any]:
     name, world, cap = BIG_WORLD
     sizes = parameter_sizes(name)
-    models = _models(tables, name, sizes, _calibration_cells(measured, name, cap, split))
+    models = _models(
+        tables, name, sizes, _calibration_cells(measured, name, cap, split),
+        _link_cells(measured, split),
+    )  # fmt: skip
     rows = measured[(measured["model"] == name) & (measured["world_size"] == world)]
     step, exposed = float(rows["step_ns"].median()), float(rows["exposed_ns"].median())
     out: dict[str, Any] = {

@@ -22,10 +22,12 @@ from commprof.modeling.step_advice import (
     REPEAT_KEYS,
     TIE_TOLERANCE,
     CapPrediction,
-    _cell_fit,
     advise_cap,
     best_of,
+    host_cells,
     host_interference,
+    link_fit,
+    link_stall_ns,
     load_step_model,
     predict_cap,
     repeats_of,
@@ -140,6 +142,25 @@ def test_interference_rows_of_the_host() -> None:
     assert sorted(zip(got["cell_id"], got["attempt"], strict=True)) == [
         ("a", 1), ("b", 1), ("f", 2)
     ]  # fmt: skip
+    host = host_cells({"cells": cells}, "a")
+    assert sorted(zip(host["cell_id"], host["attempt"], strict=True)) == [
+        ("a", 1), ("b", 1), ("f", 2)
+    ]  # fmt: skip
+
+
+def test_the_link_is_the_hosts_unless_cells_are_named() -> None:
+    tables = results.load(Path(__file__).parent / "data" / "results_smoke")
+    sizes = parameter_sizes("srn-1m")
+    model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+    pooled = list(model.calibration.cell_ids)
+    host = [c for c in host_cells(tables, pooled[0])["cell_id"] if c not in pooled]
+    assert host  # other models and caps of the host: their microbenchmarks count
+    assert model.link == link_fit(tables, [*pooled, *host])[0]
+    # named cells (the step-model benchmark names the calibration cells, none held out): the
+    # calibration repeats and those
+    own = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes, link_cells=[])
+    assert own.link == link_fit(tables, pooled)[0]
+    assert own.link.num_points < model.link.num_points  # type: ignore[union-attr]
 
 
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:
@@ -295,20 +316,36 @@ def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
             for n in sizes
         ]
     )
-    fit = _cell_fit({"cells": cells, "microbench": micro}, ["a" * 12])
+    fit, stall = link_fit({"cells": cells, "microbench": micro}, ["a" * 12])
     assert fit.num_points == 4  # type: ignore[union-attr]
     assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
+    assert stall == 0.0  # no mean times recorded: no stall measured
     with pytest.raises(ValueError, match="rerun it"):
-        _cell_fit({"cells": cells.iloc[:1], "microbench": micro}, ["a" * 12])
-    # cells of this version record mean times (stalls included): the repeats are pooled and
-    # the mean fitted; here an exact ring with alpha 1500 ns and 2 ns/B, 3000 + 2 n at p = 2
-    mean = micro.assign(time_mean_ns=3000 + 2 * micro["num_bytes"])
-    # one row from before the column: its median stands in
-    mean.loc[0, "time_mean_ns"] = None
-    mean.loc[0, "time_p50_ns"] = 3000 + 2 * 1000
-    fit = _cell_fit({"cells": cells, "microbench": mean}, ["a" * 12, "b" * 12])
+        link_fit({"cells": cells.iloc[:1], "microbench": micro}, ["a" * 12])
+    # repeats of one size: the fit goes through the median of their typical times (a repeat
+    # 9 times slower moves it not at all) and the stall is the mean's excess per iteration
+    again = micro.assign(time_p50_ns=9 * micro["time_p50_ns"])
+    both = pd.concat([micro, micro, again], ignore_index=True)
+    both["num_iters"] = 10
+    both["time_mean_ns"] = both["time_p50_ns"] + 300
+    both.loc[both.index[-1], ["time_mean_ns", "num_iters"]] = [None, 1000]  # before the column
+    fit, stall = link_fit({"cells": cells, "microbench": both}, ["a" * 12, "b" * 12])
     assert fit.num_points == 4  # type: ignore[union-attr]
-    assert fit.predict_ns([8000], 2)[0] == pytest.approx(3000 + 2 * 8000)
+    assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
+    assert stall == pytest.approx(300)
+
+
+def test_stall_is_the_mean_excess_per_iteration() -> None:
+    rows = pd.DataFrame({
+        "num_bytes": [1000, 1000, 64000], "num_iters": [10, 30, 60],
+        "time_p50_ns": [100.0, 200.0, 5000.0], "time_mean_ns": [400.0, 200.0, 5100.0],
+    })  # fmt: skip
+    # (300 x 10 + 0 x 30 + 100 x 60) / 100 iterations
+    assert link_stall_ns(rows) == pytest.approx(90.0)
+    # a mean below the median (noise) counts as it is; a negative total is no stall
+    assert link_stall_ns(rows.assign(time_mean_ns=rows["time_p50_ns"] - 1)) == 0.0
+    assert link_stall_ns(rows.drop(columns="time_mean_ns")) == 0.0  # rows from before it
+    assert link_stall_ns(rows.assign(time_mean_ns=None)) == 0.0
 
 
 def test_prediction_in_closed_form() -> None:
@@ -344,6 +381,14 @@ def test_prediction_in_closed_form() -> None:
     assert p3.exposed_ns == pytest.approx(24000)
     with pytest.raises(ValueError, match="service_scale"):
         predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=0)
+    # a stall is added to each all-reduce before the scale: 3 x (8000 + 500); per bucket, so
+    # two buckets of 4000 B pay it twice
+    p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3, stall_ns=500)
+    assert p3.exposed_ns == pytest.approx(3 * 8500)
+    two_stalled = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, stall_ns=500)
+    assert two_stalled.buckets[1].end_ns == pytest.approx(150 + 2 * 4500)
+    with pytest.raises(ValueError, match="stall_ns"):
+        predict_step(cal, sizes, bucket_cap_mb=512, link=link, stall_ns=-1)
 
     # the in-training link scale replays the measured backward: 300 + 90 of compute and hook,
     # then the exposed all-reduce, then other; measured 2 x 8000 for it gives a scale of 2

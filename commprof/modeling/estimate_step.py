@@ -30,7 +30,7 @@ from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.step_advice import (
     CapPrediction,
     StepModel,
-    in_training_scale,
+    in_training,
     load_step_model,
     predict_cap,
     recommend_cap,
@@ -65,9 +65,13 @@ def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None
     if not args.interconnect:
         cell = model.calibration.cell_id
         interference = NO_INTERFERENCE if args.no_interference else None
-        scale = in_training_scale(model, link=None, interference=interference)
-        scale_text = "" if scale == 1.0 else f" x {scale:.2f} in training"
-        return None, f"fit of cell {cell}'s microbenchmark ({model.link.method}){scale_text}"
+        scale, stall = in_training(model, link=None, interference=interference)
+        label = f"fit of the microbenchmarks on cell {cell}'s host ({model.link.method})"
+        if stall > 0:
+            label += f" + {stall / 1e6:.2f} ms stall an all-reduce"
+        if scale != 1.0:
+            label += f", x {scale:.2f} in training"
+        return None, label
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
         bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
@@ -98,6 +102,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         link=link, same_host=args.same_host, interference=NO_INTERFERENCE,
     )  # fmt: skip
     cal = model.calibration
+    scale, stall = in_training(model, link=link, interference=what_if.get("interference"))
     doc: dict[str, Any] = {
         "prediction": _prediction_doc(main),
         "idle_ring": {k: v for k, v in _prediction_doc(idle).items() if k != "buckets"},
@@ -106,9 +111,8 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "world_size": cal.world_size,
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
-            "link_scale": in_training_scale(
-                model, link=link, interference=what_if.get("interference")
-            ),
+            "link_scale": scale,
+            "stall_ns": round(stall),
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },

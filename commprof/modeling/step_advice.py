@@ -1,10 +1,11 @@
 """A calibrated step model from a dataset, and bucket-cap advice from it (public API).
 
 :func:`load_step_model` picks a calibration cell of a model in a dataset (the one a single
-``commprof run`` makes is enough) and its repeats, fits the ring model to their
-microbenchmarks' mean times, reads the interference factors, calibrates the simulator
-(``step_model``) and fits its in-training link scale. :func:`recommend_cap` predicts the step
-at each cap and names the fastest (near-ties to fewer buckets). Both are what
+``commprof run`` makes is enough) and its repeats, fits the ring model to the host's
+microbenchmarks' typical (median) times and measures their stall per operation, reads the
+interference factors, calibrates the simulator (``step_model``) and fits its in-training link
+scale. :func:`recommend_cap` predicts the step at each cap and names the fastest (near-ties to
+fewer buckets). Both are what
 ``commprof estimate --fit RESULTS`` uses, and what a report calls::
 
     advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
@@ -47,7 +48,7 @@ class StepModel:
     calibration: StepCalibration
     """The calibration cell's timeline and fixed step parts."""
     link: Fit
-    """Ring fit of the calibration cells' microbenchmarks, mean times (:data:`LINK_TIME`)."""
+    """Ring fit of the host's microbenchmarks, typical times (:func:`link_fit`)."""
     interference: Interference
     """Factors from the host's interference rows (:func:`host_interference`; none: no
     slowdown)."""
@@ -57,6 +58,9 @@ class StepModel:
     """CPU cores of the calibration host over threads per rank (for :func:`cpu_share_scale`)."""
     link_scale: float = 1.0
     """In-training link scale (``step_model.fit_link_scale``) applied to the calibrated link."""
+    stall_ns: float = 0.0
+    """Expected stall of one all-reduce on the calibrated link (:func:`link_stall_ns`), added to
+    each bucket's time in training."""
 
 
 def select_calibration_cell(
@@ -88,26 +92,50 @@ def select_calibration_cell(
     return str(ranked["cell_id"].iloc[0])
 
 
-LINK_TIME = "time_mean_ns"
-"""The microbenchmark column the step model's link is fitted on: the mean time, stalls
-included, which is what a step pays (``time_p50_ns`` where a row predates the column)."""
+LINK_TIME = "time_p50_ns"
+"""The microbenchmark column the step model's link is fitted on: the median (typical) time; the
+stalls the mean adds are :func:`link_stall_ns`, one per all-reduce."""
 
 
-def _cell_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> Fit:
-    """Ring fit of the mean all-reduce times of the cells' microbenchmarks, pooled (the
-    repeats of the calibration configuration: more iterations of a time with rare long
-    stalls); with fewer than ``MIN_POINTS`` sizes there (a dataset from before cells measured
-    ``CALIBRATION_SIZES_BYTES`` by default), of every ok cell's of the first cell's backend,
-    device and world size."""
+def link_stall_ns(rows: pd.DataFrame) -> float:
+    """The expected stall of one all-reduce: what the mean time adds to the median, averaged
+    over every microbenchmark iteration of ``rows`` (all sizes).
+
+    On a shared host a few all-reduces in ten stall for milliseconds whatever their size (the
+    scheduler, not the bytes), so a step pays one expected stall per bucket: a cost per
+    operation. A ring fit of mean times (the seventh benchmark run's) spread it over alpha and
+    beta and, weighting each point by 1/t, leaned to the unstalled ones: small buckets came out
+    short. Pooled over sizes and cells, the stall is estimated from every iteration at once
+    (0.34 and 0.36 ms on two collections of the 2-core benchmark host, where one size's mean
+    excess ranged from 0.1 to 1.6 ms). 0 where no row records ``time_mean_ns`` (rows from
+    before the column).
+    """
+    if "time_mean_ns" not in rows:
+        return 0.0
+    rows = rows[rows["time_mean_ns"].notna()]
+    if rows.empty:
+        return 0.0
+    weight = rows["num_iters"].clip(lower=1)
+    excess = (rows["time_mean_ns"] - rows["time_p50_ns"]).astype(float)
+    return max(0.0, float((excess * weight).sum() / weight.sum()))
+
+
+def link_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> tuple[Fit, float]:
+    """(ring fit, per-operation stall ns) of the cells' microbenchmarks, pooled.
+
+    The fit is of the median over the cells' rows of each size's typical time
+    (:data:`LINK_TIME`), the stall :func:`link_stall_ns` of the same rows. With fewer than
+    ``MIN_POINTS`` sizes there (a dataset from before cells measured
+    ``CALIBRATION_SIZES_BYTES`` by default), every ok cell's of the first cell's backend, device
+    and world size.
+    """
     cells = tables["cells"]
     cells = cells[cells["status"] == "ok"][
         ["cell_id", "attempt", "backend", "device", "world_size"]
     ]
     rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
-    if LINK_TIME in rows:
-        rows = rows.assign(**{LINK_TIME: rows[LINK_TIME].fillna(rows["time_p50_ns"])})
-    else:
-        rows = rows.assign(**{LINK_TIME: rows["time_p50_ns"]})
+    if "num_wrong" in rows:
+        rows = rows[rows["num_wrong"].fillna(0) == 0]
     first = rows[rows["cell_id"] == cell_ids[0]]
     if first.empty:
         raise ValueError(f"cell {cell_ids[0]} has no microbenchmark rows to fit the link on")
@@ -116,16 +144,17 @@ def _cell_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> Fit:
     own = rows[in_group & rows["cell_id"].isin(cell_ids)]
     if own["num_bytes"].nunique() < MIN_POINTS:
         own = rows[in_group]
+    typical = own.groupby([*group.index, "num_bytes"], as_index=False)[[LINK_TIME]].median()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         try:
-            fits = fit_table(own, time_column=LINK_TIME)
+            fits = fit_table(typical, time_column=LINK_TIME)
         except ValueError as err:
             raise ValueError(
                 f"cell {cell_ids[0]}: {err}. A cell run by this version measures "
                 "training.trainer.CALIBRATION_SIZES_BYTES by default; rerun it"
             ) from err
-    return next(iter(fits.values()))
+    return next(iter(fits.values())), link_stall_ns(own)
 
 
 def param_sizes_for(
@@ -173,6 +202,7 @@ def load_step_model(
     backend: str = "gloo",
     cell_id: str | Sequence[str] | None = None,
     interference_statistic: str = "mean",
+    link_cells: Sequence[str] | None = None,
 ) -> StepModel:
     """Calibrate the simulator for ``model`` from a dataset.
 
@@ -188,6 +218,9 @@ def load_step_model(
         interference_statistic: what the interference factors are made of
             (``step_model.FACTOR_STATISTICS``; the mean by default); they come from every
             cell of the calibration cell's group that ran the arms (:func:`host_interference`).
+        link_cells: the cells whose microbenchmarks make the link fit and its stall
+            (:func:`link_fit`); by default every completed cell of the calibration cell's
+            backend, device and world size (:func:`host_cells`): the link is the host's.
 
     Returns:
         The step model.
@@ -203,17 +236,22 @@ def load_step_model(
     interference = interference_from_rows(
         host_interference(tables, pooled[0]), statistic=interference_statistic
     )
+    if link_cells is None:
+        link_cells = list(host_cells(tables, pooled[0])["cell_id"])
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
-    link = _cell_fit(tables, pooled)
+    link, stall = link_fit(tables, [*pooled, *(c for c in link_cells if c not in pooled)])
     return StepModel(
         calibration=calibration,
         link=link,
         interference=interference,
         device=str(row["device"]),
         cores_per_rank_host=max(1.0, cores),
-        link_scale=fit_link_scale(calibration, param_sizes, link=link, interference=interference),
+        link_scale=fit_link_scale(
+            calibration, param_sizes, link=link, interference=interference, stall_ns=stall
+        ),
+        stall_ns=stall,
     )
 
 
@@ -221,19 +259,24 @@ HOST_KEYS = ("backend", "device", "world_size")
 """Cells equal in these share the interference factors (:func:`host_interference`)."""
 
 
+def host_cells(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
+    """``cell_id`` and attempt of every completed cell (its latest attempt) of ``cell_id``'s
+    backend, device and world size (:data:`HOST_KEYS`)."""
+    cells = tables["cells"]
+    ok = cells[cells["status"] == "ok"].sort_values("attempt").groupby("cell_id").tail(1)
+    return _like(ok, cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
+
+
 def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
     """The ``interference`` rows of every completed cell of ``cell_id``'s backend, device and
-    world size (their latest attempts).
+    world size (their latest attempts, :func:`host_cells`).
 
     The arms load the rank with a fixed matrix product, not the cell's model, so they measure
     the host and backend, and each cell runs few iterations of a time with rare long stalls
     (a factor at 64 KiB ranged from 0.4 to 21 over four cells of one host): the median over
     every cell of the group is the estimate, not one cell's.
     """
-    cells = tables["cells"]
-    ok = cells[cells["status"] == "ok"].sort_values("attempt").groupby("cell_id").tail(1)
-    group = _like(ok, cells, cell_id, HOST_KEYS)
-    return tables["interference"].merge(group[["cell_id", "attempt"]], on=["cell_id", "attempt"])
+    return tables["interference"].merge(host_cells(tables, cell_id), on=["cell_id", "attempt"])
 
 
 def _like(
@@ -304,13 +347,14 @@ def predict_cap(
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
         world_size: ranks (default: the calibration's).
         link: another link (a published interconnect's parameters), keeping the measured
-            compute timeline; default the calibrated fit, its times multiplied by the
-            in-training link scale (``model.link_scale``) unless ``interference`` is given.
+            compute timeline; default the calibrated fit, its times plus the stall
+            (``model.stall_ns``) multiplied by the in-training link scale
+            (``model.link_scale``) unless ``interference`` is given (:func:`in_training`).
         same_host: the ranks share the calibration's CPU host, so compute, and gloo's
             transfers on the calibrated link, slow by the core share
             (:func:`step_model.cpu_share_scale`); else each rank has its own.
         interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model,
-            the link's idle times without the in-training scale).
+            the link's idle times without the stall and the in-training scale).
 
     Returns:
         The prediction with its range.
@@ -320,9 +364,9 @@ def predict_cap(
     scale = 1.0
     if same_host and model.device == "cpu":
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
-    service = 1.0
+    service, stall = in_training(model, link=link, interference=interference)
     if link is None:
-        service = scale * in_training_scale(model, link=link, interference=interference)
+        service *= scale
     low, mid, high = predict_range(
         cal,
         param_sizes,
@@ -332,6 +376,7 @@ def predict_cap(
         world_size=ws,
         compute_scale=scale,
         service_scale=service,
+        stall_ns=stall,
     )
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,
@@ -348,12 +393,15 @@ def predict_cap(
     )
 
 
-def in_training_scale(
+def in_training(
     model: StepModel, *, link: LinkParams | Fit | None, interference: Interference | None
-) -> float:
-    """The link scale a prediction applies: ``model.link_scale`` on the calibrated link with
-    the calibrated interference, else 1 (the idle model, a published link)."""
-    return model.link_scale if link is None and interference is None else 1.0
+) -> tuple[float, float]:
+    """(link scale, stall ns) a prediction applies: ``model.link_scale`` and
+    ``model.stall_ns`` on the calibrated link with the calibrated interference, else 1 and 0
+    (the idle model, a published link)."""
+    if link is None and interference is None:
+        return model.link_scale, model.stall_ns
+    return 1.0, 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

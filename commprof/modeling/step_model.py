@@ -19,15 +19,18 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
   copying the reduced buckets back into the gradients), forward and optimizer are medians: all
   three are taken as they are at every cap.
 * The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
-  all-reduce times with which the simulator replays the cells' own median backward.
+  all-reduce times (plus the link's per-operation stall) with which the simulator replays the
+  cells' own median backward.
 
 Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
-world size asked for (the ring model's p dependence), :func:`step_sim.simulate_step` plays the
-step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on another link
-or world size whose ranks have their own devices; on one CPU host whose cores the ranks share,
-the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale`` multiplies the
-link's all-reduce times: the in-training link scale on the calibrated link, times the same core
-share on one CPU host (gloo over loopback moves and reduces the bytes on the ranks' cores).
+world size asked for (the ring model's p dependence), ``stall_ns`` adds the calibrated link's
+expected stall of one operation (``step_advice.link_stall_ns``), :func:`step_sim.simulate_step`
+plays the step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on
+another link or world size whose ranks have their own devices; on one CPU host whose cores the
+ranks share, the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale``
+multiplies the link's all-reduce times (stall included): the in-training link scale on the
+calibrated link, times the same core share on one CPU host (gloo over loopback moves and
+reduces the bytes on the ranks' cores).
 Uncertainty: the same prediction with alpha and beta at the ends of their 95 % intervals and the
 interference factors at their quartiles (:func:`predict_range`).
 
@@ -348,6 +351,7 @@ def predict_step(
     num_channels: int | None = None,
     compute_scale: float = 1.0,
     service_scale: float = 1.0,
+    stall_ns: float = 0.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
@@ -360,9 +364,11 @@ def predict_step(
         interference: slowdown factors (:data:`NO_INTERFERENCE`: the idle model).
         num_channels: collectives in flight at once (default: the backend's).
         compute_scale: multiplies forward, backward compute and optimizer (module docstring).
-        service_scale: multiplies every bucket's idle all-reduce time from ``link`` (the
-            in-training link scale of :func:`fit_link_scale`, the core share of ranks that
-            share one CPU host).
+        service_scale: multiplies every bucket's all-reduce time (the in-training link
+            scale of :func:`fit_link_scale`, the core share of ranks that share one CPU host).
+        stall_ns: added to every bucket's idle all-reduce time from ``link`` before the
+            scale: the expected stall of one operation on the calibrated link
+            (``step_advice.link_stall_ns``).
 
     Returns:
         The simulated step.
@@ -375,6 +381,8 @@ def predict_step(
     for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
+    if not (math.isfinite(stall_ns) and stall_ns >= 0):
+        raise ValueError(f"stall_ns must be finite and >= 0, got {stall_ns}")
     ws = calibration.world_size if world_size is None else world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
@@ -387,7 +395,7 @@ def predict_step(
     )
     return simulate_step(
         ready_work_ns=ready,
-        service_ns=(service_scale * _service_ns(link, sizes, ws)).tolist(),
+        service_ns=(service_scale * (_service_ns(link, sizes, ws) + stall_ns)).tolist(),
         num_bytes=[b.num_bytes for b in buckets],
         compute_work_ns=max(compute_scale * calibration.compute_work_ns, max(ready)),
         num_channels=channels,
@@ -412,6 +420,7 @@ def fit_link_scale(
     *,
     link: LinkParams | Fit,
     interference: Interference,
+    stall_ns: float = 0.0,
 ) -> float:
     """The in-training link scale: the multiplier of the link's idle all-reduce times with which
     the simulator replays the calibration cells' own median backward.
@@ -420,9 +429,10 @@ def fit_link_scale(
     matrix-product thread; in training the all-reduces also share the host with the other
     ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
     benchmark host a 26 MB bucket 2.5 times the fit of median times; the fit of mean times
-    needed scales of 0.96 to 1.22 in the seventh benchmark run). The calibration cells measure that
-    directly: the scale is what the simulator, at the calibration cap with the calibrated
-    timeline and interference, needs to end backward when the cells did (``measured_backward_ns
+    needed scales of 0.96 to 1.22 in the seventh benchmark run). The calibration cells measure
+    that directly: the scale multiplies each bucket's idle time plus ``stall_ns`` and is what
+    the simulator, at the calibration cap with the calibrated timeline and interference, needs
+    to end backward when the cells did (``measured_backward_ns
     - other_ns``), found by bisection in log scale within :data:`LINK_SCALE_BOUNDS` (the
     simulated backward grows with the scale). Where even the smallest scale ends backward later
     than measured (the communication was hidden, so the cells say nothing of the link), 1.
@@ -437,7 +447,7 @@ def fit_link_scale(
     def backward(scale: float) -> float:
         return predict_step(
             calibration, param_sizes, bucket_cap_mb=calibration.bucket_cap_mb, link=link,
-            interference=interference, service_scale=scale,
+            interference=interference, service_scale=scale, stall_ns=stall_ns,
         ).backward_ns  # fmt: skip
 
     if backward(LINK_SCALE_BOUNDS[0]) >= target:
