@@ -38,7 +38,6 @@ from commprof.modeling.step_advice import (
     recommend_cap,
     repeats_of,
     select_calibration_cell,
-    tied,
 )
 
 WHAT_IF_LINKS = ("nvlink4", "ib-ndr")
@@ -122,14 +121,13 @@ def _advice(
     model: StepModel, sizes: Sequence[ParamSize], caps: list[float | None],
     cal_cap: float | None, link: LinkParams | None = None,
 ) -> tuple[CapPrediction, CapPrediction, float]:  # fmt: skip
-    """The best point of the search, the point at the calibration cell's cap and
-    :func:`tie_from` of the best step. Where the calibration cap is predicted within
-    ``step_advice.TIE_TOLERANCE`` of the fastest (a tie), it is the one recommended: the model
-    gives no reason to change a cap it cannot tell apart from the best."""
-    advice = recommend_cap(model, sizes, caps_mb=caps, link=link)
-    best = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, advice.best_cap_mb))
+    """The point recommended, the point at the calibration cell's cap and :func:`tie_from` of
+    the recommended step. The calibration cap is the cap in use: where it is predicted within
+    ``step_advice.TIE_TOLERANCE`` of the fastest (a tie), it is the one recommended
+    (``step_advice.best_of``)."""
+    advice = recommend_cap(model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap)
+    chosen = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, advice.best_cap_mb))
     at_cal = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, cal_cap))
-    chosen = at_cal if any(c is at_cal for c in tied(advice.curve)) else best
     return chosen, at_cal, tie_from(advice.curve, chosen.step_ns)
 
 

@@ -229,14 +229,19 @@ def _commprof(*args: str) -> str:
     return out.stdout
 
 
-def _assert_advised(points: dict[float | None, tuple[float, int]], advised: float | None) -> None:
-    """The advised cap is within TIE_TOLERANCE of the shortest step, and no cap that is has
-    fewer buckets."""
+def _assert_advised(
+    points: dict[float | None, tuple[float, int]], advised: float | None, in_use: float | None
+) -> None:
+    """The advised cap is within TIE_TOLERANCE of the shortest step: the cap in use where it
+    is, else one with the fewest buckets of those that are."""
     shortest = min(step for step, _ in points.values())
     step, buckets = points[advised]
     assert step <= shortest * (1 + TIE_TOLERANCE)
-    near = [n for s, n in points.values() if s <= shortest * (1 + TIE_TOLERANCE)]
-    assert buckets == min(near)
+    if points[in_use][0] <= shortest * (1 + TIE_TOLERANCE):
+        assert advised == in_use
+    else:
+        near = [n for s, n in points.values() if s <= shortest * (1 + TIE_TOLERANCE)]
+        assert buckets == min(near)
 
 
 def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
@@ -256,7 +261,9 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
         assert b["ready_ns"] <= b["start_ns"] <= b["end_ns"]
     rec = doc["recommendation"]
     points = {c["bucket_cap_mb"]: (c["step_ns"], c["num_buckets"]) for c in rec["curve"]}
-    _assert_advised(points, rec["best_bucket_cap_mb"])
+    # the cap in use (DDP's default: no --bucket-cap-mb) is searched with the grid
+    assert rec["in_use_bucket_cap_mb"] is None and None in points
+    _assert_advised(points, rec["best_bucket_cap_mb"], None)
     # the calibrated model replays its own cell's backward (the in-training link scale)
     tables = results.load(data)
     model = load_step_model(tables, "srn-100k", world_size=2, param_sizes=sizes)
@@ -290,10 +297,12 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
         assert b["service_ns"] == round(float(ring_allreduce_ns(b["num_bytes"], 2, link)))
     assert swapped["prediction"]["compute_end_ns"] == two["prediction"]["compute_end_ns"]
     # the one-call API a report uses agrees with the command line's search
-    advice = advise_cap(results.load(data), "srn-100k", 2, caps_mb=(0.25, 32.0))
+    advice = advise_cap(results.load(data), "srn-100k", 2, caps_mb=(0.25, 32.0), in_use_mb=32.0)
     assert [c.bucket_cap_mb for c in advice.curve] == [0.25, 32.0]
     _assert_advised(
-        {c.bucket_cap_mb: (c.step_ns, c.num_buckets) for c in advice.curve}, advice.best_cap_mb
+        {c.bucket_cap_mb: (c.step_ns, c.num_buckets) for c in advice.curve},
+        advice.best_cap_mb,
+        32.0,
     )
     by_cap = {c["bucket_cap_mb"]: c["step_ns"] for c in rec["curve"]}
     assert [round(c.step_ns) for c in advice.curve] == [by_cap[0.25], by_cap[32.0]]
@@ -424,6 +433,14 @@ def test_near_ties_go_to_fewer_buckets() -> None:
     assert best_of(curve).bucket_cap_mb == 4.0
     # equal buckets within the tolerance: the shorter step
     assert best_of([_point(8.0, tied, 3), _point(4.0, 100.0, 3)]).bucket_cap_mb == 4.0
+    # the cap in use, where it ties, is kept: the model gives no reason to change it
+    curve = [_point(1.0, 105.0, 9), _point(4.0, 100.0, 3), _point(25.0, tied, 1)]
+    assert best_of(curve, in_use=curve[1]).bucket_cap_mb == 4.0
+    curve[1] = _point(4.0, tied, 3)
+    curve[2] = _point(25.0, 100.0, 1)
+    assert best_of(curve, in_use=curve[1]).bucket_cap_mb == 4.0
+    # ... not where it is past the tolerance
+    assert best_of(curve, in_use=curve[0]).bucket_cap_mb == 25.0
     with pytest.raises(ValueError, match="at least one"):
         best_of([])
 

@@ -35,6 +35,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recommend_cap,
 )
+from commprof.modeling.step_model import same_setting
 from commprof.modeling.step_sim import NO_INTERFERENCE
 
 
@@ -120,7 +121,10 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     }
     text = [_table(main, idle, label, args.world_size, cal.cell_id)]
     if args.recommend_bucket_cap:
-        advice = recommend_cap(model, param_sizes, world_size=args.world_size, **what_if)
+        advice = recommend_cap(
+            model, param_sizes, world_size=args.world_size, in_use_mb=args.bucket_cap_mb,
+            **what_if,
+        )  # fmt: skip
         doc["recommendation"] = {
             "best_bucket_cap_mb": advice.best_cap_mb,
             "in_use_bucket_cap_mb": args.bucket_cap_mb,
@@ -133,9 +137,11 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             f"\n{'cap MiB':>8} {'buckets':>7} {'step ms':>9} {'range ms':>17} {'exposed ms':>10}"
         )
         for c in advice.curve:
-            mark = "  <- best" if c.bucket_cap_mb == advice.best_cap_mb else ""
+            mark = "  <- best" if same_setting(c.bucket_cap_mb, advice.best_cap_mb) else ""
+            mark += "  (in use)" if same_setting(c.bucket_cap_mb, args.bucket_cap_mb) else ""
+            cap = "default" if c.bucket_cap_mb is None else f"{c.bucket_cap_mb:g}"
             text.append(
-                f"{c.bucket_cap_mb:>8g} {c.num_buckets:>7} {c.step_ns / 1e6:>9.2f} "
+                f"{cap:>8} {c.num_buckets:>7} {c.step_ns / 1e6:>9.2f} "
                 f"{c.step_ns_range[0] / 1e6:>8.2f}-{c.step_ns_range[1] / 1e6:<8.2f} "
                 f"{c.exposed_ns / 1e6:>10.2f}{mark}"
             )

@@ -16,10 +16,12 @@ This module imports no torch and no ray.
 
 from __future__ import annotations
 
+import enum
 import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import pandas as pd
 
@@ -409,23 +411,42 @@ class CapAdvice:
     """The cap search."""
 
     best_cap_mb: float | None
-    """The cap with the fewest buckets among those predicted within :data:`TIE_TOLERANCE` of
-    the shortest step (:func:`best_of`)."""
+    """The cap to use (:func:`best_of`): the cap in use where it is among the caps predicted
+    within :data:`TIE_TOLERANCE` of the shortest step, else the one of those with the fewest
+    buckets."""
     curve: tuple[CapPrediction, ...]
-    """Every cap tried, in the order given."""
+    """Every cap tried, in the order given (the cap in use last, where it was not given)."""
 
 
 TIE_TOLERANCE = 0.01
 """Caps predicted within this fraction of the shortest step count as tied."""
 
 
-def best_of(curve: Sequence[CapPrediction]) -> CapPrediction:
-    """The point to recommend: among the caps predicted within :data:`TIE_TOLERANCE` of the
-    shortest step, the one with the fewest buckets (then the shorter step). A gain of a percent
-    is below what repeats of one cell resolve (the step-model benchmark's pairs of one cap
-    moved by several percent round to round), and fewer buckets mean fewer collectives to
-    launch and to vary."""
-    return min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+class _Unset(enum.Enum):
+    NONE_IN_USE = "none in use"
+
+
+NONE_IN_USE: Final = _Unset.NONE_IN_USE
+"""``recommend_cap(in_use_mb=...)`` when no cap is in use (None is DDP's default cap)."""
+
+
+def best_of(
+    curve: Sequence[CapPrediction], *, in_use: CapPrediction | None = None
+) -> CapPrediction:
+    """The point to recommend: ``in_use`` (a point of ``curve``: the cap the user runs) where
+    it is among the caps predicted within :data:`TIE_TOLERANCE` of the shortest step, else the
+    one of those with the fewest buckets (then the shorter step).
+
+    A gain of a percent is below what repeats of one cell resolve (the step-model benchmark's
+    pairs of one configuration moved by up to 24 % round to round), so the model gives no
+    reason to change a cap it cannot tell from the best; two caps can even make the same
+    buckets (srn-1m at 4 and 25 MiB: one bucket). Among caps that are all new, fewer buckets
+    mean fewer collectives to launch and to vary.
+    """
+    near = tied(curve)
+    if in_use is not None and any(c is in_use for c in near):
+        return in_use
+    return min(near, key=lambda c: (c.num_buckets, c.step_ns))
 
 
 def tied(curve: Sequence[CapPrediction]) -> list[CapPrediction]:
@@ -442,16 +463,19 @@ def recommend_cap(
     *,
     world_size: int | None = None,
     caps_mb: Sequence[float | None] = CAP_GRID_MB,
+    in_use_mb: float | Literal[_Unset.NONE_IN_USE] | None = NONE_IN_USE,
     **what_if: object,
 ) -> CapAdvice:
-    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
-    buckets (:func:`best_of`).
+    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to the cap in
+    use, else to fewer buckets (:func:`best_of`).
 
     Args:
         model: from :func:`load_step_model`.
         param_sizes: the model's parameter sizes.
         world_size: ranks (default: the calibration's).
         caps_mb: caps to try (MiB; None is DDP's default).
+        in_use_mb: the cap the user runs (None: DDP's default), tried too where ``caps_mb``
+            lacks it; :data:`NONE_IN_USE` (the default): none.
         **what_if: ``link``, ``same_host``, ``interference`` as :func:`predict_cap` takes them.
 
     Returns:
@@ -459,11 +483,17 @@ def recommend_cap(
     """
     if not caps_mb:
         raise ValueError("caps_mb must name at least one cap")
+    caps = list(caps_mb)
+    if in_use_mb is not NONE_IN_USE and not any(same_setting(c, in_use_mb) for c in caps):
+        caps.append(in_use_mb)
     curve = tuple(
         predict_cap(model, param_sizes, bucket_cap_mb=cap, world_size=world_size, **what_if)  # type: ignore[arg-type]
-        for cap in caps_mb
+        for cap in caps
     )
-    return CapAdvice(best_cap_mb=best_of(curve).bucket_cap_mb, curve=curve)
+    in_use = None
+    if in_use_mb is not NONE_IN_USE:
+        in_use = next(c for c in curve if same_setting(c.bucket_cap_mb, in_use_mb))
+    return CapAdvice(best_cap_mb=best_of(curve, in_use=in_use).bucket_cap_mb, curve=curve)
 
 
 def advise_cap(
@@ -473,8 +503,9 @@ def advise_cap(
     *,
     caps_mb: Sequence[float | None] = CAP_GRID_MB,
     backend: str = "gloo",
+    in_use_mb: float | Literal[_Unset.NONE_IN_USE] | None = NONE_IN_USE,
 ) -> CapAdvice:
-    """Bucket-cap advice for a catalog model from a dataset in one call (for reports).
+    """Bucket-cap advice for a catalog model from a dataset in one call.
 
     Args:
         tables: the dataset (``commprof.results.load``).
@@ -483,6 +514,7 @@ def advise_cap(
             size is predicted with the ring model's p dependence, ranks on their own devices).
         caps_mb: caps to compare (MiB; None is DDP's default).
         backend: the backend of the calibration cell.
+        in_use_mb: the cap the user runs, kept where it ties (:func:`recommend_cap`).
 
     Returns:
         The advice: the cap with the shortest predicted step, and the curve, each point with
@@ -492,4 +524,4 @@ def advise_cap(
     fitted = load_step_model(
         tables, model, world_size=world_size, param_sizes=sizes, backend=backend
     )
-    return recommend_cap(fitted, sizes, world_size=world_size, caps_mb=caps_mb)
+    return recommend_cap(fitted, sizes, world_size=world_size, caps_mb=caps_mb, in_use_mb=in_use_mb)
