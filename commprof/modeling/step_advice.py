@@ -5,8 +5,8 @@
 microbenchmarks' typical (median) times and measures their stall per operation, reads the
 interference factors, calibrates the simulator (``step_model``) and fits its in-training link
 scale. :func:`recommend_cap` predicts the step at each cap and names the fastest (near-ties to
-fewer buckets). Both are what
-``commprof estimate --fit RESULTS`` uses, and what a report calls::
+the cap in use, else to fewer buckets). Both are what ``commprof estimate --fit RESULTS``
+uses, and what a report calls::
 
     advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
     advice.best_cap_mb, [(c.bucket_cap_mb, c.step_ns, c.exposed_ns) for c in advice.curve]
