@@ -123,7 +123,7 @@ def _advice(
 ) -> tuple[CapPrediction, CapPrediction, float]:  # fmt: skip
     """The point recommended, the point at the calibration cell's cap and :func:`tie_from` of
     the recommended step. The calibration cap is the cap in use: where it is predicted within
-    ``step_advice.TIE_TOLERANCE`` of the fastest (a tie), it is the one recommended
+    ``step_advice.TIE_TOLERANCE`` of the cap the search would name, it is the one recommended
     (``step_advice.best_of``)."""
     advice = recommend_cap(model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap)
     chosen = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, advice.best_cap_mb))

@@ -121,8 +121,9 @@ def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
         who = "every model and world size here" if len(pairs) > 1 and not len(moved) else None
         who = who or prose.words(pairs)
         out.append(
-            f"For {who} it predicts no cap faster than the one it was calibrated at, so it "
-            "gives no reason to change that cap."
+            f"For {who} it predicts the cap it was calibrated at within "
+            f"{q.pct('step_tie_tolerance', TIE_TOLERANCE, 0)}\\% of the cap it would name, so "
+            "it gives no reason to change that cap."
         )
     for r in records(moved):
         text = (
@@ -278,8 +279,8 @@ _ADVICE_CAPTION = (
     "named, and its predicted median step with the range under the "
     "calibration's uncertainty (link fit at its 95\\% interval ends, interference at its "
     "quartiles); caps predicted within "
-    f"{fmt(100 * TIE_TOLERANCE, 0)}\\% of the fastest count as tied: the calibration cap "
-    "named where it is one, else the one with fewest buckets"
+    f"{fmt(100 * TIE_TOLERANCE, 0)}\\% of the fastest count as tied and the one with fewest "
+    "buckets is named, or the calibration cap where it is predicted within as much of that one"
 )
 _OOS_CAPTION = (
     "Out of sample: the step model's predicted median step at each cap run here other than its "

@@ -411,9 +411,9 @@ class CapAdvice:
     """The cap search."""
 
     best_cap_mb: float | None
-    """The cap to use (:func:`best_of`): the cap in use where it is among the caps predicted
-    within :data:`TIE_TOLERANCE` of the shortest step, else the one of those with the fewest
-    buckets."""
+    """The cap to use (:func:`best_of`): of the caps predicted within :data:`TIE_TOLERANCE` of
+    the shortest step the one with the fewest buckets, or the cap in use where it is predicted
+    within the tolerance of that one."""
     curve: tuple[CapPrediction, ...]
     """Every cap tried, in the order given (the cap in use last, where it was not given)."""
 
@@ -433,20 +433,21 @@ NONE_IN_USE: Final = _Unset.NONE_IN_USE
 def best_of(
     curve: Sequence[CapPrediction], *, in_use: CapPrediction | None = None
 ) -> CapPrediction:
-    """The point to recommend: ``in_use`` (a point of ``curve``: the cap the user runs) where
-    it is among the caps predicted within :data:`TIE_TOLERANCE` of the shortest step, else the
-    one of those with the fewest buckets (then the shorter step).
+    """The point to recommend: among the caps predicted within :data:`TIE_TOLERANCE` of the
+    shortest step, the one with the fewest buckets (then the shorter step); but ``in_use`` (a
+    point of ``curve``: the cap the user runs) where it is predicted within the tolerance of
+    that one.
 
     A gain of a percent is below what repeats of one cell resolve (the step-model benchmark's
     pairs of one configuration moved by up to 24 % round to round), so the model gives no
-    reason to change a cap it cannot tell from the best; two caps can even make the same
-    buckets (srn-1m at 4 and 25 MiB: one bucket). Among caps that are all new, fewer buckets
-    mean fewer collectives to launch and to vary.
+    reason to change a cap it cannot tell from the one it would name; two caps can even make
+    the same buckets (srn-1m at 4 and 25 MiB: one bucket). Among caps that are all new, fewer
+    buckets mean fewer collectives to launch and to vary.
     """
-    near = tied(curve)
-    if in_use is not None and any(c is in_use for c in near):
+    pick = min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+    if in_use is not None and in_use.step_ns <= pick.step_ns * (1.0 + TIE_TOLERANCE):
         return in_use
-    return min(near, key=lambda c: (c.num_buckets, c.step_ns))
+    return pick
 
 
 def tied(curve: Sequence[CapPrediction]) -> list[CapPrediction]:
@@ -466,8 +467,8 @@ def recommend_cap(
     in_use_mb: float | Literal[_Unset.NONE_IN_USE] | None = NONE_IN_USE,
     **what_if: object,
 ) -> CapAdvice:
-    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to the cap in
-    use, else to fewer buckets (:func:`best_of`).
+    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
+    buckets, the cap in use kept where the model cannot tell it from that (:func:`best_of`).
 
     Args:
         model: from :func:`load_step_model`.
