@@ -215,8 +215,8 @@ def _regret(mine: pd.DataFrame, predicted: list[CapPrediction]) -> dict[str, Any
 
     The recommended cap is the one ``commprof estimate --recommend-bucket-cap`` names from the
     predicted curve (``step_advice.best_of``: near-ties to fewer buckets, from the sixth run;
-    from the ninth, as it names it to a user who runs the calibration cap: that cap where it
-    ties, as reports have done since the sixth).
+    from the ninth, as it names it to a user who runs the calibration cap, kept where the model
+    cannot tell it from the cap it would name).
 
     Two readings, both reported. ``pairs`` (the issue's: "the best measured cap" is the cap
     with the shortest median step over all rounds; each round is one interleaved pair of it and
