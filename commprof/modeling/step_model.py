@@ -428,12 +428,12 @@ def fit_link_scale(
     The microbenchmark times the link idle and its interference arms load it with one
     matrix-product thread; in training the all-reduces also share the host with the other
     ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
-    benchmark host a 26 MB bucket 2.5 times the fit of median times; the fit of mean times
-    needed scales of 0.96 to 1.22 in the seventh benchmark run). The calibration cells measure
-    that directly: the scale multiplies each bucket's idle time plus ``stall_ns`` and is what
-    the simulator, at the calibration cap with the calibrated timeline and interference, needs
-    to end backward when the cells did (``measured_backward_ns
-    - other_ns``), found by bisection in log scale within :data:`LINK_SCALE_BOUNDS` (the
+    benchmark host a 26 MB bucket 2.5 times the fit of median times; with the per-operation
+    stall added, scales of 0.92 to 1.24 in the eighth and ninth benchmark runs). The
+    calibration cells measure that directly: the scale multiplies each bucket's idle time plus
+    ``stall_ns`` and is what the simulator, at the calibration cap with the calibrated timeline
+    and interference, needs to end backward when the cells did (``measured_backward_ns -
+    other_ns``), found by bisection in log scale within :data:`LINK_SCALE_BOUNDS` (the
     simulated backward grows with the scale). Where even the smallest scale ends backward later
     than measured (the communication was hidden, so the cells say nothing of the link), 1.
 
