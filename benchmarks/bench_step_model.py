@@ -7,7 +7,8 @@ fixed seed) so that load drifts hit every cap alike; a round's 2-rank cells shar
 rank processes (one process group for all), as a sweep's reused gangs do. Every round's 25 MiB
 cell of each model (the calibration cells) is run with the defaults of ``commprof run``
 (microbenchmark and interference arms; round 0's only, before the seventh run); the others with
-a minimal microbenchmark. The raw dataset is kept (``--data``).
+a minimal microbenchmark. The raw dataset is kept (``--data``); from the tenth run each cell
+records the host's load average when it ended (``cells.load_avg_1m``).
 
 The split, fixed before any error was looked at (the calibrations are in
 ``step_model_analysis.py``):
@@ -19,7 +20,9 @@ The split, fixed before any error was looked at (the calibrations are in
   time and of the per-step exposed communication, both from the timing hook's own records);
   and srn-10m at p = 4, predicted from the p = 2 calibration.
 
-Models compared (all from the same calibration): ``simulator`` (step_sim with interference),
+Models compared (all from the same calibration): ``simulator`` (step_sim with interference;
+from the tenth run its exposed communication counts a rank's wait for the slowest rank, as the
+hook's own records do, ``StepCalibration.straggler_ns``),
 ``idle_ring`` (the same timeline and fit, no interference, one channel: ``commprof estimate``'s
 model), ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the
 ``buckets`` fit of the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of
@@ -28,7 +31,9 @@ idle all-reduce times). Error: step time APE, and |predicted - measured exposed|
 Advice by regret: the cap the simulator recommends among the four (calibration only), per
 round against the best measured cap (shortest median over the rounds), each round one
 interleaved pair of the two; within 3 % counts as a hit. The stricter reading, against the
-shortest of that round's four cells, is reported beside it. ``simulator_median`` is the
+shortest of that round's four cells, is reported beside it, and from the tenth run the pairs
+reading with two caps that DDP buckets identically counted as one configuration
+(``same_layout``). ``simulator_median`` is the
 simulator with median interference factors in place of means (an ablation).
 
 Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 780]``; writes
@@ -120,8 +125,9 @@ def _commit(data: Path, cells: list[Cell], per_rank: list[list[dict[str, Any]]])
     for i, cell in enumerate(cells):
         ranks = [results_of_rank[i] for results_of_rank in per_rank]
         row = results.cell_row(
-            cell, sweep="step-model", attempt=1, status="ok", env=ranks[0]["env"]
-        )
+            cell, sweep="step-model", attempt=1, status="ok", env=ranks[0]["env"],
+            load_avg_1m=ranks[0]["env"].get("load_avg_1m"),
+        )  # fmt: skip
         results.write_attempt(data, row, merge_rank_records(ranks))
 
 

@@ -1,15 +1,15 @@
-"""Model variants on development collections of ``bench_step_model.py`` (``--collect-only``).
+"""Model variants on development collections of ``bench_step_model.py``.
 
-Used before the eighth run to choose the link's calibration on data that run does not score:
-``results/step_model_v7_dev_data`` (4 rounds) and the seventh run's ``results/step_model_v7_data``
-(10 rounds; scored by the seventh run, development data for the eighth). The variants: the
-per-operation stall of the microbenchmarks (``step_advice.link_stall_ns``) added to each
-bucket or not, and the link fitted on the calibration cells of every model (``host``, the
-eighth run's) or on the model's own calibration repeats only (``own``). Prints the analysis
-summary per variant. (The seventh run's link, a fit of mean times per row, is no longer in the
-code; its figures on the same data are the seventh run's and ``step_model_v7_dev.txt``.)
+Used before the tenth run to choose what the step model's exposed communication is, on data that
+run does not score: the 4-round ``results/step_model_v7_dev_data`` and the seventh, eighth and
+ninth runs' collections (each scored by its own run, development data from then on). The
+variants: ``straggler`` (the tenth run's: a rank's exposed time counts its wait for the slowest
+rank, ``StepCalibration.straggler_ns``, as the timing hook measures it) and ``slowest rank``
+(the simulator's own, the ninth run's). Prints the analysis summary per variant. The eighth
+run's variants (the link's stall and cells, ``results/step_model_v8_dev.txt``) came from this
+script's earlier version (git history).
 
-Usage: ``python benchmarks/step_model_variants.py results/step_model_v7_dev_data ...``.
+Usage: ``python benchmarks/step_model_variants.py results/step_model_v9_data ...``.
 """
 
 from __future__ import annotations
@@ -17,31 +17,27 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
 import step_model_analysis
 
-from commprof.modeling import step_advice
+from commprof.modeling import step_model
+from commprof.modeling.step_sim import StepPrediction
 
-VARIANTS = (("stall", "host"), ("stall", "own"), ("no stall", "host"), ("no stall", "own"))
+VARIANTS = ("straggler", "slowest rank")
 
 
 def main() -> int:
-    stall_of, host_cells = step_advice.link_stall_ns, step_model_analysis._link_cells
+    with_straggler = step_model.with_straggler
     for data in sys.argv[1:]:
-        for stall, cells in VARIANTS:
+        for variant in VARIANTS:
 
-            def no_stall(rows: pd.DataFrame) -> float:
-                return 0.0
+            def slowest(prediction: StepPrediction, wait_ns: float) -> StepPrediction:
+                return prediction
 
-            def own(measured: pd.DataFrame, split: str) -> list[str]:
-                return []  # the calibration repeats alone (load_step_model always adds them)
-
-            step_advice.link_stall_ns = stall_of if stall == "stall" else no_stall  # type: ignore[assignment]
-            step_model_analysis._link_cells = host_cells if cells == "host" else own  # type: ignore[assignment]
+            step_model.with_straggler = with_straggler if variant == "straggler" else slowest  # type: ignore[assignment]
             report = step_model_analysis.analyze(Path(data))
             for split in ("summary", "summary_round0"):
                 for name, row in report[split].items():
-                    print(Path(data).name, stall, cells, split, name, row)
+                    print(Path(data).name, variant, split, name, row)
     return 0
 
 

@@ -114,6 +114,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "fit": fit_to_dict(model.link) if link is None else None,
             "link_scale": scale,
             "stall_ns": round(stall),
+            "straggler_ns": round(main.prediction.straggler_ns),
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },
@@ -152,7 +153,8 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
 def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: str) -> str:
     cap = "DDP default" if main.bucket_cap_mb is None else f"{main.bucket_cap_mb:g} MiB"
     lines = [
-        f"step simulator calibrated on cell {cell}; link: {label}; world size {ws}; cap {cap}",
+        f"step simulator calibrated on cell {cell}; link: {label}; world size {ws}; cap {cap}; "
+        "buckets of the slowest rank",
         f"{'bucket':>6} {'MiB':>9} {'ready ms':>9} {'start ms':>9} {'end ms':>9} {'idle ms':>8}",
     ]
     for b in main.prediction.buckets:
@@ -161,11 +163,13 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
             f"{b.start_ns / 1e6:>9.3f} {b.end_ns / 1e6:>9.3f} {b.service_ns / 1e6:>8.3f}"
         )
     eff = main.overlap_efficiency
+    wait = main.prediction.straggler_ns
     lines.append(
         f"step {main.step_ns / 1e6:.2f} ms ({main.step_ns_range[0] / 1e6:.2f} to "
         f"{main.step_ns_range[1] / 1e6:.2f}), exposed communication {main.exposed_ns / 1e6:.2f} ms "
-        f"({main.exposed_ns_range[0] / 1e6:.2f} to {main.exposed_ns_range[1] / 1e6:.2f}), overlap "
-        f"efficiency {'n/a' if not math.isfinite(eff) else f'{eff:.2f}'}"
+        f"({main.exposed_ns_range[0] / 1e6:.2f} to {main.exposed_ns_range[1] / 1e6:.2f})"
+        + (f" of which {wait / 1e6:.2f} waiting for the slowest rank" if wait else "")
+        + f", overlap efficiency {'n/a' if not math.isfinite(eff) else f'{eff:.2f}'}"
     )
     lines.append(
         f"idle ring model (no interference): step {idle.step_ns / 1e6:.2f} ms, exposed "

@@ -356,7 +356,9 @@ def predict_cap(
             transfers on the calibrated link, slow by the core share
             (:func:`step_model.cpu_share_scale`); else each rank has its own.
         interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model,
-            the link's idle times without the stall and the in-training scale).
+            the link's idle times without the stall and the in-training scale). The calibrated
+            straggler wait (``calibration.straggler_ns``, part of the measured compute timeline,
+            so kept on another link) is added to the exposed communication unless this is given.
 
     Returns:
         The prediction with its range.
@@ -379,6 +381,7 @@ def predict_cap(
         compute_scale=scale,
         service_scale=service,
         stall_ns=stall,
+        straggler_ns=cal.straggler_ns if interference is None else 0.0,
     )
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,

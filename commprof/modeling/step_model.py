@@ -21,6 +21,11 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
 * The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
   all-reduce times (plus the link's per-operation stall) with which the simulator replays the
   cells' own median backward.
+* The straggler wait ``straggler_ns``: the simulator plays the slowest rank (the all-reduces
+  start when it hands over), but every other rank ends its compute earlier and the hook counts
+  its wait as exposed communication. Per step, the smallest exposed time over ranks is the
+  slowest rank's (an all-reduce completes on all ranks at about the same time); the wait is the
+  median exposed time of every rank-step minus the median of those (no cross-host clock).
 
 Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
 world size asked for (the ring model's p dependence), ``stall_ns`` adds the calibrated link's
@@ -30,7 +35,9 @@ another link or world size whose ranks have their own devices; on one CPU host w
 ranks share, the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale``
 multiplies the link's all-reduce times (stall included): the in-training link scale on the
 calibrated link, times the same core share on one CPU host (gloo over loopback moves and
-reduces the bytes on the ranks' cores).
+reduces the bytes on the ranks' cores). ``straggler_ns`` (the calibrated wait, times
+``compute_scale``) is added to the slowest rank's exposed communication and communication time,
+so that both are what a rank's hook measures; the step time is the slowest rank's.
 Uncertainty: the same prediction with alpha and beta at the ends of their 95 % intervals and the
 interference factors at their quartiles (:func:`predict_range`).
 
@@ -150,6 +157,9 @@ class StepCalibration:
     """Median measured step time of the cell (for reference)."""
     measured_backward_ns: float
     """Median measured backward time (what :func:`fit_link_scale` replays)."""
+    straggler_ns: float = 0.0
+    """Median exposed communication of a rank minus that of the slowest rank (module
+    docstring): the wait for the straggler, which the hook counts as exposed."""
     bucket_cap_mb: float | None
     """The calibration cells' cap (MiB; None: DDP's default)."""
 
@@ -250,6 +260,7 @@ def calibrate_step(
     # Per (rank, step): the compute work at each hook entry and at the last hand-over.
     works: dict[tuple[str, int], list[np.ndarray]] = {}
     other: list[float] = []
+    exposed: dict[tuple[str, int], list[float]] = {}
     for (cell, _, _), group in buckets.groupby(["cell_id", "rank", "step"]):
         group = group.sort_values("bucket_index")
         origin = float(group["start_ns"].iloc[0] + group["forward_ns"].iloc[0])
@@ -261,6 +272,9 @@ def calibrate_step(
             _work_at(np.append(ready, launch[-1]), pieces)
         )
         other.append(float(group["backward_ns"].iloc[0]) - max(float(done.max()), launch[-1]))
+        exposed.setdefault((str(cell), int(group["step"].iloc[0])), []).append(
+            max(0.0, float(done.max() - ready.max()))
+        )
     index = np.sort(buckets["bucket_index"].unique())
     # An all-reduce starts when the slowest rank hands its bucket over: per step, the max over
     # ranks of each bucket's ready work (and of the compute's end), then the median over steps.
@@ -291,6 +305,11 @@ def calibrate_step(
         other_ns=max(0.0, float(np.median(other))),
         measured_step_ns=float(steps["step_ns"].median()),
         measured_backward_ns=float(steps["backward_ns"].median()),
+        straggler_ns=max(
+            0.0,
+            float(np.median([e for v in exposed.values() for e in v]))
+            - float(np.median([min(v) for v in exposed.values()])),
+        ),
         bucket_cap_mb=None if pd.isna(row.get("bucket_cap_mb")) else float(row["bucket_cap_mb"]),
     )
 
@@ -352,6 +371,7 @@ def predict_step(
     compute_scale: float = 1.0,
     service_scale: float = 1.0,
     stall_ns: float = 0.0,
+    straggler_ns: float = 0.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
@@ -369,6 +389,9 @@ def predict_step(
         stall_ns: added to every bucket's idle all-reduce time from ``link`` before the
             scale: the expected stall of one operation on the calibrated link
             (``step_advice.link_stall_ns``).
+        straggler_ns: the calibrated wait of a rank for the slowest one
+            (``calibration.straggler_ns``), times ``compute_scale``, added to the exposed
+            communication and communication time (module docstring); 0: the slowest rank's.
 
     Returns:
         The simulated step.
@@ -381,8 +404,9 @@ def predict_step(
     for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
-    if not (math.isfinite(stall_ns) and stall_ns >= 0):
-        raise ValueError(f"stall_ns must be finite and >= 0, got {stall_ns}")
+    for name, value in (("stall_ns", stall_ns), ("straggler_ns", straggler_ns)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
     ws = calibration.world_size if world_size is None else world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
@@ -393,7 +417,7 @@ def predict_step(
     channels = (
         BACKEND_CHANNELS.get(calibration.backend, 1) if num_channels is None else num_channels
     )
-    return simulate_step(
+    slowest = simulate_step(
         ready_work_ns=ready,
         service_ns=(service_scale * (_service_ns(link, sizes, ws) + stall_ns)).tolist(),
         num_bytes=[b.num_bytes for b in buckets],
@@ -407,6 +431,22 @@ def predict_step(
         forward_ns=compute_scale * calibration.forward_ns,
         optimizer_ns=compute_scale * calibration.optimizer_ns,
         other_ns=calibration.other_ns,
+    )
+    return with_straggler(slowest, compute_scale * straggler_ns)
+
+
+def with_straggler(prediction: StepPrediction, wait_ns: float) -> StepPrediction:
+    """The slowest rank's simulated step as a rank that waits ``wait_ns`` for it measures it:
+    the wait added to its exposed communication and communication time (the step is the same)."""
+    if wait_ns == 0 or prediction.comm_busy_ns == 0:
+        return prediction
+    busy = prediction.comm_busy_ns + wait_ns
+    return replace(
+        prediction,
+        exposed_ns=prediction.exposed_ns + wait_ns,
+        comm_busy_ns=busy,
+        overlap_efficiency=min(1.0, max(0.0, busy - prediction.exposed_ns - wait_ns) / busy),
+        straggler_ns=wait_ns,
     )
 
 

@@ -163,6 +163,9 @@ class StepPrediction:
     """Time at least one all-reduce was in flight."""
     overlap_efficiency: float
     """(comm_busy - exposed) / comm_busy; NaN without communication."""
+    straggler_ns: float = 0.0
+    """Of ``exposed_ns`` and ``comm_busy_ns``: a rank's wait for the slowest rank's hand-over
+    (``step_model.with_straggler``); 0 as simulated, the slowest rank's own."""
     buckets: tuple[BucketTiming, ...] = field(default=())
     """Per-bucket timeline."""
 
