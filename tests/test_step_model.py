@@ -289,7 +289,9 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     assert replay.straggler_ns == cal.straggler_ns >= 0
     assert doc["calibration"]["straggler_ns"] == round(cal.straggler_ns)
     idle = predict_cap(model, sizes, bucket_cap_mb=None, interference=NO_INTERFERENCE)
-    assert idle.prediction.straggler_ns == 0
+    published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
+    elsewhere = predict_cap(model, sizes, bucket_cap_mb=None, link=published)
+    assert idle.prediction.straggler_ns == elsewhere.prediction.straggler_ns == 0
     # p = 4 on the same host, without interference: compute scales by the core share exactly
     env = json.loads(pd.read_parquet(data / "cells")["env_json"].iloc[0])
     cores = env["cpu_count"] / env["num_threads"]

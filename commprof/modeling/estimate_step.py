@@ -66,7 +66,7 @@ def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None
     if not args.interconnect:
         cell = model.calibration.cell_id
         interference = NO_INTERFERENCE if args.no_interference else None
-        scale, stall = in_training(model, link=None, interference=interference)
+        scale, stall, _ = in_training(model, link=None, interference=interference)
         label = f"fit of the microbenchmarks on cell {cell}'s host ({model.link.method})"
         if stall > 0:
             label += f" + {stall / 1e6:.2f} ms stall an all-reduce"
@@ -103,7 +103,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         link=link, same_host=args.same_host, interference=NO_INTERFERENCE,
     )  # fmt: skip
     cal = model.calibration
-    scale, stall = in_training(model, link=link, interference=what_if.get("interference"))
+    scale, stall, _ = in_training(model, link=link, interference=what_if.get("interference"))
     doc: dict[str, Any] = {
         "prediction": _prediction_doc(main),
         "idle_ring": {k: v for k, v in _prediction_doc(idle).items() if k != "buckets"},

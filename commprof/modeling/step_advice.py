@@ -351,14 +351,15 @@ def predict_cap(
         link: another link (a published interconnect's parameters), keeping the measured
             compute timeline; default the calibrated fit, its times plus the stall
             (``model.stall_ns``) multiplied by the in-training link scale
-            (``model.link_scale``) unless ``interference`` is given (:func:`in_training`).
+            (``model.link_scale``), and the ranks' wait for the slowest
+            (``calibration.straggler_ns``) in the exposed communication, unless
+            ``interference`` is given (:func:`in_training`).
         same_host: the ranks share the calibration's CPU host, so compute, and gloo's
             transfers on the calibrated link, slow by the core share
             (:func:`step_model.cpu_share_scale`); else each rank has its own.
         interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model,
-            the link's idle times without the stall and the in-training scale). The calibrated
-            straggler wait (``calibration.straggler_ns``, part of the measured compute timeline,
-            so kept on another link) is added to the exposed communication unless this is given.
+            the link's idle times without the stall, the in-training scale and the straggler
+            wait).
 
     Returns:
         The prediction with its range.
@@ -368,7 +369,7 @@ def predict_cap(
     scale = 1.0
     if same_host and model.device == "cpu":
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
-    service, stall = in_training(model, link=link, interference=interference)
+    service, stall, straggler = in_training(model, link=link, interference=interference)
     if link is None:
         service *= scale
     low, mid, high = predict_range(
@@ -381,7 +382,7 @@ def predict_cap(
         compute_scale=scale,
         service_scale=service,
         stall_ns=stall,
-        straggler_ns=cal.straggler_ns if interference is None else 0.0,
+        straggler_ns=straggler,
     )
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,
@@ -400,13 +401,14 @@ def predict_cap(
 
 def in_training(
     model: StepModel, *, link: LinkParams | Fit | None, interference: Interference | None
-) -> tuple[float, float]:
-    """(link scale, stall ns) a prediction applies: ``model.link_scale`` and
-    ``model.stall_ns`` on the calibrated link with the calibrated interference, else 1 and 0
-    (the idle model, a published link)."""
+) -> tuple[float, float, float]:
+    """(link scale, stall ns, straggler wait ns) a prediction applies: ``model.link_scale``,
+    ``model.stall_ns`` and ``model.calibration.straggler_ns`` on the calibrated link with the
+    calibrated interference (the calibration host's training), else 1, 0 and 0 (the idle
+    model; a published link, on devices whose ranks' skew this host does not measure)."""
     if link is None and interference is None:
-        return model.link_scale, model.stall_ns
-    return 1.0, 0.0
+        return model.link_scale, model.stall_ns, model.calibration.straggler_ns
+    return 1.0, 0.0, 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
