@@ -373,6 +373,8 @@ minus $E$ (backward returns only after every bucket is reduced), the optimizer i
 category and idle/other is the rest of the step, so
 $\mathrm{compute} + E + \mathrm{optimizer} + \mathrm{other} = \mathrm{step}$ exactly. Overlap
 efficiency is $(|C| - |E|)/|C|$ and the share of the step left exposed $|E|/\mathrm{step}$.
+$t_c$ is the rank's own, so a rank that ends its compute before another counts its wait for
+the slower rank's buckets in $E$; the step model counts that wait as well.
 
 \paragraph{Service time.} A bucket's service time is $\mathrm{done} - \max(\mathrm{ready}, d)$,
 with $d$ the latest completion of an earlier bucket of the step that finished before it: its
