@@ -216,8 +216,8 @@ def _layouts(tables: dict[str, pd.DataFrame], mine: pd.DataFrame) -> dict[float,
     buckets = tables["buckets"]
     out = {}
     for cap, rows in mine.sort_values("repeat").groupby("bucket_cap_mb"):
-        mine_b = buckets[buckets["cell_id"] == rows["cell_id"].iloc[0]]
-        out[float(cap)] = tuple(mine_b.groupby("bucket_index")["num_bytes"].first().sort_index())
+        first = buckets[buckets["cell_id"] == rows["cell_id"].iloc[0]]
+        out[float(cap)] = tuple(first.groupby("bucket_index")["num_bytes"].first().sort_index())
     return out
 
 
