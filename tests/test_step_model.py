@@ -288,6 +288,7 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # a rank's exposed communication counts its wait for the slowest; the idle model's does not
     assert replay.straggler_ns == cal.straggler_ns >= 0
     assert doc["calibration"]["straggler_ns"] == round(cal.straggler_ns)
+    assert pred["straggler_ns"] == round(cal.straggler_ns)  # p = 2 on the calibration host
     idle = predict_cap(model, sizes, bucket_cap_mb=None, interference=NO_INTERFERENCE)
     published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
     elsewhere = predict_cap(model, sizes, bucket_cap_mb=None, link=published)

@@ -53,6 +53,7 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
         "exposed_ns": round(pred.exposed_ns),
         "exposed_ns_low": round(pred.exposed_ns_range[0]),
         "exposed_ns_high": round(pred.exposed_ns_range[1]),
+        "straggler_ns": round(pred.prediction.straggler_ns),
         "overlap_efficiency": _finite(pred.overlap_efficiency),
         "compute_end_ns": round(pred.prediction.compute_end_ns),
         "buckets": [
@@ -103,7 +104,9 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         link=link, same_host=args.same_host, interference=NO_INTERFERENCE,
     )  # fmt: skip
     cal = model.calibration
-    scale, stall, _ = in_training(model, link=link, interference=what_if.get("interference"))
+    scale, stall, straggler = in_training(
+        model, link=link, interference=what_if.get("interference")
+    )
     doc: dict[str, Any] = {
         "prediction": _prediction_doc(main),
         "idle_ring": {k: v for k, v in _prediction_doc(idle).items() if k != "buckets"},
@@ -114,7 +117,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "fit": fit_to_dict(model.link) if link is None else None,
             "link_scale": scale,
             "stall_ns": round(stall),
-            "straggler_ns": round(main.prediction.straggler_ns),
+            "straggler_ns": round(straggler),
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },
