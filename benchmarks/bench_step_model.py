@@ -33,10 +33,14 @@ round against the best measured cap (shortest median over the rounds), each roun
 interleaved pair of the two; within 3 % counts as a hit. The stricter reading, against the
 shortest of that round's four cells, is reported beside it, and from the tenth run the pairs
 reading with two caps that DDP buckets identically counted as one configuration
-(``same_layout``). ``simulator_median`` is the
+(``same_layout``). From the eleventh run the headline is ``interleaved`` (declared before it):
+each round also trains each model's four caps side by side in one gang, step by step in a
+shuffled order (``_pairs_gang``, ``PAIR_STEPS`` cycles), so that the host's drift, which moves
+whole cells by 6 to 7 % on this host, hits every cap alike; a round's pair is the recommended
+and the best measured cap's medians over that round's interleaved steps. ``simulator_median`` is the
 simulator with median interference factors in place of means (an ablation).
 
-Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 780]``; writes
+Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 1500]``; writes
 ``benchmarks/results/step_model.json`` and the dataset under ``benchmarks/results/step_model_data``.
 """
 
@@ -57,6 +61,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 from bench_env import environment  # noqa: E402
+from step_model_analysis import PAIRS_FILE  # noqa: E402
 
 from commprof import results  # noqa: E402
 from commprof.matrix import Cell  # noqa: E402
@@ -74,6 +79,11 @@ STEPS, WARMUP = 22, 2
 """Steps 2 to 21 measured (step 0 never is): 20 a cell, against 4 before 2.1, whose cells' medians
 moved by up to 30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 to 30 ms)."""
 SEED = 1
+PAIR_STEPS = {"srn-1m": 480, "srn-10m": 80, "resnet18": 40}
+"""Cycles of the step-interleaved pairs per model and round (each one step of every cap): about
+20 to 30 s of steps a model on this host, so that a cap's median over its steps moves by 1 to 2 %
+between rounds by the step noise of the eighth to tenth runs (median of n steps: 1.25 sigma /
+sqrt(n), per-step sigma about 30 % srn-1m, 8 % srn-10m, 6 % resnet18)."""
 MINIMAL_MICROBENCH = {
     "microbench_sizes_bytes": (4096,),
     "microbench_iters": 1,
@@ -121,6 +131,59 @@ def _gang(rank: int, world_size: int, store_path: str, cells: list[Cell]) -> lis
     return out
 
 
+def _pairs_gang(
+    rank: int, world_size: int, store_path: str, round_index: int, steps: dict[str, int]
+) -> dict[str, dict[str, list[int]]]:
+    """One rank of a round's step-interleaved pairs: per model, its four caps trained side by side.
+
+    Four DDP replicas of the model (one per cap, the same initial weights, each with the timing
+    hook and its own optimizer) in one process group; two warm-up steps each, then ``steps[model]``
+    cycles, each one step of every cap on the same batch, in an order shuffled every cycle (a
+    seeded generator, the same on every rank; a rotation would keep each cap's neighbours). The
+    steps are timed as a cell's (``trainer._timed_step``). Returns per model and cap the
+    measured step times (ns).
+    """
+    import torch.distributed as dist
+
+    from commprof.profiling.comm_hooks import register_timing_hook
+    from commprof.training.data import loss_fn, make_batch
+    from commprof.training.launcher import process_group
+    from commprof.training.models import build_model
+    from commprof.training.trainer import _optimizer, _timed_step
+
+    device = torch.device("cpu")
+    out: dict[str, dict[str, list[int]]] = {}
+    store = dist.FileStore(store_path, world_size)
+    with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
+        for model, cycles in steps.items():
+            arms = []
+            for cap_mb in CAPS_MB:
+                cell = Cell(model=model, world_size=world_size, bucket_cap_mb=cap_mb, seed=SEED)
+                torch.manual_seed(SEED)
+                ddp = torch.nn.parallel.DistributedDataParallel(
+                    build_model(model).to(device), bucket_cap_mb=cap_mb
+                )
+                state = register_timing_hook(ddp, inner=cell.hook)
+                arms.append((str(cap_mb), ddp, state, _optimizer(cell, ddp.parameters())))
+            criterion = loss_fn(model)
+            times: dict[str, list[int]] = {cap: [] for cap, *_ in arms}
+            order = random.Random(SEED + round_index)  # the same on every rank
+            for step in range(WARMUP + cycles):
+                inputs, targets = make_batch(
+                    model, MODELS[model], rank=rank, seed=SEED + round_index, step=step,
+                    device=device,
+                )  # fmt: skip
+                order.shuffle(arms)
+                for cap, ddp, state, optimizer in arms:
+                    state.step = step
+                    t0, _, _, t3 = _timed_step(ddp, optimizer, criterion, inputs, targets, device)
+                    state.resolve()
+                    if step >= WARMUP:
+                        times[cap].append(t3 - t0)
+            out[model] = times
+    return out
+
+
 def _commit(data: Path, cells: list[Cell], per_rank: list[list[dict[str, Any]]]) -> None:
     for i, cell in enumerate(cells):
         ranks = [results_of_rank[i] for results_of_rank in per_rank]
@@ -131,16 +194,21 @@ def _commit(data: Path, cells: list[Cell], per_rank: list[list[dict[str, Any]]])
         results.write_attempt(data, row, merge_rank_records(ranks))
 
 
-def collect(data: Path, rounds: int, budget_s: float, models: dict[str, int]) -> dict[str, Any]:
+def collect(
+    data: Path, rounds: int, budget_s: float, models: dict[str, int], pair_steps: dict[str, int]
+) -> dict[str, Any]:
     """Run the rounds into ``data``; stop starting rounds once ``budget_s`` is spent.
 
     Per round one 2-rank gang (fresh processes) runs the twelve p = 2 cells in a shuffled order
     in one process group, then a 4-rank gang the p = 4 cell: process start (seconds a cell on a
-    loaded host) is paid once a round instead of once a cell.
+    loaded host) is paid once a round instead of once a cell. From the eleventh run a third gang
+    then runs the round's step-interleaved pairs (``_pairs_gang``, ``pair_steps`` cycles per
+    model), kept in ``data / PAIRS_FILE`` as ``[{"round", "ranks": [{model: {cap: [ns]}}]}]``.
     """
     started = time.monotonic()
     done = 0
     orders = []
+    pairs: list[dict[str, Any]] = []
     for r in range(rounds):
         if r > 0 and time.monotonic() - started > budget_s:
             break
@@ -151,6 +219,10 @@ def collect(data: Path, rounds: int, budget_s: float, models: dict[str, int]) ->
             per_rank = spawn_ranks(_gang, world, args=(group,), limit_s=1800)
             _commit(data, group, per_rank)
             orders.append([c.cell_id for c in group])
+        if pair_steps:
+            per_rank_pairs = spawn_ranks(_pairs_gang, 2, args=(r, pair_steps), limit_s=1800)
+            pairs.append({"round": r, "ranks": per_rank_pairs})
+            (data / PAIRS_FILE).write_text(json.dumps(pairs) + "\n")
         done += 1
         print(f"round {r} done at {time.monotonic() - started:.0f} s", flush=True)
     return {"rounds_done": done, "collect_s": time.monotonic() - started, "orders": orders}
@@ -159,7 +231,7 @@ def collect(data: Path, rounds: int, budget_s: float, models: dict[str, int]) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--budget-s", type=float, default=780.0, help="no new round after this")
+    parser.add_argument("--budget-s", type=float, default=1500.0, help="no new round after this")
     parser.add_argument("--data", type=Path, default=REPO / "benchmarks/results/step_model_data")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_model.json")
     parser.add_argument("--analyze-only", action="store_true", help="reuse --data as it is")
@@ -173,7 +245,8 @@ def main() -> int:
             shutil.rmtree(args.data)
         load_at_start = os.getloadavg()[0]
         models = {"srn-10m": MODELS["srn-10m"]} if args.smoke else MODELS
-        meta = collect(args.data, args.rounds, args.budget_s, models)
+        pair_steps = {m: PAIR_STEPS[m] for m in models}
+        meta = collect(args.data, args.rounds, args.budget_s, models, pair_steps)
         meta["environment"] = {**environment("end"), "load_avg_1m_at_start": load_at_start}
         (args.data / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
         if args.collect_only:

@@ -18,6 +18,7 @@ before running); the prediction without it is reported too.
 
 from __future__ import annotations
 
+import json
 import statistics
 import warnings
 from pathlib import Path
@@ -52,6 +53,8 @@ REGRET_TOLERANCE = 0.03
 MODELS = ("simulator", "simulator_median", "idle_ring", "bucket_sum", "no_overlap")
 """``simulator_median``: the simulator with the interference factors of the median pair ratio
 (``slowdown``) in place of the mean (``slowdown_mean``), an ablation of that choice."""
+PAIRS_FILE = "pairs.json"
+"""The step-interleaved pairs in a dataset (``bench_step_model._pairs_gang``; eleventh run on)."""
 ADVISED = ("simulator", "simulator_median", "idle_ring")
 """Models whose cap advice is scored."""
 
@@ -173,8 +176,9 @@ def _link_cells(measured: pd.DataFrame, split: str) -> list[str]:
 
 
 def _per_model(
-    name: str, tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str
-) -> dict[str, Any]:
+    name: str, tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str,
+    pairs: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
     sizes = parameter_sizes(name)
     mine = measured[(measured["model"] == name) & (measured["world_size"] == 2)]
     cal_id = _calibration_cells(measured, name, CALIBRATION_CAP_MB, split)
@@ -208,6 +212,10 @@ def _per_model(
     }
     layouts = _layouts(tables, mine)
     out["advice"] = {m: _regret(mine, predicted[m], layouts) for m in ADVISED}
+    if pairs:
+        for m in ADVISED:
+            rec = out["advice"][m]["recommended_cap_mb"]
+            out["advice"][m]["interleaved"] = _regret_interleaved(pairs, name, rec, layouts)
     return out
 
 
@@ -266,6 +274,43 @@ def _regret(
     }
 
 
+def _regret_interleaved(
+    pairs: list[dict[str, Any]], name: str, rec: float, layouts: dict[float, tuple[int, ...]]
+) -> dict[str, Any]:
+    """The advice against the step-interleaved pairs (from the eleventh run, declared before it).
+
+    Per round, each cap's measured step is the median of its steps in that round's interleaved
+    run (both ranks' steps); "the best measured cap" is the cap with the shortest median over all
+    rounds' steps; each round is one pair of the recommended and that cap, a hit within 3 %.
+    """
+    per_round: list[dict[float, float]] = []
+    pooled: dict[float, list[int]] = {}
+    for entry in pairs:
+        steps: dict[float, list[int]] = {}
+        for rank in entry["ranks"]:
+            for cap, ns in rank.get(name, {}).items():
+                steps.setdefault(float(cap), []).extend(ns)
+                pooled.setdefault(float(cap), []).extend(ns)
+        if steps:
+            per_round.append({cap: statistics.median(ns) for cap, ns in steps.items()})
+    medians = {cap: statistics.median(ns) for cap, ns in pooled.items()}
+    best = min(medians, key=medians.__getitem__)
+    ratios = [r[rec] / r[best] for r in per_round]
+    round_ratios = [r[rec] / min(r.values()) for r in per_round]
+    return {
+        "recommended_cap_mb": rec,
+        "best_measured_cap_mb": best,
+        "same_layout": layouts[rec] == layouts[best],
+        "median_step_ms": {str(cap): m / 1e6 for cap, m in sorted(medians.items())},
+        "median_step_ratio_to_best": medians[rec] / medians[best],
+        "rounds": len(ratios),
+        "hits": sum(r <= 1 + REGRET_TOLERANCE for r in ratios),
+        "hits_round_best": sum(r <= 1 + REGRET_TOLERANCE for r in round_ratios),
+        "step_ratio_to_best": ratios,
+        "step_ratio_to_round_best": round_ratios,
+    }
+
+
 def _big_world(
     tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str
 ) -> dict[str, Any]:
@@ -289,9 +334,12 @@ def _big_world(
     return out
 
 
-def _split(tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str) -> dict[str, Any]:
+def _split(
+    tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str,
+    pairs: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
     per_model = {
-        name: _per_model(name, tables, measured, split)
+        name: _per_model(name, tables, measured, split, pairs)
         for name in sorted(set(measured["model"]))
         if (measured["model"] == name).any()
     }
@@ -312,6 +360,12 @@ def _split(tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: str) 
             "advice_hits_round_best": f"{advice['hits_round_best']}/{advice['rounds']}",
             "advice_hits_same_layout": f"{advice['hits_same_layout']}/{advice['rounds']}",
         }
+        if "interleaved" in advice:
+            inter = advice["interleaved"]
+            summary[name]["advice_hits_interleaved"] = (
+                f"{inter['hits']}/{inter['rounds']} (best measured "
+                f"{inter['best_measured_cap_mb']} MiB; round best {inter['hits_round_best']})"
+            )
     summary["p2_to_p4"] = {
         k: round(big[k]["simulator"]["step_ape_pct"], 1) for k in ("same_host", "own_devices")
     }
@@ -322,6 +376,8 @@ def analyze(data: Path) -> dict[str, Any]:
     """The report of one collected dataset: the headline split, then the other one."""
     tables = results.load(data)
     measured = _measured(tables)
-    out = _split(tables, measured, SPLITS[0])
-    other = _split(tables, measured, SPLITS[1])
+    pairs_file = data / PAIRS_FILE
+    pairs = json.loads(pairs_file.read_text()) if pairs_file.exists() else []
+    out = _split(tables, measured, SPLITS[0], pairs)
+    other = _split(tables, measured, SPLITS[1], pairs)
     return {**out, **{f"{k}_{SPLITS[1]}": v for k, v in other.items()}, "split": SPLITS[0]}
