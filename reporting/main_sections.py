@@ -343,18 +343,60 @@ def environment_sentence(data: Processed, q: Quotes) -> str:
     return text + "."
 
 
+ORIGINS = {
+    "ray": "trained for a few steps by a gang of rank processes that Ray placed",
+    "run": "trained for a few steps by rank processes that \\texttt{commprof run} started on "
+    "one host",
+    "attach": "recorded in the user's own training by \\texttt{commprof.attach}",
+    "other": "trained for a few steps by a gang of rank processes",
+}
+"""How a cell's steps came to be measured, per origin (:func:`cell_origin`)."""
+
+
+def cell_origin(row: Any) -> str:
+    """Where a ``cells`` row comes from: ``attach`` (its configuration's ``source``), ``run``
+    (the sweep name ``commprof run`` writes), ``ray`` (a sweep, whose gang recorded its Ray
+    nodes) or ``other`` (rows written without nodes, as the benchmarks write them)."""
+    config = json.loads(row["config_json"]) if isinstance(row["config_json"], str) else {}
+    if config.get("source") == "attach":
+        return "attach"
+    if row["sweep"] == "run":
+        return "run"
+    return "ray" if row["nodes"] else "other"
+
+
+def _origin_sentence(data: Processed, q: Quotes) -> str:
+    """The Method's first sentence: what a cell is and how its steps came to be measured."""
+    cells = data.tables["cells"]
+    ok = cells[cells["status"] == "ok"].drop_duplicates("cell_id", keep="last")
+    origins: dict[str, int] = (
+        {str(k): int(n) for k, n in ok.apply(cell_origin, axis=1).value_counts().items()}
+        if len(ok)
+        else {}
+    )
+    head = (
+        "Each cell is one configuration (model, world size $p$, bucket cap, backend, device, "
+        "placement, repeat)"
+    )
+    tail = (
+        "with PyTorch DDP and a timing communication hook; the hook records, for every gradient "
+        "bucket, when it became ready, when its all-reduce was launched and when it completed."
+    )
+    if len(origins) <= 1:
+        return f"{head} {ORIGINS[next(iter(origins), 'other')]}, {tail}"
+    parts = [f"{q.count(f'cells_{o}', origins[o])} {ORIGINS[o]}" for o in sorted(origins)]
+    return f"{head}; of the completed cells, {words(parts)}; all {tail}"
+
+
 def method(data: Processed, q: Quotes) -> Section:
     """How the numbers were measured and modelled (definitions), and where."""
     repeats = (data.merged["num_repeats"] > 1).any() if len(data.merged) else False
     body = paragraph(
         [
-            "Each cell is one configuration (model, world size $p$, bucket cap, backend, device, "
-            "placement, repeat) trained for a few steps by a gang of rank processes placed by "
-            "Ray, with PyTorch DDP and a timing communication hook; the hook records, for every "
-            "gradient bucket, when it became ready, when its all-reduce was launched and when "
-            "it completed. After training each cell measures all-reduce alone at fixed sizes "
-            "and at its own bucket sizes. Statistics are over measured steps (warm-up steps are "
-            "excluded) and ranks: the median, with the interquartile range as spread.",
+            _origin_sentence(data, q),
+            "After training each cell measures all-reduce alone at fixed sizes and at its own "
+            "bucket sizes. Statistics are over measured steps (warm-up steps are excluded) and "
+            "ranks: the median, with the interquartile range as spread.",
             "Repeats of a configuration are pooled; how far they disagree is in the postmortem."
             if repeats
             else "",
