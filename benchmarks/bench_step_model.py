@@ -81,7 +81,7 @@ moved by up to 30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 
 SEED = 1
 PAIR_STEPS = {"srn-1m": 480, "srn-10m": 80, "resnet18": 40}
 """Cycles of the step-interleaved pairs per model and round (each one step of every cap): about
-20 to 30 s of steps a model on this host, so that a cap's median over its steps moves by 1 to 2 %
+20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by 1 to 2 %
 between rounds by the step noise of the eighth to tenth runs (median of n steps: 1.25 sigma /
 sqrt(n), per-step sigma about 30 % srn-1m, 8 % srn-10m, 6 % resnet18)."""
 MINIMAL_MICROBENCH = {

@@ -212,7 +212,7 @@ def _per_model(
     }
     layouts = _layouts(tables, mine)
     out["advice"] = {m: _regret(mine, predicted[m], layouts) for m in ADVISED}
-    if pairs:
+    if any(name in rank for entry in pairs for rank in entry["ranks"]):
         for m in ADVISED:
             rec = out["advice"][m]["recommended_cap_mb"]
             out["advice"][m]["interleaved"] = _regret_interleaved(pairs, name, rec, layouts)

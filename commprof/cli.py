@@ -369,6 +369,7 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
     """Run one cell into the dataset folder this process owns now."""
     from commprof import results
     from commprof.catalog import count_parameters
+    from commprof.matrix import RUN_SWEEP
     from commprof.outcomes import RankFailure
     from commprof.training.launcher import run_local
 
@@ -388,7 +389,7 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
     attempt = status[1] + 1 if status else 1
     started, t0 = time.time(), time.monotonic()
     common: dict[str, Any] = {
-        "sweep": "run",
+        "sweep": RUN_SWEEP,
         "attempt": attempt,
         "num_params": count_parameters(cell.model),
         "guard": decision.to_record(),

@@ -57,6 +57,11 @@ def regime_of(backend: str, device: str) -> str:
 OPTIMIZERS = ("sgd", "adam")
 
 
+RUN_SWEEP = "run"
+"""The sweep name of the cells ``commprof run`` writes (a report tells them from a Ray sweep's by
+it); no matrix may take it."""
+
+
 class MatrixError(ValueError):
     """A matrix file or value the user must change; the message names file and key."""
 
@@ -435,6 +440,11 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
         raise MatrixError(
             f"{source}: key 'name': {name!r} must be letters, digits, '.', '_' or '-' "
             "(it names the results folder)"
+        )
+    if name == RUN_SWEEP:
+        raise MatrixError(
+            f"{source}: key 'name': {name!r} is the name `commprof run` gives its cells; name the "
+            "matrix otherwise (a file without 'name' takes its file name)"
         )
     axes = _section(raw, "axes", source)
     _check_keys(axes, tuple(_AXES), source, "axes.")

@@ -16,6 +16,7 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.matrix import RUN_SWEEP
 from commprof.reporting import prose, report_tables
 from commprof.reporting.prose import Quotes, Section, escape, paragraph, words
 from commprof.reporting.recommend import cap_choices
@@ -355,12 +356,13 @@ ORIGINS = {
 
 def cell_origin(row: Any) -> str:
     """Where a ``cells`` row comes from: ``attach`` (its configuration's ``source``), ``run``
-    (the sweep name ``commprof run`` writes), ``ray`` (a sweep, whose gang recorded its Ray
-    nodes) or ``other`` (rows written without nodes, as the benchmarks write them)."""
+    (the sweep name ``commprof run`` writes, which no matrix may take), ``ray`` (a sweep, whose
+    gang recorded its Ray nodes) or ``other`` (rows written without nodes, as the benchmarks
+    write them)."""
     config = json.loads(row["config_json"]) if isinstance(row["config_json"], str) else {}
     if config.get("source") == "attach":
         return "attach"
-    if row["sweep"] == "run":
+    if row["sweep"] == RUN_SWEEP:
         return "run"
     return "ray" if row["nodes"] else "other"
 

@@ -96,6 +96,7 @@ def test_committed_dataset_ids_are_recomputed_from_their_configs() -> None:
         (GOOD.replace("max_attempts: 3", "max_attempts: true"), ["run.max_attempts", "bool"]),
         (GOOD.replace("[srn-100k, srn-1m]", "[srn-7q]"), ["srn-7q", "srn-100k", "gpt2-small"]),
         (GOOD.replace("name: t", "name: ../evil"), ["key 'name'"]),
+        (GOOD.replace("name: t", "name: run"), ["key 'name'", "commprof run"]),
         (GOOD + "budget:\n  host_ram: 5\n", ["budget.host_ram", "host_ram_bytes"]),
         (GOOD.replace("steps: 5", "steps: 5\n  backend: nccl"), ["nccl", "cuda"]),
         ("axes: [1, 2]\n", ["axes", "mapping"]),

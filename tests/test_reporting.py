@@ -137,27 +137,54 @@ def test_wall_time_is_said_only_where_recorded() -> None:
     assert "does not record the cells' wall time" in missing and "of wall time" not in missing
 
 
-def test_method_says_how_each_cell_was_measured() -> None:
-    from commprof.analysis.dataset import process
-    from commprof.reporting import main_sections
+def _relabelled(origin: str) -> dict:
+    """The smoke dataset's tables with every row as ``origin`` writes it."""
     from commprof.results import load
 
     tables = load(DATA)
-    sweep_only = main_sections.method(process(tables), prose.Quotes()).body
-    assert main_sections.ORIGINS["ray"] in sweep_only  # the smoke dataset: one Ray sweep
-    assert "commprof run" not in sweep_only and "commprof.attach" not in sweep_only
+    cells = tables["cells"]
+    if origin == "run":
+        cells["sweep"] = "run"
+    elif origin == "attach":
+        cells["config_json"] = [
+            json.dumps({**json.loads(c), "source": "attach"}) for c in cells["config_json"]
+        ]
+    elif origin == "other":  # rows written without nodes (a benchmark's commit path)
+        cells["nodes"], cells["sweep"] = "", "bench"
+    return tables
 
+
+@pytest.mark.parametrize("origin", ["ray", "run", "attach", "other"])
+def test_method_names_the_one_origin_of_a_dataset(origin: str) -> None:
+    from commprof.analysis.dataset import process
+    from commprof.reporting import main_sections
+
+    tables = _relabelled(origin)  # "ray": the smoke dataset as recorded, one Ray sweep
+    ok = tables["cells"][tables["cells"]["status"] == "ok"]  # rejected rows record no nodes
+    assert {main_sections.cell_origin(row) for _, row in ok.iterrows()} == {origin}
+    quotes = prose.Quotes()
+    body = main_sections.method(process(tables), quotes).body
+    assert main_sections.ORIGINS[origin] in body and "of the completed cells" not in body
+    others = set(main_sections.ORIGINS) - {origin, "other"}  # "other" is every phrase's stem
+    assert not any(main_sections.ORIGINS[o] in body for o in others)
+    assert ("Ray" in body) == (origin == "ray")
+    assert not any(name.startswith("cells_") for name in quotes.as_dict())
+
+
+def test_method_counts_the_origins_of_a_mixed_dataset() -> None:
+    from commprof.analysis.dataset import process
+    from commprof.reporting import main_sections
+
+    tables = _relabelled("ray")
     cells = tables["cells"]
     ok = cells.index[cells["status"] == "ok"]
     run_ids = set(cells.loc[ok[:2], "cell_id"])  # two cells as `commprof run` writes them
-    attach_id = cells.loc[ok[2], "cell_id"]  # one as commprof.attach writes it
+    attached = cells["cell_id"] == cells.loc[ok[2], "cell_id"]  # one as commprof.attach does
     cells.loc[cells["cell_id"].isin(run_ids), "sweep"] = "run"
-    attached = cells["cell_id"] == attach_id
     configs = cells.loc[attached, "config_json"]
     cells.loc[attached, "config_json"] = [
         json.dumps({**json.loads(c), "source": "attach"}) for c in configs
     ]
-    assert [main_sections.cell_origin(cells.loc[i]) for i in ok[:3]] == ["run", "run", "attach"]
     quotes = prose.Quotes()
     mixed = main_sections.method(process(tables), quotes).body
     assert all(main_sections.ORIGINS[o] in mixed for o in ("ray", "run", "attach"))
@@ -165,8 +192,3 @@ def test_method_says_how_each_cell_was_measured() -> None:
     completed = cells[cells["status"] == "ok"]["cell_id"].nunique()
     assert said["cells_run"]["value"] == 2 and said["cells_attach"]["value"] == 1
     assert said["cells_ray"]["value"] == completed - 3
-
-    cells["nodes"] = ""  # rows written without nodes (a benchmark's commit path): no Ray named
-    cells["sweep"], cells["config_json"] = "bench", load(DATA)["cells"]["config_json"]
-    bare = main_sections.method(process(tables), prose.Quotes()).body
-    assert main_sections.ORIGINS["other"] in bare and "Ray" not in bare
