@@ -445,7 +445,9 @@ def with_straggler(prediction: StepPrediction, wait_ns: float) -> StepPrediction
         prediction,
         exposed_ns=prediction.exposed_ns + wait_ns,
         comm_busy_ns=busy,
-        overlap_efficiency=min(1.0, max(0.0, busy - prediction.exposed_ns - wait_ns) / busy),
+        overlap_efficiency=min(
+            1.0, max(0.0, prediction.comm_busy_ns - prediction.exposed_ns) / busy
+        ),
         straggler_ns=wait_ns,
     )
 
