@@ -378,6 +378,19 @@ def test_stall_is_the_mean_excess_per_iteration() -> None:
     assert link_stall_ns(rows.assign(time_mean_ns=None)) == 0.0
 
 
+def test_stall_is_the_median_cell_s() -> None:
+    # three cells of 10 iterations at one size: excess 100, 200 and a minute of host load 5000
+    rows = pd.DataFrame({
+        "cell_id": ["a", "b", "c"], "num_bytes": [1000] * 3, "num_iters": [10] * 3,
+        "time_p50_ns": [1000.0] * 3, "time_mean_ns": [1100.0, 1200.0, 6000.0],
+    })  # fmt: skip
+    assert link_stall_ns(rows) == pytest.approx(200.0)
+    # a cell's iterations are pooled over its sizes first: b's (200 x 10 + 0 x 30) / 40 = 50,
+    # so the median is a's
+    b_large = rows.iloc[[1]].assign(num_bytes=64000, num_iters=30, time_mean_ns=1000.0)
+    assert link_stall_ns(pd.concat([rows, b_large])) == pytest.approx(100.0)
+
+
 def test_prediction_in_closed_form() -> None:
     # two parameters, each 1000 float32 (4000 B): a huge cap makes one bucket of 8000 B, ready
     # once all compute (300 ns of work) is done; the hook costs 10 + 0.01 ns/B = 90 ns; the link

@@ -100,17 +100,20 @@ stalls the mean adds are :func:`link_stall_ns`, one per all-reduce."""
 
 
 def link_stall_ns(rows: pd.DataFrame) -> float:
-    """The expected stall of one all-reduce: what the mean time adds to the median, averaged
-    over every microbenchmark iteration of ``rows`` (all sizes).
+    """The expected stall of one all-reduce: what the mean time adds to the median, per
+    microbenchmark iteration of a cell (all sizes), and the median of that over the cells of
+    ``rows`` (a ``cell_id`` column; without one, all rows are one cell).
 
     On a shared host a few all-reduces in ten stall for milliseconds whatever their size (the
     scheduler, not the bytes), so a step pays one expected stall per bucket: a cost per
     operation. A ring fit of mean times (the seventh benchmark run's) spread it over alpha and
     beta and, weighting each point by 1/t, leaned to the unstalled ones: small buckets came out
-    short. Pooled over sizes and cells, the stall is estimated from every iteration at once
-    (0.34 and 0.36 ms on two collections of the 2-core benchmark host, where one size's mean
-    excess ranged from 0.1 to 1.6 ms). 0 where no row records ``time_mean_ns`` (rows from
-    before the column).
+    short. Pooled over sizes, a cell's stall is estimated from all its iterations at once (one
+    size's mean excess ranged from 0.1 to 1.6 ms on the 2-core benchmark host). Over cells, the
+    median: a step model is judged on median steps of repeated cells, and one cell's minute of
+    host load (one of 30 cells at 3.1 ms, 7.5 times the median cell, in the eleventh benchmark
+    run) would otherwise move every bucket's time. 0 where no row records ``time_mean_ns``
+    (rows from before the column).
     """
     if "time_mean_ns" not in rows:
         return 0.0
@@ -118,8 +121,10 @@ def link_stall_ns(rows: pd.DataFrame) -> float:
     if rows.empty:
         return 0.0
     weight = rows["num_iters"].clip(lower=1)
-    excess = (rows["time_mean_ns"] - rows["time_p50_ns"]).astype(float)
-    return max(0.0, float((excess * weight).sum() / weight.sum()))
+    excess = (rows["time_mean_ns"] - rows["time_p50_ns"]).astype(float) * weight
+    cell = rows["cell_id"] if "cell_id" in rows else pd.Series(0, index=rows.index)
+    per_cell = excess.groupby(cell).sum() / weight.groupby(cell).sum()
+    return max(0.0, float(per_cell.median()))
 
 
 def link_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> tuple[Fit, float]:
