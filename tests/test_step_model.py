@@ -378,7 +378,7 @@ def test_stall_is_the_mean_excess_per_iteration() -> None:
     assert link_stall_ns(rows.assign(time_mean_ns=None)) == 0.0
 
 
-def test_stall_is_the_median_cell_s() -> None:
+def test_stall_is_the_median_over_cells() -> None:
     # three cells of 10 iterations at one size: excess 100, 200 and a minute of host load 5000
     rows = pd.DataFrame({
         "cell_id": ["a", "b", "c"], "num_bytes": [1000] * 3, "num_iters": [10] * 3,
@@ -389,6 +389,10 @@ def test_stall_is_the_median_cell_s() -> None:
     # so the median is a's
     b_large = rows.iloc[[1]].assign(num_bytes=64000, num_iters=30, time_mean_ns=1000.0)
     assert link_stall_ns(pd.concat([rows, b_large])) == pytest.approx(100.0)
+    # cells that timed each size once or twice show no stall (the median is the mean): left out
+    once = rows.assign(cell_id=["d", "e", "f"], num_iters=[1, 2, 1], time_mean_ns=1000.0)
+    assert link_stall_ns(pd.concat([rows, once])) == pytest.approx(200.0)
+    assert link_stall_ns(once) == 0.0
 
 
 def test_prediction_in_closed_form() -> None:

@@ -99,6 +99,11 @@ LINK_TIME = "time_p50_ns"
 stalls the mean adds are :func:`link_stall_ns`, one per all-reduce."""
 
 
+STALL_MIN_ITERS = 3
+"""Iterations a microbenchmark row needs to show a stall: of one or two, the median is the
+mean, whatever stalled."""
+
+
 def link_stall_ns(rows: pd.DataFrame) -> float:
     """The expected stall of one all-reduce: what the mean time adds to the median, per
     microbenchmark iteration of a cell (all sizes), and the median of that over the cells of
@@ -112,15 +117,17 @@ def link_stall_ns(rows: pd.DataFrame) -> float:
     size's mean excess ranged from 0.1 to 1.6 ms on the 2-core benchmark host). Over cells, the
     median: a step model is judged on median steps of repeated cells, and one cell's minute of
     host load (one of 30 cells at 3.1 ms, 7.5 times the median cell, in the eleventh benchmark
-    run) would otherwise move every bucket's time. 0 where no row records ``time_mean_ns``
-    (rows from before the column).
+    run) would otherwise move every bucket's time. Rows of fewer than
+    :data:`STALL_MIN_ITERS` iterations are left out (a matrix's ``microbench_iters: 1`` times
+    each size once, as the step-model benchmark's other cells do), and so is a cell with no
+    other. 0 where no row is left (rows from before ``time_mean_ns``).
     """
     if "time_mean_ns" not in rows:
         return 0.0
-    rows = rows[rows["time_mean_ns"].notna()]
+    rows = rows[rows["time_mean_ns"].notna() & (rows["num_iters"] >= STALL_MIN_ITERS)]
     if rows.empty:
         return 0.0
-    weight = rows["num_iters"].clip(lower=1)
+    weight = rows["num_iters"]
     excess = (rows["time_mean_ns"] - rows["time_p50_ns"]).astype(float) * weight
     cell = rows["cell_id"] if "cell_id" in rows else pd.Series(0, index=rows.index)
     per_cell = excess.groupby(cell).sum() / weight.groupby(cell).sum()
