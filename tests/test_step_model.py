@@ -363,6 +363,18 @@ def test_link_fit_pools_the_group_where_a_cell_has_too_few_sizes() -> None:
     assert fit.num_points == 4  # type: ignore[union-attr]
     assert fit.predict_ns([8000], 2)[0] == pytest.approx(2000 + 8000)
     assert stall == pytest.approx(300)
+    # two more cells that timed each size once (a matrix's microbench_iters: 1) do not move it
+    # (counted, they would halve it: the median of 300, 300, 0 and 0)
+    ones = ["c" * 12, "d" * 12]
+    once = pd.concat(
+        [micro.assign(cell_id=c, num_iters=1, time_mean_ns=micro["time_p50_ns"]) for c in ones]
+    )
+    more_cells = pd.concat([cells, *(cells.iloc[:1].assign(cell_id=c) for c in ones)])
+    fit, stall = link_fit(
+        {"cells": more_cells, "microbench": pd.concat([both, once], ignore_index=True)},
+        ["a" * 12, "b" * 12, *ones],
+    )
+    assert stall == pytest.approx(300)
 
 
 def test_stall_is_the_mean_excess_per_iteration() -> None:
@@ -379,20 +391,22 @@ def test_stall_is_the_mean_excess_per_iteration() -> None:
 
 
 def test_stall_is_the_median_over_cells() -> None:
-    # three cells of 10 iterations at one size: excess 100, 200 and a minute of host load 5000
+    # three cells of 10 iterations at one size: excess 30, 200 and a minute of host load 5000
     rows = pd.DataFrame({
         "cell_id": ["a", "b", "c"], "num_bytes": [1000] * 3, "num_iters": [10] * 3,
-        "time_p50_ns": [1000.0] * 3, "time_mean_ns": [1100.0, 1200.0, 6000.0],
+        "time_p50_ns": [1000.0] * 3, "time_mean_ns": [1030.0, 1200.0, 6000.0],
     })  # fmt: skip
     assert link_stall_ns(rows) == pytest.approx(200.0)
-    # a cell's iterations are pooled over its sizes first: b's (200 x 10 + 0 x 30) / 40 = 50,
-    # so the median is a's
+    # a cell's iterations are pooled over its sizes, weighted by their number: b's (200 x 10 +
+    # 0 x 30) / 40 = 50 (the mean of its two rows would be 100), so the median is 50
     b_large = rows.iloc[[1]].assign(num_bytes=64000, num_iters=30, time_mean_ns=1000.0)
-    assert link_stall_ns(pd.concat([rows, b_large])) == pytest.approx(100.0)
-    # cells that timed each size once or twice show no stall (the median is the mean): left out
-    once = rows.assign(cell_id=["d", "e", "f"], num_iters=[1, 2, 1], time_mean_ns=1000.0)
-    assert link_stall_ns(pd.concat([rows, once])) == pytest.approx(200.0)
-    assert link_stall_ns(once) == 0.0
+    assert link_stall_ns(pd.concat([rows, b_large])) == pytest.approx(50.0)
+    # rows of fewer than 3 iterations are left out (their mean is their median), whatever they
+    # hold, and a cell of nothing else with them; a row of 3 counts
+    few = rows.assign(cell_id=["d", "e", "f"], num_iters=[1, 2, 2], time_mean_ns=1000.0)
+    assert link_stall_ns(pd.concat([rows, few])) == pytest.approx(200.0)
+    assert link_stall_ns(few.assign(time_mean_ns=9000.0)) == 0.0
+    assert link_stall_ns(few.assign(num_iters=3, time_mean_ns=1010.0)) == pytest.approx(10.0)
 
 
 def test_prediction_in_closed_form() -> None:
