@@ -258,16 +258,24 @@ def _regret(
             continue
         pair_ratios.append(by_cap[rec] / by_cap[best])
         round_ratios.append(by_cap[rec] / min(by_cap.values()))
-    hits = sum(r <= 1 + REGRET_TOLERANCE for r in pair_ratios)
+    reading = _pairs_reading(pair_ratios, round_ratios)
     same = layouts[rec] == layouts[best]
     return {
         "recommended_cap_mb": rec,
         "best_measured_cap_mb": best,
         "same_layout": same,
-        "hits_same_layout": len(pair_ratios) if same else hits,
+        "hits_same_layout": len(pair_ratios) if same else reading["hits"],
         "median_step_ratio_to_best": float(medians[rec] / medians[best]),
+        **reading,
+    }
+
+
+def _pairs_reading(pair_ratios: list[float], round_ratios: list[float]) -> dict[str, Any]:
+    """Rounds, hits (a ratio within :data:`REGRET_TOLERANCE` of 1 or below) and the ratios of
+    the recommended cap's step to the best measured cap's and to the round's shortest."""
+    return {
         "rounds": len(pair_ratios),
-        "hits": hits,
+        "hits": sum(r <= 1 + REGRET_TOLERANCE for r in pair_ratios),
         "hits_round_best": sum(r <= 1 + REGRET_TOLERANCE for r in round_ratios),
         "step_ratio_to_best": pair_ratios,
         "step_ratio_to_round_best": round_ratios,
@@ -303,11 +311,7 @@ def _regret_interleaved(
         "same_layout": layouts[rec] == layouts[best],
         "median_step_ms": {str(cap): m / 1e6 for cap, m in sorted(medians.items())},
         "median_step_ratio_to_best": medians[rec] / medians[best],
-        "rounds": len(ratios),
-        "hits": sum(r <= 1 + REGRET_TOLERANCE for r in ratios),
-        "hits_round_best": sum(r <= 1 + REGRET_TOLERANCE for r in round_ratios),
-        "step_ratio_to_best": ratios,
-        "step_ratio_to_round_best": round_ratios,
+        **_pairs_reading(ratios, round_ratios),
     }
 
 
