@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +35,35 @@ _LATEX_SPECIAL = {
 }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""A terminal colour or cursor sequence, as Ray's and other logs put in error texts."""
+
+_ASCII_FOR = {"\u2013": "--", "\u2014": "---", "\u00d7": "x", "\u2264": "<=", "\u2265": ">="}
+"""Characters whose compatibility decomposition has no ASCII, spelled in ASCII."""
+
+
+def _ascii(ch: str) -> str:
+    """One character as ASCII: itself, its unaccented letters, a spelling, nothing or ``?``."""
+    if ch.isascii():
+        return ch if ch.isprintable() or ch in "\n\t" else ""
+    if ch in _ASCII_FOR:
+        return _ASCII_FOR[ch]
+    folded = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+    if folded:
+        return folded
+    return "" if unicodedata.category(ch) in ("Mn", "Me", "Cf") else "?"
+
+
 def escape(text: object) -> str:
-    """Text with LaTeX's special characters escaped (ASCII input expected)."""
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+    """Text as LaTeX: ASCII only, with LaTeX's special characters escaped.
+
+    Text from outside (an error message, a path, a model name) may hold any character: a
+    terminal colour sequence is dropped, an accented letter loses its accent, a few symbols are
+    spelled out and anything else (an emoji in gloo's error text) prints as ``?``; the report is
+    written as ASCII and pdflatex reads it so.
+    """
+    plain = "".join(_ascii(ch) for ch in _ANSI.sub("", str(text)))
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in plain)
 
 
 def words(items: Iterable[object], *, conjunction: str = "and") -> str:

@@ -42,6 +42,12 @@ LOAD_CPUS = 2  # the host the smoke dataset ran on reported 2 CPUs (env_json)
 WHAT_IF = ("nvlink4", "ib-ndr")  # the published links the Recommendations what-if names
 LINKS = builtin_interconnects()
 
+GLOO_ERROR = (
+    "2 rank(s) failed; ranks [0]: RuntimeError: [pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:43732. GLHF! \U0001f3d6\ufe0f; ranks [1]: \x1b[33m(raylet)\x1b[0m caf\u00e9 died"
+)
+"""An error text as a CI run recorded it (gloo's emoji, Ray's colours) and an accented word."""
+
 SHAPES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "full": lambda c: pd.Series(True, index=c.index),
     "one_cell": lambda c: c["cell_id"] == ONE_CELL,
@@ -82,6 +88,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
         tables = _subset(raw, keep)
         if shape == "repeats_traces_load":  # a load column in closed form: 1.0, 1.5, 2.0, ...
             tables["cells"]["load_avg_1m"] = 1.0 + 0.5 * np.arange(len(tables["cells"]))
+        if shape == "all_failed":  # an error text as gloo and Ray print it, emoji and colours
+            first_failed = tables["cells"].index[tables["cells"]["status"] == "failed"][0]
+            tables["cells"].loc[first_failed, "error"] = GLOO_ERROR
         data = process(tables)
         folder = tmp_path_factory.mktemp(shape)
         assert build.build_reports(data, folder, shape) == 0, shape
@@ -195,6 +204,13 @@ def test_rejections_are_shown_with_their_arithmetic(built: dict) -> None:
         rejected = cells[cells["status"] == "rejected"].iloc[0]
         over = next(p for p in json.loads(rejected["guard_json"])["pools"] if not p["ok"])
         assert f"{over['need_bytes']:,} B" in post
+
+
+def test_an_error_text_with_any_character_prints_as_ascii(built: dict) -> None:
+    post = built["all_failed"]["text"]["postmortem"]
+    assert "GLHF! ?; ranks [1]: (raylet) cafe died" in post
+    body = (built["all_failed"]["dir"] / "generated" / "postmortem_body.tex").read_bytes()
+    assert body.isascii() and b"\x1b" not in body
 
 
 def test_repeats_traces_and_load_are_quoted_from_the_data(built: dict) -> None:

@@ -53,6 +53,8 @@ def test_quotes_reject_non_finite_and_conflicting_values(tmp_path: Path) -> None
 
 def test_escape_and_table_number_format() -> None:
     assert prose.escape("a_b 50% {x}") == r"a\_b 50\% \{x\}"
+    outside = "\x1b[33m(raylet)\x1b[0m caf\u00e9 \u2013 3\u00d74 \u2026 \U0001f3d6\ufe0f"
+    assert prose.escape(outside) == "(raylet) cafe -- 3x4 ... ?"
     assert report_tables.fmt(1234.5678, 2) == "1,234.57"
     assert report_tables.fmt(float("nan")) == "--"
     assert report_tables.fmt(-0.4, 0) == "0" and report_tables.fmt(-1.4, 0) == "-1"
