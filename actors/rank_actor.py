@@ -30,6 +30,8 @@ from typing import Any
 
 import ray
 
+from commprof.outcomes import inject_fault
+
 SHOWN_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "RAY_EXPERIMENTAL_NOSET_")
 """The variables :meth:`RankActor.describe` reports."""
 
@@ -131,7 +133,7 @@ class RankActor:
         cell = cell_from_config(config)
         store, self._store = self._store, None  # rank 0's, opened for this cell
         if fault is not None and fault.get("rank") == rank:
-            _inject(fault)
+            inject_fault(fault)
         started = time.time()
         if rank == 0 and store is None:
             raise RuntimeError("rank 0 runs a cell without its store; call open_store first")
@@ -159,16 +161,3 @@ def _timedelta(seconds: float) -> Any:
     import datetime
 
     return datetime.timedelta(seconds=seconds)
-
-
-def _inject(fault: dict[str, Any]) -> None:
-    """Test-only faults: what a crashing or a stuck rank looks like to the driver."""
-    if fault["kind"] == "hang":
-        while True:
-            time.sleep(3600)
-    if fault["kind"] == "raise":
-        error = {"RuntimeError": RuntimeError, "ValueError": ValueError}[
-            fault.get("error", "RuntimeError")
-        ]
-        raise error(f"injected fault: {fault}")
-    raise ValueError(f"unknown fault kind {fault['kind']!r}; use raise or hang")

@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
     run.add_argument(
+        "--max-attempts",
+        type=attempts,
+        default=2,
+        help="attempts of a cell whose failure is transient (a rank crashed or timed out); a "
+        "deterministic failure is not run again (default 2, as a matrix's run.max_attempts)",
+    )
+    run.add_argument(
         "--wait-lock",
         type=wait_seconds,
         default=0.0,
@@ -171,6 +178,16 @@ def seconds(text: str) -> float:
 def wait_seconds(text: str) -> float:
     """A waiting flag: like :func:`seconds`, and 0 (do not wait) is allowed."""
     return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
+
+
+def attempts(text: str) -> int:
+    """An attempts flag: a whole number in [1, ``MAX_ATTEMPTS``], as a matrix's limit."""
+    from commprof.matrix import MAX_ATTEMPTS
+
+    value = positive_int(text)
+    if value > MAX_ATTEMPTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number <= {MAX_ATTEMPTS}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -386,23 +403,34 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
             file=sys.stderr,
         )
         return 0
-    attempt = status[1] + 1 if status else 1
-    started, t0 = time.time(), time.monotonic()
-    common: dict[str, Any] = {
-        "sweep": RUN_SWEEP,
-        "attempt": attempt,
-        "num_params": count_parameters(cell.model),
-        "guard": decision.to_record(),
-        "nodes": [platform.node()],
-        "started_unix_s": started,
-    }
-    try:
-        per_rank = run_local(cell, timeout_s=args.pg_timeout_s, limit_s=args.run_timeout_s)
-    except RankFailure as err:
-        common["wall_s"] = time.monotonic() - t0
-        results.commit_attempt(args.out, cell, error=str(err), error_kind=err.kind, **common)
-        print(f"error: cell {cell.cell_id} failed: {err}", file=sys.stderr)
-        return 1
+    first = status[1] + 1 if status else 1
+    for attempt in range(first, first + args.max_attempts):
+        started, t0 = time.time(), time.monotonic()
+        common: dict[str, Any] = {
+            "sweep": RUN_SWEEP,
+            "attempt": attempt,
+            "num_params": count_parameters(cell.model),
+            "guard": decision.to_record(),
+            "nodes": [platform.node()],
+            "started_unix_s": started,
+        }
+        try:
+            per_rank = run_local(cell, timeout_s=args.pg_timeout_s, limit_s=args.run_timeout_s)
+            break
+        except RankFailure as err:
+            common["wall_s"] = time.monotonic() - t0
+            results.commit_attempt(args.out, cell, error=str(err), error_kind=err.kind, **common)
+            if err.kind == "deterministic" or attempt == first + args.max_attempts - 1:
+                print(
+                    f"error: cell {cell.cell_id} failed (attempt {attempt}, {err.kind}): {err}",
+                    file=sys.stderr,
+                )
+                return 1
+            print(
+                f"cell {cell.cell_id} attempt {attempt} failed (transient); running it again: "
+                f"{err}",
+                file=sys.stderr,
+            )
     wall_s = common["wall_s"] = time.monotonic() - t0
     results.commit_attempt(args.out, cell, per_rank=per_rank, **common)
     from commprof.sweeps.run_matrix import summary_table

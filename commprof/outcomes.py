@@ -1,4 +1,5 @@
-"""What the ranks of a cell hand back, as plain data: their errors classified, their records merged.
+"""What the ranks of a cell hand back, as plain data: their errors classified, their records merged
+(and the test-only faults a rank can be told to show).
 
 Imports neither torch nor Ray, so the sweep driver (which only routes the ranks' results into the
 dataset) and ``commprof run`` share it without loading the training stack.
@@ -6,6 +7,7 @@ dataset) and ``commprof run`` share it without loading the training stack.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -75,3 +77,21 @@ def merge_rank_records(per_rank: list[dict[str, Any]]) -> dict[str, list[dict[st
 def merge_rank_traces(per_rank: list[dict[str, Any]]) -> dict[str, bytes]:
     """The ranks' compressed traces by file name (names carry the rank)."""
     return {name: data for result in per_rank for name, data in result.get("traces", {}).items()}
+
+
+def inject_fault(fault: dict[str, Any]) -> None:
+    """Test-only faults: what a crashing or a stuck rank looks like to the driver.
+
+    Args:
+        fault: ``{"kind": "raise" | "hang"}``; a raise is a RuntimeError, or the ValueError
+            ``fault["error"]`` names (a deterministic failure).
+    """
+    if fault["kind"] == "hang":
+        while True:
+            time.sleep(3600)
+    if fault["kind"] == "raise":
+        error = {"RuntimeError": RuntimeError, "ValueError": ValueError}[
+            fault.get("error", "RuntimeError")
+        ]
+        raise error(f"injected fault: {fault}")
+    raise ValueError(f"unknown fault kind {fault['kind']!r}; use raise or hang")

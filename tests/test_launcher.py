@@ -114,3 +114,64 @@ def test_errors_that_repeat_are_not_retried(text: str, kind: str) -> None:
     from commprof.outcomes import classify_error_texts
 
     assert classify_error_texts([text]) == kind
+
+
+def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``commprof run`` runs a cell again after a crashed rank, as a sweep does, and each
+    attempt lands in the dataset; a configuration error is not run again."""
+    from commprof import cli, results
+    from commprof.training import launcher
+
+    faults: list[dict | None] = []  # the fault of each run_local call, in order
+
+    def faulty(cell: Cell, **kwargs: object) -> list[dict]:
+        return run_local(cell, **kwargs, fault=faults.pop(0))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launcher, "run_local", faulty)
+    out = tmp_path / "ds"
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "2", "--out", str(out)]
+    crash = {"rank": 1, "kind": "raise"}  # a RuntimeError: transient
+
+    faults[:] = [crash, crash]
+    assert cli.main([*argv, "--max-attempts", "2"]) == 1 and not faults
+    err = capsys.readouterr().err
+    assert "attempt 1 failed (transient); running it again" in err
+    assert "failed (attempt 2, transient)" in err
+    faults[:] = [None]  # run again: numbered after the two failures, and ok
+    assert cli.main(argv) == 0 and not faults
+    cells = results.load(out)["cells"]
+    assert cells[["attempt", "status"]].values.tolist() == [[1, "failed"], [2, "failed"], [3, "ok"]]
+    assert cells["error_kind"].tolist()[:2] == ["transient", "transient"]
+
+    other = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "3", "--out", str(out)]
+    faults[:] = [{**crash, "error": "ValueError"}, None, None]
+    assert cli.main([*other, "--max-attempts", "3"]) == 1 and len(faults) == 2
+    assert "failed (attempt 1, deterministic)" in capsys.readouterr().err
+    cells = results.load(out)["cells"]
+    once = cells[cells["steps"] == 3]
+    assert once[["attempt", "status", "error_kind"]].values.tolist() == [
+        [1, "failed", "deterministic"]
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "101", "two"])
+def test_max_attempts_flag_is_checked(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from commprof import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(
+            [
+                "run",
+                "--model",
+                "srn-100k",
+                "--world-size",
+                "2",
+                "--out",
+                "x",
+                "--max-attempts",
+                value,
+            ]
+        )
+    assert info.value.code == 2 and "--max-attempts" in capsys.readouterr().err

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commprof.matrix import ENV_PREFIXES, Cell
-from commprof.outcomes import RankFailure
+from commprof.outcomes import RankFailure, inject_fault
 
 DEFAULT_PG_TIMEOUT_S = 60.0
 ERROR_GRACE_S = 5.0
@@ -188,8 +188,15 @@ def _spawned_rank(
 
 
 def _cell_rank(
-    rank: int, world_size: int, store_path: str, cell: Cell, timeout_s: float
+    rank: int,
+    world_size: int,
+    store_path: str,
+    cell: Cell,
+    timeout_s: float,
+    fault: dict[str, Any] | None,
 ) -> dict[str, Any]:  # pragma: no cover - runs in a child process
+    if fault is not None and fault.get("rank") == rank:
+        inject_fault(fault)
     started = time.time()
     store = dist.FileStore(store_path, world_size)
     result = run_rank(cell, rank=rank, local_rank=rank, store=store, timeout_s=timeout_s)
@@ -198,7 +205,11 @@ def _cell_rank(
 
 
 def run_local(
-    cell: Cell, *, timeout_s: float = DEFAULT_PG_TIMEOUT_S, limit_s: float | None = None
+    cell: Cell,
+    *,
+    timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+    limit_s: float | None = None,
+    fault: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run a cell on this machine: ``world_size`` spawned processes, FileStore rendezvous.
 
@@ -206,6 +217,8 @@ def run_local(
         cell: the configuration.
         timeout_s: process-group timeout.
         limit_s: wall-clock limit of the whole run (default: 4 x timeout_s + 60 s).
+        fault: test-only fault injection, ``{"rank": R, "kind": "raise" | "hang"}``
+            (:func:`commprof.outcomes.inject_fault`): rank R fails before it joins the group.
 
     Returns:
         Per rank, in rank order, what :func:`run_rank` returns.
@@ -214,7 +227,7 @@ def run_local(
         RankFailure: with the ranks' errors grouped by text.
     """
     limit_s = limit_s if limit_s is not None else 4 * timeout_s + 60
-    return spawn_ranks(_cell_rank, cell.world_size, args=(cell, timeout_s), limit_s=limit_s)
+    return spawn_ranks(_cell_rank, cell.world_size, args=(cell, timeout_s, fault), limit_s=limit_s)
 
 
 def spawn_ranks(
