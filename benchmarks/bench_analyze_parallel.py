@@ -3,7 +3,7 @@
 The folder holds 8 cuda-nccl rank traces built by make_nccl_trace.py (ranks 0 to 7 of one
 simulated job, ``--min-events`` events each, about 100,000 by default, so that parsing
 dominates). Each timed run is a fresh process that calls
-``commprof.profiling.analyze.analyze(folder, workers=N)`` (parse every trace, step metrics,
+``commprof.traces.analyze.analyze(folder, workers=N)`` (parse every trace, step metrics,
 the cross-rank line-up) and reports the wall time of that call alone, imports excluded; the
 pool's start (a forkserver and its workers importing the parser) is inside the timed call, as
 a user pays it. The sides alternate (1, 2, 1, 2, ...) so that a change of load hits both; the
@@ -44,7 +44,7 @@ SIDES = (1, 2)
 
 def _worker(trace_dir: Path, workers: int) -> int:
     """Timed side (fresh process): analyze the folder, print wall time and a checksum."""
-    from commprof.profiling.analyze import analyze
+    from commprof.traces.analyze import analyze
 
     t0, c0 = time.perf_counter(), os.times()
     result = analyze(trace_dir, workers=workers)

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from bench_env import environment
 from torch import nn
 
-from commprof.modeling.calibration import (
+from commprof.modeling.interconnects import get_interconnect
+from commprof.modeling.ring_fit import (
     CalibrationWarning,
     Fit,
     fit_alpha_beta,
@@ -51,7 +52,6 @@ from commprof.modeling.calibration import (
     leave_one_out_errors,
     mape,
 )
-from commprof.modeling.interconnects import get_interconnect
 from commprof.profiling.comm_hooks import register_timing_hook
 from commprof.training.launcher import process_group, spawn_ranks
 from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench

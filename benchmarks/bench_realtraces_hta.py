@@ -83,7 +83,7 @@ def _hta_worker(paths: list[str]) -> dict[str, Any]:
 
 
 def _pct(comm: Any, comp: Any) -> float:
-    from commprof.profiling.intervals import intersection, total_length
+    from commprof.traces.intervals import intersection, total_length
 
     c = total_length(comm)
     return 100.0 * total_length(intersection(comm, comp)) / c if c else float("nan")
@@ -91,11 +91,11 @@ def _pct(comm: Any, comp: Any) -> float:
 
 def _chain(path: Path) -> dict[str, Any]:
     """commprof's value, then HTA's choices applied one at a time (module docstring)."""
-    from commprof.profiling import trace_parser as tp
-    from commprof.profiling.intervals import IntervalSet
-    from commprof.profiling.metrics import trace_overlap
-    from commprof.profiling.trace_columns import read_columns
-    from commprof.profiling.trace_rules import CLASSES, RULES, STEP_PATTERN, detect_regime
+    from commprof.traces import trace_parser as tp
+    from commprof.traces.intervals import IntervalSet
+    from commprof.traces.metrics import trace_overlap
+    from commprof.traces.trace_columns import read_columns
+    from commprof.traces.trace_rules import CLASSES, RULES, STEP_PATTERN, detect_regime
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -22,7 +22,7 @@ The split, fixed before any error was looked at (the calibrations are in
 
 Models compared (all from the same calibration): ``simulator`` (step_sim with interference;
 from the tenth run its exposed communication counts a rank's wait for the slowest rank, as the
-hook's own records do, ``StepCalibration.straggler_ns``),
+hook's own records do, ``StepCalibration.rank_wait_ns``),
 ``idle_ring`` (the same timeline and fit, no interference, one channel: ``commprof estimate``'s
 model), ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the
 ``buckets`` fit of the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of

@@ -82,8 +82,8 @@ def _rss_kib() -> int:
 
 def _worker_commprof(trace: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    from commprof.profiling.metrics import trace_overlap
-    from commprof.profiling.trace_parser import parse_trace
+    from commprof.traces.metrics import trace_overlap
+    from commprof.traces.trace_parser import parse_trace
 
     t1 = time.perf_counter()
     rss_after_import = _rss_kib()
@@ -113,8 +113,8 @@ def _worker_floor(trace: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     import msgspec
 
-    from commprof.profiling.trace_columns import ColumnBuilder
-    from commprof.profiling.trace_rules import RULES
+    from commprof.traces.trace_columns import ColumnBuilder
+    from commprof.traces.trace_rules import RULES
 
     event = ColumnBuilder(str(trace), RULES.values()).event_type
     doc = msgspec.defstruct("Trace", [("traceEvents", list[event])])  # type: ignore[valid-type]

@@ -193,7 +193,7 @@ def inspect_golden(
         if summary["num_kernels"] == 0:
             problems.append(f"{path.name}: no CUDA kernels in the trace")
         try:
-            from commprof.profiling.trace_parser import parse_trace
+            from commprof.traces.trace_parser import parse_trace
 
             parsed = parse_trace(path)
             summary.update(
@@ -211,9 +211,10 @@ def inspect_golden(
         if not rows or any(not r.get("device_latency_ns") for r in rows):
             problems.append(f"rank {rank}: hook rows missing or without device_latency_ns")
     try:
-        from commprof.profiling.analyze import analyze_dir, records_from_steps
+        from commprof.traces.analyze import analyze_dir
+        from commprof.traces.report_text import step_json_rows
 
-        records = records_from_steps(analyze_dir(trace_dir)["steps"])
+        records = step_json_rows(analyze_dir(trace_dir)["steps"])
         (trace_dir / "expected_metrics.json").write_text(json.dumps(records, indent=1) + "\n")
         figures["metrics"] = records
     except Exception as err:

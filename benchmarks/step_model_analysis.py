@@ -28,7 +28,7 @@ import pandas as pd
 
 from commprof import results
 from commprof.catalog import parameter_sizes
-from commprof.modeling.calibration import (
+from commprof.modeling.ring_fit import (
     CalibrationWarning,
     bucket_latency_points,
     fit_alpha_beta,

@@ -305,6 +305,15 @@ def model_spec(name: str) -> ModelSpec:
     )
 
 
+def is_model_name(name: str) -> bool:
+    """Whether the catalog builds ``name`` (:func:`model_spec` is the one rule)."""
+    try:
+        model_spec(name)
+    except ValueError:
+        return False
+    return True
+
+
 def count_parameters(name: str) -> int:
     """Number of unique parameters of model ``name``, by arithmetic (no allocation)."""
     return model_spec(name).num_parameters

@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import math
 import os
 import platform
 import sys
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from commprof import __version__
+from commprof import __version__, flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,21 +49,31 @@ def main(argv: list[str] | None = None) -> int:
 
     run = sub.add_parser("run", help="run one cell on this machine, without Ray")
     _cell_flags(run)
-    run.add_argument("--pg-timeout-s", type=seconds, default=60.0, help="process-group timeout")
     run.add_argument(
-        "--run-timeout-s", type=seconds, help="limit of the whole run (default 4 x pg timeout + 60)"
+        "--pg-timeout-s", type=flags.seconds, default=60.0, help="process-group timeout"
+    )
+    run.add_argument(
+        "--run-timeout-s",
+        type=flags.seconds,
+        help="limit of the whole run (default 4 x pg timeout + 60)",
     )
     run.add_argument("--out", type=Path, required=True, help="dataset folder to write")
     run.add_argument(
         "--max-attempts",
-        type=attempts,
+        type=flags.attempts,
         default=2,
         help="attempts of a cell whose failure is transient (a rank crashed or timed out); a "
         "deterministic failure is not run again (default 2, as a matrix's run.max_attempts)",
     )
     run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run the cell again if its last attempt failed, with a fresh attempt budget (as "
+        "a sweep's --retry-failed)",
+    )
+    run.add_argument(
         "--wait-lock",
-        type=wait_seconds,
+        type=flags.wait_seconds,
         default=0.0,
         metavar="SECONDS",
         help="wait this long for another driver using the same --out (default: fail at once)",
@@ -88,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--regime", choices=tuple(REGIMES), help="force the rule table")
     analyze.add_argument(
         "--workers",
-        type=positive_int,
+        type=flags.positive_int,
         metavar="N",
         help="local processes parsing traces (default: one per trace, at most one per CPU)",
     )
@@ -117,10 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         cmd.set_defaults(func=_figures if name == "figures" else _report)
 
     args = parser.parse_args(argv)
+    from commprof.extras import MissingExtra, missing_extra
+
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, MissingExtra) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        extra = missing_extra(err, f"commprof {args.command}")
+        if extra is None:
+            raise
+        print(f"error: {extra}", file=sys.stderr)
         return 2
 
 
@@ -149,7 +166,7 @@ def _cell_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action="store_true", help=spec.help)
             continue
         types = field_types(name)
-        value_type = _float_or_default if type(None) in types else types[-1]
+        value_type = flags.cap if type(None) in types else types[-1]
         kwargs: dict[str, Any] = {"type": value_type, "help": spec.help + unit}
         if said:
             kwargs["help"] += f"; {said}"
@@ -157,58 +174,9 @@ def _cell_flags(parser: argparse.ArgumentParser) -> None:
             kwargs["required"] = True
         else:
             kwargs["default"] = default
-        if spec.choices and name != "model":  # a wrong model gets the list from the Cell
+        if spec.choices:
             kwargs["choices"] = spec.choices
         parser.add_argument(flag, **kwargs)
-
-
-def seconds(text: str) -> float:
-    """A timeout flag: a finite number of seconds in (0, a week]; NaN would disable the limit."""
-    from commprof.matrix import MAX_TIMEOUT_S
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
-    return value
-
-
-def wait_seconds(text: str) -> float:
-    """A waiting flag: like :func:`seconds`, and 0 (do not wait) is allowed."""
-    return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
-
-
-def attempts(text: str) -> int:
-    """An attempts flag: a whole number in [1, ``MAX_ATTEMPTS``], as a matrix's limit."""
-    from commprof.matrix import MAX_ATTEMPTS
-
-    value = positive_int(text)
-    if value > MAX_ATTEMPTS:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number <= {MAX_ATTEMPTS}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """A count flag: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
-    return value
-
-
-def _float_or_default(text: str) -> float | None:
-    """A number, or ``default`` (None: the field left unset, as null in a matrix)."""
-    if text == "default":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'default'") from None
 
 
 def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> None:
@@ -224,22 +192,15 @@ def _check(args: argparse.Namespace) -> int:
             report[name] = importlib.import_module(name).__version__
         except ImportError:
             report[name] = None
-    import torch
-    import torch.distributed as dist
-
-    report["backends"] = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
-    report["devices"] = {
-        "cpu_count": os.cpu_count(),
-        "cuda": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-    }
-    report["ray_cluster"], report["ray_nodes"] = _ray_resources()
+    report["backends"], report["devices"] = _torch_devices()
+    report["ray_cluster"], report["ray_nodes"] = _ray_resources() if report["ray"] else (None, [])
     if args.matrix is not None:
         from commprof.matrix import load
         from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
         from commprof.sweeps.run_matrix import matrix_path
 
         matrix = load(matrix_path(args.matrix))
-        guard = GuardPlan(matrix)
+        guard = GuardPlan(matrix, local=_local_budgets())
         cells = []
         for cell in matrix.cells:
             decision = guard.decide(cell)
@@ -272,7 +233,7 @@ def _check(args: argparse.Namespace) -> int:
         return 0
     for key in ("commprof", "python", "torch", "ray", "numpy", "pandas", "pyarrow"):
         print(f"{key:>12}: {report[key]}")
-    print(f"{'backends':>12}: {report['backends']}")
+    print(f"{'backends':>12}: {report['backends'] or 'none (no torch: pip install commprof[run])'}")
     print(f"{'devices':>12}: {report['devices']}")
     print(f"{'ray cluster':>12}: {report['ray_cluster'] or 'none reachable (sweeps embed one)'}")
     for node in report["ray_nodes"]:
@@ -280,6 +241,8 @@ def _check(args: argparse.Namespace) -> int:
         gpus, cpus = f"{node['gpus']:g} GPUs{kind}", f"{node['cpus']:g} CPUs"
         print(f"{'ray node':>12}: {node['address']}: {gpus}, {cpus}")
     if "matrix" in report:
+        from commprof.caps import cap_label
+
         m = report["matrix"]
         print(
             f"\nmatrix {m['name']!r} ({m['file']}): {m['num_cells']} cells, "
@@ -294,7 +257,7 @@ def _check(args: argparse.Namespace) -> int:
             return 0
         for c in m["cells"]:
             mark = "ok      " if c["feasible"] else "REJECTED"
-            cap = "default" if c["bucket_cap_mb"] is None else f"{c['bucket_cap_mb']}MiB"
+            cap = cap_label(c["bucket_cap_mb"]).replace(" ", "")
             print(
                 f"  {c['cell_id']} {mark} {c['model']:>10} ws={c['world_size']} "
                 f"cap={cap} {c['backend']}/{c['device']} {c['placement']} "
@@ -303,6 +266,30 @@ def _check(args: argparse.Namespace) -> int:
             if not c["feasible"]:
                 print("      " + c["guard"].replace("\n", "\n      "))
     return 0
+
+
+def _torch_devices() -> tuple[dict[str, bool] | None, dict[str, Any]]:
+    """The backends torch.distributed has and the GPUs torch sees (None and none without
+    torch: the light install)."""
+    devices: dict[str, Any] = {"cpu_count": os.cpu_count(), "cuda": []}
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None, devices
+    devices["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}, devices
+
+
+def _local_budgets() -> Any:
+    """This machine's memory budgets, its GPUs included where torch is installed."""
+    from commprof.modeling import memory
+
+    try:
+        from commprof.training.devices import cuda_memory_bytes
+    except ImportError:  # the light install has no torch, so no GPU a rank could use
+        return memory.detect_budgets()
+    return memory.detect_budgets(device_bytes=cuda_memory_bytes())
 
 
 def _ray_resources() -> tuple[dict[str, float] | None, list[dict[str, Any]]]:
@@ -361,7 +348,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     flagged = {name: getattr(args, name) for name, spec in CELL_FIELDS.items() if spec.flag}
     cell = Cell(**{**flagged, "device": device})
-    decision = GuardPlan().decide(cell)
+    decision = GuardPlan(local=_local_budgets()).decide(cell)
     cores = os.cpu_count() or 1
     if cell.world_size > MAX_RANKS_PER_CORE * cores:
         raise ValueError(
@@ -383,28 +370,43 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
-    """Run one cell into the dataset folder this process owns now."""
+    """Run one cell into the dataset folder this process owns now.
+
+    What runs is decided as a sweep decides it (:mod:`commprof.attempts`): a complete cell is
+    not run again, an earlier failure that would repeat or used its attempts stands unless
+    ``--retry-failed``, and a transient failure runs again while the attempts last.
+    """
     from commprof import results
+    from commprof.attempts import FailurePolicy, plan_cells, resume_state
     from commprof.catalog import count_parameters
     from commprof.matrix import RUN_SWEEP
     from commprof.outcomes import RankFailure
     from commprof.training.launcher import run_local
 
-    damaged = results.set_aside_damaged(args.out)  # before anything reads them
-    for cell_id, (attempt, why) in damaged.items():
-        print(f"set aside damaged attempt {attempt} of cell {cell_id}: {why}", file=sys.stderr)
-    status = results.latest_status(args.out).get(cell.cell_id)
-    if cell.cell_id in damaged:  # runs again, numbered after the attempt set aside
-        status = ("damaged", max(damaged[cell.cell_id][0], status[1] if status else 0), None)
-    if status is not None and status[0] == "ok":
+    policy = FailurePolicy(max_attempts=args.max_attempts)
+    plan = plan_cells(
+        [cell], resume_state(args.out), lambda _: True, policy, retry_failed=args.retry_failed
+    )
+    if cell.cell_id in plan.skipped:
         print(
             f"cell {cell.cell_id} is already complete in {args.out}; "
             "pass --repeat N for another measurement of it",
             file=sys.stderr,
         )
         return 0
-    first = status[1] + 1 if status else 1
-    for attempt in range(first, first + args.max_attempts):
+    if not plan.todo:
+        if args.retry_failed:  # as a sweep's: it touches failed cells only
+            print(f"cell {cell.cell_id} has no failed attempt in {args.out} to run again")
+            return 0
+        print(
+            f"error: cell {cell.cell_id} failed earlier in {args.out} (its error would repeat, "
+            "or it used its attempts); pass --retry-failed to run it again",
+            file=sys.stderr,
+        )
+        return 1
+    _, attempt = plan.todo[0]
+    base = plan.budget_base[cell.cell_id]
+    while True:
         started, t0 = time.time(), time.monotonic()
         common: dict[str, Any] = {
             "sweep": RUN_SWEEP,
@@ -420,7 +422,7 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
         except RankFailure as err:
             common["wall_s"] = time.monotonic() - t0
             results.commit_attempt(args.out, cell, error=str(err), error_kind=err.kind, **common)
-            if err.kind == "deterministic" or attempt == first + args.max_attempts - 1:
+            if not policy.retry(err.kind, attempt - base):
                 print(
                     f"error: cell {cell.cell_id} failed (attempt {attempt}, {err.kind}): {err}",
                     file=sys.stderr,
@@ -431,9 +433,10 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
                 f"{err}",
                 file=sys.stderr,
             )
+            attempt += 1
     wall_s = common["wall_s"] = time.monotonic() - t0
     results.commit_attempt(args.out, cell, per_rank=per_rank, **common)
-    from commprof.sweeps.run_matrix import summary_table
+    from commprof.analysis.summary import summary_table
 
     print(summary_table(results.load(args.out), [cell.cell_id]))
     print(f"cell {cell.cell_id} done in {wall_s:.2f} s; dataset: {args.out}")
@@ -454,18 +457,18 @@ def _estimate(args: argparse.Namespace) -> int:
 
 def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:
     """Parameter sizes from ``--params-file`` or ``--model`` (closed form, torch-free)."""
-    from commprof.catalog import MODEL_NAMES, parameter_sizes
-    from commprof.modeling.estimate import load_param_sizes_file, resolve_model
+    from commprof.catalog import is_model_name, parameter_sizes
+    from commprof.modeling.estimate import load_param_sizes_file
 
     if getattr(args, "params_file", None):
         return load_param_sizes_file(args.params_file)
-    if getattr(args, "fit", None) and args.model and args.model not in MODEL_NAMES:
+    if getattr(args, "fit", None) and args.model and not is_model_name(args.model):
         # a model of the user's own (commprof.attach): its sizes as the dataset recorded them
         from commprof.modeling.step_advice import param_sizes_for
         from commprof.results import load
 
         return param_sizes_for(load(args.fit), args.model)
-    return resolve_model(args.model, MODEL_NAMES, parameter_sizes)
+    return parameter_sizes(args.model)  # the catalog names what it knows where it does not
 
 
 def _figures(args: argparse.Namespace) -> int:
@@ -481,7 +484,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from commprof.profiling.analyze import run
+    from commprof.traces.analyze import run
 
     return int(
         run(

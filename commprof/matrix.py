@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commprof.catalog import MODEL_NAMES
+from commprof.catalog import model_spec
 from commprof.yamlio import load_yaml, read_text
 
 BACKENDS = ("gloo", "nccl")
@@ -99,6 +99,22 @@ class FieldSpec:
     since: Any = _NOT_LATER
     """For an identity field added after datasets existed: the value every earlier cell had.
     :func:`config_hash` leaves the field out at that value, so earlier cells keep their ids."""
+    role: str = "measurement"
+    """What the field is to a configuration (:data:`ROLES`): ``workload`` (what trains and
+    communicates: two cells equal in every workload field are one configuration, whose repeats
+    the step model pools), ``instrument`` (what the measurement adds to the workload: the
+    profiler), ``measurement`` (how long and how it is measured) or ``index`` (``repeat``)."""
+    link: bool = False
+    """Cells equal in every link field share one link: their microbenchmarks and interference
+    arms measure the same backend, device and world size (:data:`LINK_FIELDS`)."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role {self.role!r} is not one of {ROLES}")
+
+
+ROLES = ("workload", "instrument", "measurement", "index")
+"""The roles a cell field plays (:attr:`FieldSpec.role`)."""
 
 
 def _spec(default: Any = dataclasses.MISSING, **spec: Any) -> Any:
@@ -127,17 +143,20 @@ class Cell:
     """One configuration to measure: a point of the matrix."""
 
     model: str = _spec(
-        help="model name from commprof.catalog.MODEL_NAMES",
+        help="model name: one of commprof.catalog.MODEL_NAMES, or srn-<N>k / srn-<N>m for a "
+        "residual MLP of about N thousand or million parameters",
         axis=True,
         column="string",
         flag=True,
-        choices=MODEL_NAMES,
+        role="workload",
     )
     world_size: int = _spec(
         help="number of ranks (processes) in the process group",
         axis=True,
         column="int32",
         flag=True,
+        role="workload",
+        link=True,
     )
     bucket_cap_mb: float | None = _spec(
         help="DDP bucket_cap_mb, as DDP reads it; unset (null in a matrix, 'default' on the "
@@ -146,6 +165,7 @@ class Cell:
         axis=True,
         column="float64",
         flag=True,
+        role="workload",
     )
     backend: str = _spec(
         "gloo",
@@ -154,6 +174,8 @@ class Cell:
         column="string",
         flag=True,
         choices=BACKENDS,
+        role="workload",
+        link=True,
     )
     device: str = _spec(
         "cpu",
@@ -162,6 +184,8 @@ class Cell:
         column="string",
         flag=True,
         choices=DEVICES,
+        role="workload",
+        link=True,
     )
     placement: str = _spec(
         "PACK",
@@ -169,6 +193,7 @@ class Cell:
         axis=True,
         column="string",
         choices=PLACEMENTS,
+        role="workload",
     )
     hook: str = _spec(
         "allreduce",
@@ -177,6 +202,7 @@ class Cell:
         column="string",
         flag=True,
         choices=HOOKS,
+        role="workload",
     )
     optimizer: str = _spec(
         "sgd",
@@ -184,6 +210,7 @@ class Cell:
         axis=True,
         column="string",
         choices=OPTIMIZERS,
+        role="workload",
     )
     steps: int = _spec(
         6, help="training steps in total, warm-up included", axis=True, column="int32", flag=True
@@ -194,7 +221,9 @@ class Cell:
         column="int32",
         flag=True,
     )
-    batch_size: int = _spec(8, help="per-rank batch size", axis=True, column="int32", flag=True)
+    batch_size: int = _spec(
+        8, help="per-rank batch size", axis=True, column="int32", flag=True, role="workload"
+    )
     seed: int = _spec(
         0, help="seed of the synthetic data and the model initialisation", column="int64", flag=True
     )
@@ -204,6 +233,7 @@ class Cell:
         setting=False,
         column="int32",
         flag=True,
+        role="index",
     )
     microbench_sizes_bytes: tuple[int, ...] = _spec(
         (),
@@ -225,12 +255,17 @@ class Cell:
         help="also record a torch.profiler trace per rank and derive trace metrics from it",
         column="bool_",
         flag=True,
+        role="instrument",
     )
 
     def __post_init__(self) -> None:
         # 25 and 25.0 MiB are one configuration: one id (frozen, so set through object).
         if self.bucket_cap_mb is not None:
             object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
+        try:  # the one rule for model names (commprof.catalog.model_spec)
+            model_spec(self.model)
+        except (TypeError, ValueError) as err:
+            raise MatrixError(f"model: {err}") from None
         for name, spec in CELL_FIELDS.items():
             value = getattr(self, name)
             if spec.choices and value not in spec.choices:
@@ -289,6 +324,15 @@ ID_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.identity)
 _LATER_ID_DEFAULTS = {
     name: spec.since for name, spec in CELL_FIELDS.items() if spec.since is not _NOT_LATER
 }
+WORKLOAD_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.role == "workload")
+"""Fields that make a configuration: cells equal in all of them are repeats of one, whatever
+their seeds, step counts or measurement settings (the step model pools such repeats)."""
+LINK_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.link)
+"""Fields of the link a cell measures (backend, device, world size): cells equal in these share
+their microbenchmarks' link fit and interference factors."""
+CONFIG_KEY_FIELDS = tuple(n for n in ID_FIELDS if CELL_FIELDS[n].role != "index")
+"""Identity fields but the repeat index: equal in all of them, two cells are repeats of one
+measurement (:func:`config_key`; the processed tables merge them)."""
 CELL_COLUMNS = tuple((name, spec.column) for name, spec in CELL_FIELDS.items() if spec.column)
 """(name, Arrow type name) of the configuration columns of the ``cells`` table."""
 
@@ -313,6 +357,19 @@ def config_hash(config: Mapping[str, Any]) -> str:
     }
     canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """Id of a configuration without its repeat index: equal for the repeats of one cell.
+
+    Args:
+        config: a cell's identity fields (``Cell.config()``, or its stored ``config_json``).
+
+    Returns:
+        12 hex digits: :func:`config_hash` of ``config`` without the index fields
+        (:data:`CONFIG_KEY_FIELDS` are the rest).
+    """
+    return config_hash({k: v for k, v in config.items() if k in CONFIG_KEY_FIELDS})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

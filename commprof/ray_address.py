@@ -23,9 +23,10 @@ def recorded_address() -> str | None:
     removes it); ``ray.init()`` of an embedded Ray does not, so another driver's embedded Ray is
     never found here. ``ray.cluster_utils.Cluster`` (tests) writes it too.
     """
-    from ray._private.utils import read_ray_address  # what ray.init() itself reads
+    from commprof.extras import require
 
-    return read_ray_address() or None
+    utils = require("ray._private.utils", needed_by="connecting to a Ray cluster")
+    return utils.read_ray_address() or None  # what ray.init() itself reads
 
 
 def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:

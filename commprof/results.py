@@ -432,7 +432,10 @@ def load_dataset(root: str | Path, table: str) -> ray.data.Dataset:
     Returns:
         The Ray Dataset.
     """
-    import ray.data  # the one place results touches Ray: only when asked for a Ray Dataset
+    from commprof.extras import require
+
+    # the one place results touches Ray: only when asked for a Ray Dataset
+    ray_data = require("ray.data", needed_by="commprof.results.load_dataset")
 
     if table not in SCHEMAS:
         raise ValueError(f"unknown table {table!r}; expected one of {TABLES}")
@@ -443,8 +446,8 @@ def load_dataset(root: str | Path, table: str) -> ray.data.Dataset:
         keys = set(zip(cells["cell_id"], cells["attempt"].astype(int), strict=True))
     files = _committed_files(root, table, keys)
     if not files:
-        return ray.data.from_arrow(SCHEMAS[table].empty_table())
-    return ray.data.read_parquet([str(p) for p in files], schema=SCHEMAS[table])
+        return ray_data.from_arrow(SCHEMAS[table].empty_table())
+    return ray_data.read_parquet([str(p) for p in files], schema=SCHEMAS[table])
 
 
 def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:

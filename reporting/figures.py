@@ -20,6 +20,7 @@ from matplotlib.ticker import NullFormatter
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.caps import DEFAULT_LABEL, cap_label
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB
 from commprof.reporting import viz
 
@@ -124,7 +125,7 @@ def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
                         med,
                         yerr=err,
                         capsize=2,
-                        label=f"p = {ws} ranks" + (", DDP default cap" if unset else ""),
+                        label=f"p = {ws} ranks" + (f", {DEFAULT_LABEL} cap" if unset else ""),
                         **style,
                     )
             ax.set_xscale("log", base=2)
@@ -267,7 +268,7 @@ def plot_scaling(data: Processed, path: Path) -> str:
             for label, col, st in series:
                 ax.plot(part["world_size"], viz.ms(part[col]), label=label, **st.kwargs())
             ax.set_xticks(sorted(part["world_size"].unique()))
-            ax.set_title(f"{model}, cap {viz.cap_label(cap)}")
+            ax.set_title(f"{model}, cap {cap_label(cap)}")
             ax.set_xlabel(viz.axis_label("World size", "ranks"))
             ax.set_ylabel(viz.axis_label("Time per step (median)", "ms"))
             ax.set_ylim(bottom=0)

@@ -16,13 +16,13 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.caps import cap_label
 from commprof.matrix import RUN_SWEEP
 from commprof.reporting import prose, report_tables
 from commprof.reporting.prose import Quotes, Section, escape, paragraph, words
 from commprof.reporting.recommend import cap_choices
 from commprof.reporting.recommend import cap_text as tex_cap
 from commprof.reporting.recommend_step import step_finding
-from commprof.reporting.viz import cap_label
 
 
 def config_label(r: Any) -> str:

@@ -198,9 +198,3 @@ def table(name: str, caption: str, fragment: str, *, here: bool = False) -> str:
         return fragment.rstrip().replace(LONG_CAPTION, label + r" \\", 1)
     where = "H" if here else "!htbp"
     return f"\\begin{{table}}[{where}]\\centering\n{label}\n{fragment.rstrip()}\n\\end{{table}}"
-
-
-def write_body(sections: Iterable[Section | None], path: Path) -> None:
-    """Write the sections that exist, in order, into one LaTeX file."""
-    text = "\n".join(s.latex() for s in sections if s is not None)
-    path.write_text(text, encoding="ascii")

@@ -22,10 +22,10 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.caps import cap_label
 from commprof.reporting import predicted, prose
 from commprof.reporting.recommend_step import step_paragraphs
 from commprof.reporting.report_tables import booktabs, fmt
-from commprof.reporting.viz import cap_label
 
 
 def cap_choices(data: Processed) -> pd.DataFrame:

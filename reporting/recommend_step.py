@@ -15,11 +15,11 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
+from commprof.caps import cap_label
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import TIE_TOLERANCE
 from commprof.reporting import predicted, prose
 from commprof.reporting.report_tables import MISSING, booktabs, fmt
-from commprof.reporting.viz import cap_label
 
 
 def _cap(value: float | None) -> str:

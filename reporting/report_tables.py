@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from commprof.analysis.dataset import Processed
-from commprof.analysis.dataset import rows as records
+from commprof.analysis.dataset import rows as frame_rows
+from commprof.caps import cap_label, cap_number
 from commprof.reporting.prose import LONG_CAPTION, escape
-from commprof.reporting.viz import cap_label
 
 MISSING = "--"
 """Shown in a table cell whose value is undefined (NaN); prose never prints it."""
@@ -98,11 +98,6 @@ def _ms(ns: float) -> str:
     return fmt(ns / 1e6, 2)
 
 
-def _cap(mb: float) -> str:
-    """A cap in a "cap (MiB)" column: the number, or ``default`` where it was left unset."""
-    return "default" if math.isnan(mb) else f"{float(mb):g}"
-
-
 def _model_cell(model: str, profile: object) -> str:
     """The model column: a dagger marks a profiled configuration (the caption says so)."""
     return escape(model) + ("$^\\dagger$" if bool(profile) else "")
@@ -118,7 +113,7 @@ def table_results(data: Processed) -> str:
         [
             _model_cell(r.model, r.profile),
             str(int(r.world_size)),
-            _cap(r.bucket_cap_mb),
+            cap_number(r.bucket_cap_mb),
             str(int(r.num_repeats)),
             f"{_ms(r.step_ns_median)} [{_ms(r.step_ns_p25)}, {_ms(r.step_ns_p75)}]",
             _ms(r.exposed_ns_median),
@@ -127,7 +122,7 @@ def table_results(data: Processed) -> str:
             _ms(r.allreduce_sum_modelled_ns),
             fmt(r.allreduce_error_pct, 0),
         ]
-        for r in records(merged)
+        for r in frame_rows(merged)
     ]
     columns = [
         ("model", "l"),
@@ -166,7 +161,7 @@ def table_fits(data: Processed) -> str:
             fmt(r.bucket_mape_pct, 1),
             fmt(r.bucket_median_error_pct, 1),
         ]
-        for r in records(table)
+        for r in frame_rows(table)
     ]
     columns = [
         ("regime", "l"),
@@ -196,13 +191,13 @@ def table_status(data: Processed) -> str:
             rf"\texttt{{{r.cell_id[:8]}}}",
             escape(r.model),
             str(int(r.world_size)),
-            _cap(r.bucket_cap_mb),
+            cap_number(r.bucket_cap_mb),
             str(int(r.repeat)),
             escape(r.status),
             str(int(r.num_attempts)),
             *([escape(r.reason_short)] if with_reason else []),
         ]
-        for r in records(data.status)
+        for r in frame_rows(data.status)
     ]
     columns = [
         ("cell", "l"),
@@ -223,13 +218,13 @@ def table_repeatability(data: Processed) -> str:
         [
             escape(r.model),
             str(int(r.world_size)),
-            _cap(r.bucket_cap_mb),
+            cap_number(r.bucket_cap_mb),
             escape(r.metric.removesuffix("_ns").replace("_", " ")),
             str(int(r.num_repeats)),
             fmt(100.0 * r.cv, 1),
             fmt(r.max_min_ratio, 2),
         ]
-        for r in records(data.repeatability.dropna(subset=["cv", "max_min_ratio"]))
+        for r in frame_rows(data.repeatability.dropna(subset=["cv", "max_min_ratio"]))
     ]
     columns = [
         ("model", "l"),
@@ -254,14 +249,14 @@ def table_overhead(data: Processed) -> str:
         [
             escape(r.model),
             str(int(r.world_size)),
-            _cap(r.bucket_cap_mb),
+            cap_number(r.bucket_cap_mb),
             str(int(r.repeat)),
             fmt(r.hook_median_ns / 1e3, 1),
             fmt(r.hook_p95_ns / 1e3, 1),
             _ms(r.hook_per_step_ns),
             fmt(100.0 * r.hook_per_step_ns / r.step_ns_median, 1),
         ]
-        for r in records(hook)
+        for r in frame_rows(hook)
     ]
     columns = [
         ("model", "l"),
@@ -279,7 +274,7 @@ def table_overhead(data: Processed) -> str:
 def guard_arithmetic(data: Processed) -> str:
     """The memory guard's arithmetic of every rejected cell, and the errors of failed attempts."""
     parts = []
-    for r in records(data.status):
+    for r in frame_rows(data.status):
         if r.status == "ok" and not r.reason:
             continue
         head = f"{escape(r.model)}, $p={int(r.world_size)}$, cap {cap_label(r.bucket_cap_mb)}"

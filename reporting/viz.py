@@ -23,7 +23,6 @@ ray.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +39,8 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+from commprof.caps import cap_label
 
 OKABE_ITO = {
     "black": "#000000",
@@ -302,14 +303,6 @@ def save(fig: Figure, path: Path) -> Path:
 def ms(values_ns: Any) -> Any:
     """Nanoseconds to milliseconds (for plotting; the data stay in ns)."""
     return values_ns / 1e6
-
-
-def cap_label(bucket_cap_mb: float | None) -> str:
-    """A bucket cap as it appears in labels: ``0.25 MiB``, or ``DDP default`` where the cap was
-    left unset (null in the dataset: 25 MiB with a first bucket of 1 MiB)."""
-    if bucket_cap_mb is None or math.isnan(bucket_cap_mb):
-        return "DDP default"
-    return f"{bucket_cap_mb:g} MiB"
 
 
 def cell_label(

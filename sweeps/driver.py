@@ -26,11 +26,12 @@ import ray
 from commprof import results
 from commprof.actors.execution import CellExecution, Outcome
 from commprof.actors.gang import Gang, bundle_for
+from commprof.attempts import FailurePolicy, Plan, plan_cells, resume_state
 from commprof.matrix import Cell, Matrix
 from commprof.sweeps import placement
 from commprof.sweeps.cluster import ClusterLost, ClusterWatch
 from commprof.sweeps.guard import GuardPlan, probe_budgets
-from commprof.sweeps.plan import FailurePolicy, Plan, plan_cells, select
+from commprof.sweeps.plan import select
 from commprof.sweeps.pool import GangPool
 from commprof.sweeps.progress import Progress
 
@@ -107,8 +108,8 @@ __all__ = ["ClusterLost", "Driver", "DriverOptions", "Summary", "select"]
 class Driver:
     """Runs the cells of a matrix into a dataset folder.
 
-    The jobs are split: :func:`~commprof.sweeps.plan.plan_cells` decides what runs,
-    :class:`~commprof.sweeps.plan.FailurePolicy` whether a failure runs again,
+    The jobs are split: :func:`~commprof.attempts.plan_cells` decides what runs,
+    :class:`~commprof.attempts.FailurePolicy` whether a failure runs again,
     :class:`~commprof.sweeps.pool.GangPool` holds the gangs, :class:`Progress` draws the line;
     this class runs the loop and commits every attempt (``commprof.results``).
 
@@ -163,15 +164,9 @@ class Driver:
         Damaged attempts (files missing, unreadable or changed since their commit) are first
         moved to ``DIR/damaged/``; their cells run again.
         """
-        damaged = results.set_aside_damaged(self.options.out)  # before anything reads them
-        latest = results.latest_status(self.options.out)
-        for cell_id, (attempt, why) in damaged.items():
-            log.warning("cell %s attempt %d is damaged (%s); set aside, it runs again", cell_id,
-                        attempt, why)  # fmt: skip
-            latest[cell_id] = ("damaged", max(attempt, latest.get(cell_id, ("", 0, None))[1]), None)
         return plan_cells(
             select(self.matrix.cells, self.options.only, self.options.exclude),
-            latest,
+            resume_state(self.options.out),
             lambda cell: self.guard.decide(cell).feasible,
             self.policy,
             retry_failed=self.options.retry_failed,

@@ -1,6 +1,6 @@
 """The memory guard and a duration estimate, applied to the cells of a matrix.
 
-Adapts :class:`commprof.matrix.Cell` to :mod:`commprof.training.memory_guard` with the budgets
+Adapts :class:`commprof.matrix.Cell` to :mod:`commprof.modeling.memory` with the budgets
 of this machine, overridden by the matrix file's ``budget`` section.
 """
 
@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from commprof.matrix import CELL_FIELDS, Cell, Matrix
-from commprof.training import memory_guard
+from commprof.modeling import memory
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ TRAIN_FLOPS_PER_PARAM_SAMPLE = 6
 
 
 _SHARED_FIELDS = tuple(
-    f.name for f in dataclasses.fields(memory_guard.CellShape) if f.name in CELL_FIELDS
+    f.name for f in dataclasses.fields(memory.CellShape) if f.name in CELL_FIELDS
 )
-"""What the guard's :class:`~commprof.training.memory_guard.CellShape` takes from a cell as is."""
+"""What the guard's :class:`~commprof.modeling.memory.CellShape` takes from a cell as is."""
 
 
 class GuardPlan:
@@ -53,7 +53,9 @@ class GuardPlan:
             cell run outside a matrix (``commprof run``).
         num_nodes: nodes the cluster has (SPREAD cells put ceil(world size / nodes) on each).
         node_budgets: budgets of the nodes that hold ranks, by device kind (``cpu``, ``cuda``),
-            as probed on the cluster; default: this machine's.
+            as probed on the cluster; default: ``local``.
+        local: this machine's budgets; default: its host memory without GPUs
+            (``commprof.training.devices.detect_budgets`` adds the GPUs, with torch).
     """
 
     def __init__(
@@ -61,16 +63,17 @@ class GuardPlan:
         matrix: Matrix | None = None,
         *,
         num_nodes: int = 1,
-        node_budgets: dict[str, memory_guard.Budgets] | None = None,
+        node_budgets: dict[str, memory.Budgets] | None = None,
+        local: memory.Budgets | None = None,
     ) -> None:
-        local = memory_guard.detect_budgets()
+        local = local or memory.detect_budgets()
         overrides = matrix.budget_bytes if matrix is not None else {}
         self.budgets_by_device = {
             device: (node_budgets or {}).get(device, local).with_overrides(overrides)
             for device in ("cpu", "cuda")
         }
         self.num_nodes = num_nodes
-        self._decisions: dict[str, memory_guard.GuardDecision] = {}
+        self._decisions: dict[str, memory.GuardDecision] = {}
 
     def ranks_per_node(self, cell: Cell) -> int:
         """Ranks of the cell on its busiest node: PACK puts them together where they fit."""
@@ -78,17 +81,17 @@ class GuardPlan:
             return math.ceil(cell.world_size / self.num_nodes)
         return cell.world_size
 
-    def decide(self, cell: Cell) -> memory_guard.GuardDecision:
+    def decide(self, cell: Cell) -> memory.GuardDecision:
         """The guard's decision for ``cell``, with its arithmetic."""
         decision = self._decisions.get(cell.cell_id)
         if decision is None:
-            shape = memory_guard.CellShape(
+            shape = memory.CellShape(
                 **{name: getattr(cell, name) for name in _SHARED_FIELDS},
                 ranks_per_node=self.ranks_per_node(cell),
                 num_steps=cell.steps,
             )
             budgets = self.budgets_by_device[cell.device]
-            decision = memory_guard.evaluate(shape, budgets, _footprint(cell.model))
+            decision = memory.evaluate(shape, budgets, _footprint(cell.model))
             self._decisions[cell.cell_id] = decision
         return decision
 
@@ -102,20 +105,15 @@ PROBE_TIMEOUT_S = 60.0
 """How long a budget probe task on a cluster node may take."""
 
 
-def _node_budgets(include_cuda: bool) -> memory_guard.Budgets:
-    # positional: Ray's typed .remote() does not take keyword-only arguments
-    return memory_guard.detect_budgets(include_cuda=include_cuda)
-
-
-def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budgets]:
+def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory.Budgets]:
     """Budgets of the nodes that will hold ranks, measured there by a small Ray task.
 
     On one node (the embedded Ray, a laptop) that is this machine, detected locally. On a
     cluster the driver may sit on a CPU-only head whose memory says nothing about the workers':
     a task with ``num_cpus=1`` (and one with ``num_gpus=1`` where the cluster has GPUs) runs
-    ``detect_budgets`` on a worker and reports back (one node Ray picks: on a cluster of mixed
-    machines set the smallest node's budgets in the matrix file). If the probe cannot run in
-    time, this machine's budgets are used, with a warning.
+    ``commprof.actors.probe.node_budgets`` on a worker and reports back (one node Ray picks: on
+    a cluster of mixed machines set the smallest node's budgets in the matrix file). If the
+    probe cannot run in time, this machine's budgets are used, with a warning.
 
     Args:
         workers: ``ray.nodes()`` entries of the alive nodes that can hold a rank.
@@ -125,11 +123,13 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
     """
     import ray
 
+    from commprof.actors.probe import node_budgets
+
     here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     has_gpu = any(n.get("Resources", {}).get("GPU", 0) > 0 for n in workers)
     if not workers or (len(workers) == 1 and workers[0].get("NodeID") == here and not has_gpu):
         return {}  # this machine is the node: local detection (GuardPlan's default) is right
-    probe = ray.remote(_node_budgets)
+    probe = ray.remote(node_budgets)
     refs = {"cpu": probe.options(num_cpus=1).remote(False)}
     if has_gpu:
         refs["cuda"] = probe.options(num_cpus=0, num_gpus=1).remote(True)
@@ -148,8 +148,8 @@ def probe_budgets(workers: list[dict[str, Any]]) -> dict[str, memory_guard.Budge
 
 
 @cache
-def _footprint(model: str) -> memory_guard.ModelFootprint:
-    return memory_guard.model_footprint(model)
+def _footprint(model: str) -> memory.ModelFootprint:
+    return memory.model_footprint(model)
 
 
 def estimate_cell_s(cell: Cell, num_params: int) -> float:

@@ -36,7 +36,7 @@ log = logging.getLogger("commprof.sweep")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The driver's flags (shared by this script and ``commprof sweep``)."""
-    from commprof.cli import positive_int, wait_seconds
+    from commprof.flags import positive_int, wait_seconds
 
     parser.add_argument(
         "--matrix",
@@ -249,6 +249,8 @@ def _run_locked(
             if started_here or not lost:
                 ray.shutdown()
     if out.is_dir():
+        from commprof.analysis.summary import summary_table
+
         print(summary_table(load(out), [c.cell_id for c in selected]))
     print(
         f"{summary.ok} ok, {summary.failed} failed, {summary.rejected} rejected, "
@@ -263,26 +265,6 @@ def _run_locked(
         )
         return 128 + signal.Signals[summary.stopped_by].value
     return 1 if summary.failed or summary.failed_earlier else 0
-
-
-def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
-    """A table of the selected cells: status, attempts, median step and bucket latency."""
-    cells = tables["cells"]
-    cells = cells[cells["cell_id"].isin(cell_ids)]
-    if cells.empty:
-        return "(no cells)"
-    latest = cells.sort_values("attempt").groupby("cell_id").tail(1).set_index("cell_id")
-    steps = tables["steps"]  # only ok attempts have step rows
-    measured = steps[steps["measured"]]
-    step_ms = measured.groupby("cell_id")["step_ns"].median() / 1e6
-    buckets = tables["buckets"]
-    lat_ms = buckets[buckets["step"] >= 1].groupby("cell_id")["latency_ns"].median() / 1e6
-    view = latest[["model", "world_size", "bucket_cap_mb", "backend", "status", "attempt"]].copy()
-    view["bucket_cap_mb"] = view["bucket_cap_mb"].astype(object).fillna("default")  # unset
-    view["wall_s"] = latest["wall_s"].round(2)
-    view["step_ms"] = step_ms.reindex(view.index).round(2)
-    view["bucket_ms"] = lat_ms.reindex(view.index).round(3)
-    return view.to_string()
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commprof.profiling.analyze import analyze_dir, records_from_steps, run
-from commprof.profiling.metrics import bucket_exposure
-from commprof.profiling.trace_parser import parse_trace
+from commprof.traces.analyze import analyze_dir, run
+from commprof.traces.metrics import bucket_exposure
+from commprof.traces.report_text import step_json_rows
+from commprof.traces.trace_parser import parse_trace
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
 NUM_BUCKETS = 3  # make_golden.py: 0.25 MiB cap over the MLP's four linear layers
@@ -40,7 +41,7 @@ def test_structural_invariants(tables: dict[str, pd.DataFrame]) -> None:
 
 def test_metrics_equal_committed_expected(tables: dict[str, pd.DataFrame]) -> None:
     expected = json.loads((GOLDEN / "expected_metrics.json").read_text())
-    assert records_from_steps(tables["steps"]) == expected
+    assert step_json_rows(tables["steps"]) == expected
 
 
 def test_transfer_wait_on_golden(tables: dict[str, pd.DataFrame]) -> None:
@@ -109,4 +110,4 @@ def test_json_null_for_undefined_efficiency() -> None:
         "exposed_ns": 0, "idle_ns": 0, "other_ns": 0, "overlap_efficiency": float("nan"),
         "comm_overhead_fraction": 0.0,
     }])  # fmt: skip
-    assert json.loads(json.dumps(records_from_steps(steps)))[0]["overlap_efficiency"] is None
+    assert json.loads(json.dumps(step_json_rows(steps)))[0]["overlap_efficiency"] is None

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commprof.profiling.analyze import analyze, run
-from commprof.profiling.rank_pool import analyze_files
+from commprof.traces.analyze import analyze, run
+from commprof.traces.rank_pool import analyze_files
 from tests.trace_events import OFFSET_US, rank_trace
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commprof.profiling.crossrank import (
+from commprof.traces.crossrank import (
     CrossRank,
     collective_groups,
     cross_rank,
     rank_collectives,
 )
-from commprof.profiling.trace_parser import parse_trace
+from commprof.traces.trace_parser import parse_trace
 from tests.trace_events import (
     DELAY_US,
     NCCL,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from commprof import matrix, results
+from commprof import flags, matrix, results
 from commprof.analysis.dataset import load_processed
 from commprof.catalog import parameter_sizes
 from commprof.matrix import Cell
@@ -93,7 +93,7 @@ def test_unset_cap_stays_visible_in_analysis_and_report(
 def test_commprof_run_flag_can_leave_the_cap_unset(capsys: pytest.CaptureFixture[str]) -> None:
     from commprof import cli
 
-    assert cli._float_or_default("default") is None and cli._float_or_default("0.5") == 0.5
+    assert flags.cap("default") is None and flags.cap("0.5") == 0.5
     argv = ["run", "--model", "srn-100k", "--world-size", "2", "--out", "x"]
     with pytest.raises(SystemExit) as info:
         cli.main([*argv, "--bucket-cap-mb", "fast"])

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.calibration import fit_alpha_beta, save_fits
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.estimate import (
     CAP_GRID_MB,
@@ -20,10 +20,10 @@ from commprof.modeling.estimate import (
     estimate,
     load_param_sizes_file,
     recommend_bucket_cap,
-    resolve_model,
     run,
     simulate,
 )
+from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
 
 # Four 1 MiB layers (262144 float32 each): with a 1 MiB cap, one layer per bucket.
 PARAMS = [(f"l{i}.weight", 262144) for i in range(4)]
@@ -159,7 +159,7 @@ def test_errors_list_valid_choices(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nvlink4"):
         run(args, PARAMS)
     with pytest.raises(ValueError, match="resnet18"):
-        resolve_model("vgg", ("resnet18", "srn-1m"), lambda name: [])
+        parameter_sizes("vgg")  # the catalog's one rule names what it knows
     fits = {("gloo", "cpu-gloo", 2): fit_alpha_beta([1e3, 1e5, 1e7], [1e3, 1e5, 1e7], 2)}
     save_fits(fits, tmp_path / "fits.json")
     args = parser().parse_args(

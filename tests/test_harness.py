@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from commprof.profiling.harness import HarnessConfig, profiled
-from commprof.profiling.trace_parser import parse_trace
+from commprof.traces.trace_parser import parse_trace
 
 MAKE_GOLDEN = Path(__file__).parent / "data" / "make_golden.py"
 

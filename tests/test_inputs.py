@@ -117,8 +117,8 @@ def _trace(ts: float, args: dict[str, object]) -> dict[str, object]:
 def test_trace_integers_of_any_size_and_timestamps_past_int64(tmp_path: Path) -> None:
     import json
 
-    from commprof.profiling.analyze import run
-    from commprof.profiling.trace_parser import parse_trace
+    from commprof.traces.analyze import run
+    from commprof.traces.trace_parser import parse_trace
 
     huge = {"Seq": 2**70, "In msg nelems": 2**70, "dtype": "Float"}
     parsed = parse_trace(_trace(1.0, huge))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commprof.profiling.intervals import (
+from commprof.traces.intervals import (
     IntervalSet,
     clip,
     difference,

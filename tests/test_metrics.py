@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from trace_events import x
 
-from commprof.profiling.metrics import (
+from commprof.traces.metrics import (
     bucket_exposure,
     collective_type_metrics,
     step_metrics,
     trace_overlap,
 )
-from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+from commprof.traces.trace_parser import ParsedTrace, parse_trace
 
 
 def gloo_trace(

@@ -30,7 +30,7 @@ def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
     [
         ("import commprof.analysis.dataset, commprof.reporting.build", ("torch", "ray")),
         ("import commprof.sweeps.driver", ("torch",)),
-        ("import commprof.profiling.analyze", ("torch", "ray")),
+        ("import commprof.traces.analyze", ("torch", "ray")),
         (HELP, ("torch", "ray", "pandas", "scipy")),
         ("import commprof", ("torch", "ray", "pandas")),  # commprof.attach loads on first use
     ],

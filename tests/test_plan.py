@@ -1,9 +1,9 @@
-"""The driver's planning and failure policy, as plain data (commprof.sweeps.plan)."""
+"""The one failure policy and the plan of a run, as plain data (commprof.attempts)."""
 
 from __future__ import annotations
 
+from commprof.attempts import FailurePolicy, plan_cells
 from commprof.matrix import Cell
-from commprof.sweeps.plan import FailurePolicy, plan_cells
 
 POLICY = FailurePolicy(max_attempts=2)
 A, B, C, D, E = (Cell(model="srn-100k", world_size=2, bucket_cap_mb=1, repeat=r) for r in range(5))

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from commprof.profiling.analyze import analyze_dir
-from commprof.profiling.metrics import collective_type_metrics, step_metrics, trace_overlap
-from commprof.profiling.trace_parser import ParsedTrace, load_trace, parse_trace
-from commprof.profiling.trace_rules import LAUNCH_CATS, LAUNCHED_CATS
+from commprof.traces.analyze import analyze_dir
+from commprof.traces.metrics import collective_type_metrics, step_metrics, trace_overlap
+from commprof.traces.trace_parser import ParsedTrace, load_trace, parse_trace
+from commprof.traces.trace_rules import LAUNCH_CATS, LAUNCHED_CATS
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "realtraces"
 SETS = sorted(p.name for p in REAL.iterdir() if p.is_dir()) if REAL.is_dir() else []

@@ -38,8 +38,8 @@ def _env() -> dict[str, str]:
 
 
 def test_readme_example_runs_under_torchrun_and_its_dataset_reads(tmp_path: Path) -> None:
-    from commprof.modeling.calibration import fits_from_dataset
-    from commprof.profiling.analyze import analyze_dir
+    from commprof.modeling.ring_fit import fits_from_dataset
+    from commprof.traces.analyze import analyze_dir
 
     code = readme_example()
     assert len(code.splitlines()) <= 25, "the README example grew past 25 lines"

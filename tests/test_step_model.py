@@ -89,10 +89,10 @@ def test_calibration_takes_interference_out_of_the_timeline() -> None:
     assert (cal.forward_ns, cal.optimizer_ns, cal.measured_step_ns) == (100, 50, 1050)
     idle = calibrate_step(_tables(), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
     assert idle.param_ready_work_ns == (800.0, 300.0)
-    assert idle.straggler_ns == 0  # both ranks end compute at 800: neither waits
+    assert idle.rank_wait_ns == 0  # both ranks end compute at 800: neither waits
 
 
-def test_straggler_wait_is_what_ranks_wait_for_the_slowest() -> None:
+def test_rank_wait_is_what_ranks_wait_for_the_slowest() -> None:
     # rank 0 ends its compute (last hand-over) at 650, rank 1 at 800; both all-reduces end at
     # 850: rank 0 measures 200 ns exposed, rank 1 (the slowest) 50. The median over rank-steps
     # is 125, the slowest rank's 50: a rank waits 75 ns in the median
@@ -100,7 +100,7 @@ def test_straggler_wait_is_what_ranks_wait_for_the_slowest() -> None:
     early = (tables["buckets"]["rank"] == 0) & (tables["buckets"]["bucket_index"] == 1)
     tables["buckets"].loc[early, ["ready_ns", "launch_ns"]] -= 150
     cal = calibrate_step(tables, CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
-    assert cal.straggler_ns == 75
+    assert cal.rank_wait_ns == 75
     assert cal.param_ready_work_ns == (800.0, 300.0)  # the timeline is the slowest rank's
 
 
@@ -286,13 +286,13 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     replay = predict_cap(model, sizes, bucket_cap_mb=cal.bucket_cap_mb).prediction
     assert replay.backward_ns + cal.other_ns == pytest.approx(cal.measured_backward_ns, rel=1e-6)
     # a rank's exposed communication counts its wait for the slowest; the idle model's does not
-    assert replay.straggler_ns == cal.straggler_ns >= 0
-    assert doc["calibration"]["straggler_ns"] == round(cal.straggler_ns)
-    assert pred["straggler_ns"] == round(cal.straggler_ns)  # p = 2 on the calibration host
+    assert replay.rank_wait_ns == cal.rank_wait_ns >= 0
+    assert doc["calibration"]["rank_wait_ns"] == round(cal.rank_wait_ns)
+    assert pred["rank_wait_ns"] == round(cal.rank_wait_ns)  # p = 2 on the calibration host
     idle = predict_cap(model, sizes, bucket_cap_mb=None, interference=NO_INTERFERENCE)
     published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
     elsewhere = predict_cap(model, sizes, bucket_cap_mb=None, link=published)
-    assert idle.prediction.straggler_ns == elsewhere.prediction.straggler_ns == 0
+    assert idle.prediction.rank_wait_ns == elsewhere.prediction.rank_wait_ns == 0
     # p = 4 on the same host, without interference: compute scales by the core share exactly
     env = json.loads(pd.read_parquet(data / "cells")["env_json"].iloc[0])
     cores = env["cpu_count"] / env["num_threads"]
@@ -453,21 +453,21 @@ def test_prediction_in_closed_form() -> None:
     # a rank that waits 300 ns for the slowest (scaled with the compute, x 2) measures that
     # much more exposed communication and communication time; the step is the slowest rank's
     waited = predict_step(
-        cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, straggler_ns=300
+        cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, rank_wait_ns=300
     )
     slowest = predict_step(cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2)
-    assert waited.step_ns == slowest.step_ns and waited.straggler_ns == 600
+    assert waited.step_ns == slowest.step_ns and waited.rank_wait_ns == 600
     assert waited.exposed_ns == pytest.approx(slowest.exposed_ns + 600)
     assert waited.comm_busy_ns == pytest.approx(slowest.comm_busy_ns + 600)
     assert waited.overlap_efficiency == 0.0  # all of it exposed, wait included
     assert (
         two.overlap_efficiency
         > predict_step(
-            cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, straggler_ns=300
+            cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, rank_wait_ns=300
         ).overlap_efficiency
     )
-    with pytest.raises(ValueError, match="straggler_ns"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, straggler_ns=math.inf)
+    with pytest.raises(ValueError, match="rank_wait_ns"):
+        predict_step(cal, sizes, bucket_cap_mb=512, link=link, rank_wait_ns=math.inf)
 
     # the in-training link scale replays the measured backward: 300 + 90 of compute and hook,
     # then the exposed all-reduce, then other; measured 2 x 8000 for it gives a scale of 2

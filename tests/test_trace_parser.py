@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from trace_events import x
 
-from commprof.profiling import trace_columns
-from commprof.profiling.intervals import total_length
-from commprof.profiling.trace_columns import read_columns
-from commprof.profiling.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
-from commprof.profiling.trace_rules import COLLECTIVE_ARG_KEYS
+from commprof.traces import trace_columns
+from commprof.traces.intervals import total_length
+from commprof.traces.trace_columns import read_columns
+from commprof.traces.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
+from commprof.traces.trace_rules import COLLECTIVE_ARG_KEYS
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
 

@@ -17,7 +17,7 @@ import pandas as pd
 from commprof.analysis import attribution, modelled, per_cell
 from commprof.analysis.breakdown import STEP_KEYS, step_breakdown, trace_breakdown
 from commprof.analysis.repeatability import repeatability
-from commprof.modeling.calibration import Fit
+from commprof.modeling.ring_fit import Fit
 from commprof.results import load
 
 

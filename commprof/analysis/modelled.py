@@ -1,6 +1,6 @@
 """Modelled columns beside measured ones, and the prediction error of the model per cell.
 
-Calibration (``commprof.modeling.calibration.fit_table``, method ``alpha-beta``): the ring
+Calibration (``commprof.modeling.ring_fit.fit_table``, method ``alpha-beta``): the ring
 all-reduce model T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan 2009) is fitted
 per (backend, regime, world size) to the ``microbench`` table, the all-reduces measured alone
 after training (time p50 over iterations, max over ranks). The fit is then used out of sample:
@@ -30,14 +30,14 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from commprof.analysis.per_cell import cap_or_default
+from commprof.caps import cap_mb
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.calibration import CalibrationWarning, Fit, RingFit, fit_table
 from commprof.modeling.cost_model import bus_bandwidth_factor
+from commprof.modeling.ring_fit import CalibrationWarning, Fit, RingFit, fit_table
 
 FitKey = tuple[str, str, int]
-"""(backend, regime, world_size), as ``calibration.GROUP_KEYS``."""
+"""(backend, regime, world_size), as ``ring_fit.GROUP_KEYS``."""
 
 
 def _error_pct(modelled: pd.Series, measured: pd.Series) -> pd.Series:
@@ -232,7 +232,7 @@ def cell_model(
         sizes = [
             b.num_bytes
             for b in assign_buckets(
-                parameter_sizes(cell.model), bucket_cap_mb=cap_or_default(cell.bucket_cap_mb)
+                parameter_sizes(cell.model), bucket_cap_mb=cap_mb(cell.bucket_cap_mb)
             )
         ]
         frame = pd.DataFrame(

@@ -15,14 +15,14 @@ This module imports no torch and no ray.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from commprof import matrix
 from commprof.analysis.breakdown import BREAKDOWN_COLUMNS, STEP_KEYS
-from commprof.matrix import CELL_COLUMNS, config_hash
+from commprof.matrix import CELL_COLUMNS
 
 CONFIG_COLUMNS = [
     *(name for name, _ in CELL_COLUMNS if name != "repeat"),
@@ -39,12 +39,6 @@ REASON_CHARS = 90
 """Length of the one-line reason shown in tables (full text stays in ``reason``)."""
 
 
-def cap_or_default(value: float | None) -> float | None:
-    """A ``bucket_cap_mb`` column value as the cell's cap: a null (NaN: the cap was left unset)
-    is None, DDP's default; ``commprof.modeling.buckets`` takes either."""
-    return None if value is None or math.isnan(value) else float(value)
-
-
 def config_key(config_json: str) -> str:
     """Id of a configuration without its repeat index: equal for repeats of one cell.
 
@@ -52,11 +46,9 @@ def config_key(config_json: str) -> str:
         config_json: the cell's ``config_json`` (``Cell.config()`` as JSON).
 
     Returns:
-        12 hex digits (``commprof.matrix.config_hash`` of the config minus ``repeat``).
+        12 hex digits (:func:`commprof.matrix.config_key`).
     """
-    config = json.loads(config_json)
-    config.pop("repeat", None)
-    return config_hash(config)
+    return matrix.config_key(json.loads(config_json))
 
 
 def _first_line(text: object, limit: int = REASON_CHARS) -> str:

@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from commprof.caps import cap_label
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
-from commprof.modeling.calibration import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.estimate_step import add_step_arguments, run_step
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
+from commprof.modeling.ring_fit import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.timeline import load_parameter_ready_ns
 from commprof.yamlio import load_yaml, read_text
 
@@ -245,10 +246,6 @@ def recommend_bucket_cap(
     return best.bucket_cap_mb, curve
 
 
-def _cap_label(cap_mb: float | None) -> str:
-    return f"{cap_mb:g} MiB" if cap_mb is not None else "DDP's default (bucket_cap_mb unset)"
-
-
 def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
     """Parameter sizes from YAML or JSON: a list of {name, numel, dtype_bytes?}.
 
@@ -271,24 +268,6 @@ def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
             (str(row.get("name", f"param{i}")), int(row["numel"]), int(row.get("dtype_bytes", 4)))
         )
     return out
-
-
-def resolve_model(
-    name: str, model_names: Sequence[str], sizes_fn: Callable[[str], list[tuple[str, int]]]
-) -> list[tuple[str, int]]:
-    """Parameter sizes of a named model, or an error listing valid names.
-
-    Args:
-        name: Requested model name.
-        model_names: Valid names (``commprof.catalog.MODEL_NAMES``).
-        sizes_fn: ``commprof.catalog.parameter_sizes`` (closed form, torch-free).
-
-    Returns:
-        ``(name, numel)`` in registration order.
-    """
-    if name not in model_names:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(model_names)}")
-    return sizes_fn(name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -364,7 +343,7 @@ def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
 
 def _table(est: Estimate) -> str:
     lines = [
-        f"link: {est.link}   world size: {est.world_size}   cap: {est.bucket_cap_mb} MiB",
+        f"link: {est.link}   world size: {est.world_size}   cap: {cap_label(est.bucket_cap_mb)}",
         f"{'bucket':>6} {'params':>6} {'MiB':>9} {'ready ms':>9} {'launch ms':>9} "
         f"{'done ms':>9} {'allreduce ms':>12}",
     ]
@@ -419,7 +398,7 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     if args.recommend_bucket_cap:
         best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
         kept = best == main.bucket_cap_mb
-        in_use = _cap_label(main.bucket_cap_mb)
+        in_use = cap_label(main.bucket_cap_mb)
         doc["recommendation"] = {
             "best_bucket_cap_mb": best,
             "in_use_bucket_cap_mb": main.bucket_cap_mb,
@@ -451,6 +430,6 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
                 f"keep {in_use}: no cap is predicted to expose {MIN_GAIN_NS / 1e3:g} us less"
             )
         else:
-            text.append(f"recommended: {_cap_label(best)} (in use: {in_use})")
+            text.append(f"recommended: {cap_label(best)} (in use: {in_use})")
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from commprof.caps import cap_label, cap_number, same_cap
 from commprof.modeling.buckets import MIB, ParamSize
-from commprof.modeling.calibration import fit_to_dict
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
+from commprof.modeling.ring_fit import fit_to_dict
 from commprof.modeling.step_advice import (
     CapPrediction,
     StepModel,
@@ -35,7 +36,6 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recommend_cap,
 )
-from commprof.modeling.step_model import same_setting
 from commprof.modeling.step_sim import NO_INTERFERENCE
 
 
@@ -53,7 +53,7 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
         "exposed_ns": round(pred.exposed_ns),
         "exposed_ns_low": round(pred.exposed_ns_range[0]),
         "exposed_ns_high": round(pred.exposed_ns_range[1]),
-        "straggler_ns": round(pred.prediction.straggler_ns),
+        "rank_wait_ns": round(pred.prediction.rank_wait_ns),
         "overlap_efficiency": _finite(pred.overlap_efficiency),
         "compute_end_ns": round(pred.prediction.compute_end_ns),
         "buckets": [
@@ -104,7 +104,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         link=link, same_host=args.same_host, interference=NO_INTERFERENCE,
     )  # fmt: skip
     cal = model.calibration
-    scale, stall, straggler = in_training(
+    scale, stall, rank_wait = in_training(
         model, link=link, interference=what_if.get("interference")
     )
     doc: dict[str, Any] = {
@@ -117,7 +117,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             "fit": fit_to_dict(model.link) if link is None else None,
             "link_scale": scale,
             "stall_ns": round(stall),
-            "straggler_ns": round(straggler),
+            "rank_wait_ns": round(rank_wait),
             "interference": asdict(model.interference),
             "measured_step_ns": round(cal.measured_step_ns),
         },
@@ -141,9 +141,9 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             f"\n{'cap MiB':>8} {'buckets':>7} {'step ms':>9} {'range ms':>17} {'exposed ms':>10}"
         )
         for c in advice.curve:
-            mark = "  <- best" if same_setting(c.bucket_cap_mb, advice.best_cap_mb) else ""
-            mark += "  (in use)" if same_setting(c.bucket_cap_mb, args.bucket_cap_mb) else ""
-            cap = "default" if c.bucket_cap_mb is None else f"{c.bucket_cap_mb:g}"
+            mark = "  <- best" if same_cap(c.bucket_cap_mb, advice.best_cap_mb) else ""
+            mark += "  (in use)" if same_cap(c.bucket_cap_mb, args.bucket_cap_mb) else ""
+            cap = cap_number(c.bucket_cap_mb)
             text.append(
                 f"{cap:>8} {c.num_buckets:>7} {c.step_ns / 1e6:>9.2f} "
                 f"{c.step_ns_range[0] / 1e6:>8.2f}-{c.step_ns_range[1] / 1e6:<8.2f} "
@@ -154,7 +154,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
 
 
 def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: str) -> str:
-    cap = "DDP default" if main.bucket_cap_mb is None else f"{main.bucket_cap_mb:g} MiB"
+    cap = cap_label(main.bucket_cap_mb)
     lines = [
         f"step simulator calibrated on cell {cell}; link: {label}; world size {ws}; cap {cap}; "
         "buckets of the slowest rank",
@@ -166,7 +166,7 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
             f"{b.start_ns / 1e6:>9.3f} {b.end_ns / 1e6:>9.3f} {b.service_ns / 1e6:>8.3f}"
         )
     eff = main.overlap_efficiency
-    wait = main.prediction.straggler_ns
+    wait = main.prediction.rank_wait_ns
     lines.append(
         f"step {main.step_ns / 1e6:.2f} ms ({main.step_ns_range[0] / 1e6:.2f} to "
         f"{main.step_ns_range[1] / 1e6:.2f}), exposed communication {main.exposed_ns / 1e6:.2f} ms "

@@ -25,9 +25,10 @@ from typing import Final, Literal
 
 import pandas as pd
 
+from commprof.matrix import LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
-from commprof.modeling.calibration import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.cost_model import LinkParams
+from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.step_model import (
     StepCalibration,
     calibrate_step,
@@ -269,8 +270,9 @@ def load_step_model(
     )
 
 
-HOST_KEYS = ("backend", "device", "world_size")
-"""Cells equal in these share the interference factors (:func:`host_interference`)."""
+HOST_KEYS = LINK_FIELDS
+"""Cells equal in these (backend, device, world size) share the link fit and the interference
+factors (:func:`host_interference`)."""
 
 
 def host_cells(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
@@ -304,12 +306,9 @@ def _like(
     ]
 
 
-REPEAT_KEYS = (
-    "model", "world_size", "bucket_cap_mb", "backend", "device", "placement", "hook",
-    "optimizer", "batch_size",
-)  # fmt: skip
+REPEAT_KEYS = WORKLOAD_FIELDS
 """Cells equal in these are repeats of one configuration (``repeat``, seeds and measurement
-settings may differ)."""
+settings may differ): the cell's workload fields (``commprof.matrix.FieldSpec.role``)."""
 
 
 def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
@@ -364,13 +363,13 @@ def predict_cap(
             compute timeline; default the calibrated fit, its times plus the stall
             (``model.stall_ns``) multiplied by the in-training link scale
             (``model.link_scale``), and the ranks' wait for the slowest
-            (``calibration.straggler_ns``) in the exposed communication, unless
+            (``calibration.rank_wait_ns``) in the exposed communication, unless
             ``interference`` is given (:func:`in_training`).
         same_host: the ranks share the calibration's CPU host, so compute, and gloo's
             transfers on the calibrated link, slow by the core share
             (:func:`step_model.cpu_share_scale`); else each rank has its own.
         interference: override the calibrated factors (``NO_INTERFERENCE``: the idle model,
-            the link's idle times without the stall, the in-training scale and the straggler
+            the link's idle times without the stall, the in-training scale and the rank
             wait).
 
     Returns:
@@ -381,7 +380,7 @@ def predict_cap(
     scale = 1.0
     if same_host and model.device == "cpu":
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
-    service, stall, straggler = in_training(model, link=link, interference=interference)
+    service, stall, rank_wait = in_training(model, link=link, interference=interference)
     if link is None:
         service *= scale
     low, mid, high = predict_range(
@@ -394,7 +393,7 @@ def predict_cap(
         compute_scale=scale,
         service_scale=service,
         stall_ns=stall,
-        straggler_ns=straggler,
+        rank_wait_ns=rank_wait,
     )
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,
@@ -414,12 +413,12 @@ def predict_cap(
 def in_training(
     model: StepModel, *, link: LinkParams | Fit | None, interference: Interference | None
 ) -> tuple[float, float, float]:
-    """(link scale, stall ns, straggler wait ns) a prediction applies: ``model.link_scale``,
-    ``model.stall_ns`` and ``model.calibration.straggler_ns`` on the calibrated link with the
+    """(link scale, stall ns, rank wait ns) a prediction applies: ``model.link_scale``,
+    ``model.stall_ns`` and ``model.calibration.rank_wait_ns`` on the calibrated link with the
     calibrated interference (the calibration host's training), else 1, 0 and 0 (the idle
     model; a published link, on devices whose ranks' skew this host does not measure)."""
     if link is None and interference is None:
-        return model.link_scale, model.stall_ns, model.calibration.straggler_ns
+        return model.link_scale, model.stall_ns, model.calibration.rank_wait_ns
     return 1.0, 0.0, 0.0
 
 

@@ -21,7 +21,7 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
 * The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
   all-reduce times (plus the link's per-operation stall) with which the simulator replays the
   cells' own median backward.
-* The straggler wait ``straggler_ns``: the simulator plays the slowest rank (the all-reduces
+* The rank wait ``rank_wait_ns``: the simulator plays the slowest rank (the all-reduces
   start when it hands over), but every other rank ends its compute earlier and the hook counts
   its wait as exposed communication. Per step, the smallest exposed time over ranks is the
   slowest rank's (an all-reduce completes on all ranks at about the same time); the wait is the
@@ -35,7 +35,7 @@ another link or world size whose ranks have their own devices; on one CPU host w
 ranks share, the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale``
 multiplies the link's all-reduce times (stall included): the in-training link scale on the
 calibrated link, times the same core share on one CPU host (gloo over loopback moves and
-reduces the bytes on the ranks' cores). ``straggler_ns`` (the calibrated wait, times
+reduces the bytes on the ranks' cores). ``rank_wait_ns`` (the calibrated wait, times
 ``compute_scale``) is added to the slowest rank's exposed communication and communication time,
 so that both are what a rank's hook measures; the step time is the slowest rank's.
 Uncertainty: the same prediction with alpha and beta at the ends of their 95 % intervals and the
@@ -53,9 +53,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
-from commprof.modeling.calibration import STEP_KEYS, Fit, PiecewiseFit, RingFit
 from commprof.modeling.cost_model import LinkParams, allreduce_ns
+from commprof.modeling.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
 from commprof.modeling.step_sim import (
     BACKEND_CHANNELS,
     NO_INTERFERENCE,
@@ -157,9 +158,9 @@ class StepCalibration:
     """Median measured step time of the cell (for reference)."""
     measured_backward_ns: float
     """Median measured backward time (what :func:`fit_link_scale` replays)."""
-    straggler_ns: float = 0.0
+    rank_wait_ns: float = 0.0
     """Median exposed communication of a rank minus that of the slowest rank (module
-    docstring): the wait for the straggler, which the hook counts as exposed."""
+    docstring): the wait for the slowest rank, which the hook counts as exposed."""
     bucket_cap_mb: float | None
     """The calibration cells' cap (MiB; None: DDP's default)."""
 
@@ -211,7 +212,7 @@ def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> li
     rows = [_latest_ok(tables, c) for c in cell_ids]
     first = rows[0]
     for row in rows[1:]:
-        for key in ("model", "world_size", "backend", "bucket_cap_mb"):
+        for key in WORKLOAD_FIELDS:
             a, b = first.get(key), row.get(key)
             if not same_setting(a, b):
                 raise ValueError(
@@ -305,7 +306,7 @@ def calibrate_step(
         other_ns=max(0.0, float(np.median(other))),
         measured_step_ns=float(steps["step_ns"].median()),
         measured_backward_ns=float(steps["backward_ns"].median()),
-        straggler_ns=max(
+        rank_wait_ns=max(
             0.0,
             float(np.median([e for v in exposed.values() for e in v]))
             - float(np.median([min(v) for v in exposed.values()])),
@@ -371,7 +372,7 @@ def predict_step(
     compute_scale: float = 1.0,
     service_scale: float = 1.0,
     stall_ns: float = 0.0,
-    straggler_ns: float = 0.0,
+    rank_wait_ns: float = 0.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
@@ -389,8 +390,8 @@ def predict_step(
         stall_ns: added to every bucket's idle all-reduce time from ``link`` before the
             scale: the expected stall of one operation on the calibrated link
             (``step_advice.link_stall_ns``).
-        straggler_ns: the calibrated wait of a rank for the slowest one
-            (``calibration.straggler_ns``), times ``compute_scale``, added to the exposed
+        rank_wait_ns: the calibrated wait of a rank for the slowest one
+            (``calibration.rank_wait_ns``), times ``compute_scale``, added to the exposed
             communication and communication time (module docstring); 0: the slowest rank's.
 
     Returns:
@@ -404,7 +405,7 @@ def predict_step(
     for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
-    for name, value in (("stall_ns", stall_ns), ("straggler_ns", straggler_ns)):
+    for name, value in (("stall_ns", stall_ns), ("rank_wait_ns", rank_wait_ns)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be finite and >= 0, got {value}")
     ws = calibration.world_size if world_size is None else world_size
@@ -432,10 +433,10 @@ def predict_step(
         optimizer_ns=compute_scale * calibration.optimizer_ns,
         other_ns=calibration.other_ns,
     )
-    return with_straggler(slowest, compute_scale * straggler_ns)
+    return with_rank_wait(slowest, compute_scale * rank_wait_ns)
 
 
-def with_straggler(prediction: StepPrediction, wait_ns: float) -> StepPrediction:
+def with_rank_wait(prediction: StepPrediction, wait_ns: float) -> StepPrediction:
     """The slowest rank's simulated step as a rank that waits ``wait_ns`` for it measures it:
     the wait added to its exposed communication and communication time (the step is the same)."""
     if wait_ns == 0 or prediction.comm_busy_ns == 0:
@@ -448,7 +449,7 @@ def with_straggler(prediction: StepPrediction, wait_ns: float) -> StepPrediction
         overlap_efficiency=min(
             1.0, max(0.0, prediction.comm_busy_ns - prediction.exposed_ns) / busy
         ),
-        straggler_ns=wait_ns,
+        rank_wait_ns=wait_ns,
     )
 
 

@@ -3,7 +3,7 @@
 The simulator is a pure function (:func:`simulate_step`). Its inputs are in *idle* units: the
 backward compute work (ns the compute would take with no communication running) after which
 each bucket's gradients are ready, and each bucket's all-reduce time on an idle link (a
-calibrated ring fit, ``commprof.modeling.calibration``). It plays the step forward as DDP and
+calibrated ring fit, ``commprof.modeling.ring_fit``). It plays the step forward as DDP and
 the backend run it:
 
 * Bucket k's hook is entered once the compute has done ``ready_work_ns[k]`` of work and every
@@ -163,9 +163,9 @@ class StepPrediction:
     """Time at least one all-reduce was in flight."""
     overlap_efficiency: float
     """(comm_busy - exposed) / comm_busy; NaN without communication."""
-    straggler_ns: float = 0.0
+    rank_wait_ns: float = 0.0
     """Of ``exposed_ns`` and ``comm_busy_ns``: a rank's wait for the slowest rank's hand-over
-    (``step_model.with_straggler``); 0 as simulated, the slowest rank's own."""
+    (``step_model.with_rank_wait``); 0 as simulated, the slowest rank's own."""
     buckets: tuple[BucketTiming, ...] = field(default=())
     """Per-bucket timeline."""
 

@@ -177,8 +177,8 @@ def trace_records(
     trace_dir: Path, buckets: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     """Per-step trace metrics with the hook cross-check, and the compressed traces."""
-    from commprof.profiling.metrics import bucket_exposure, step_metrics
-    from commprof.profiling.trace_parser import parse_trace
+    from commprof.traces.metrics import bucket_exposure, step_metrics
+    from commprof.traces.trace_parser import parse_trace
 
     rows: list[dict[str, Any]] = []
     traces: dict[str, bytes] = {}

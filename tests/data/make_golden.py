@@ -130,10 +130,11 @@ def make_traces(out_dir: Path) -> None:
 
 def write_expected(out_dir: Path) -> None:
     """Compute the metrics of the traces in ``out_dir`` into expected_metrics.json."""
-    from commprof.profiling.analyze import analyze_dir, records_from_steps
+    from commprof.traces.analyze import analyze_dir
+    from commprof.traces.report_text import step_json_rows
 
     tables = analyze_dir(out_dir)
-    records = records_from_steps(tables["steps"])
+    records = step_json_rows(tables["steps"])
     (out_dir / "expected_metrics.json").write_text(json.dumps(records, indent=1) + "\n")
 
 

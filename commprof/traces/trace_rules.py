@@ -3,8 +3,8 @@
 Each complete event (``ph == "X"``) of a trace is classified by the first matching
 rule of its regime's :class:`RuleTable`; collective metadata in the event args
 (``Collective name``) comes before kernel-name patterns, which are only a
-fallback. The parser (:mod:`commprof.profiling.trace_parser`) applies the tables;
-the column reader (:mod:`commprof.profiling.trace_columns`) reads them to know
+fallback. The parser (:mod:`commprof.traces.trace_parser`) applies the tables;
+the column reader (:mod:`commprof.traces.trace_columns`) reads them to know
 which events' ``args`` it must keep.
 """
 

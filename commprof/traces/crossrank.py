@@ -2,7 +2,7 @@
 
 A collective is one call that every rank of its process group makes; it ends on all of them
 together (up to the link's latency), however late each rank arrived. This module matches the
-rows of :attr:`commprof.profiling.trace_parser.ParsedTrace.collectives` across ranks, estimates
+rows of :attr:`commprof.traces.trace_parser.ParsedTrace.collectives` across ranks, estimates
 each rank's clock offset from the matched ends, and, on the aligned clocks, measures per
 collective
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import pandas as pd
 
-from commprof.profiling.crossrank import rank_collectives
-from commprof.profiling.metrics import collective_type_metrics, step_metrics
-from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+from commprof.traces.crossrank import rank_collectives
+from commprof.traces.metrics import collective_type_metrics, step_metrics
+from commprof.traces.trace_parser import ParsedTrace, parse_trace
 
 
 def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
@@ -54,10 +54,10 @@ RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "collective_types": collective_type_metrics,
 }
 """Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
-("steps": :func:`commprof.profiling.metrics.step_metrics`, "collectives": the collectives
-with rank and matching group, :func:`commprof.profiling.crossrank.rank_collectives`,
+("steps": :func:`commprof.traces.metrics.step_metrics`, "collectives": the collectives
+with rank and matching group, :func:`commprof.traces.crossrank.rank_collectives`,
 "collective_types": per step and collective type,
-:func:`commprof.profiling.metrics.collective_type_metrics`)."""
+:func:`commprof.traces.metrics.collective_type_metrics`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,7 +95,7 @@ def analyze_file(path: str, parse_options: Mapping[str, Any]) -> Outcome:
     Args:
         path: The trace file.
         parse_options: Keyword arguments of
-            :func:`commprof.profiling.trace_parser.parse_trace` (``regime``, ...).
+            :func:`commprof.traces.trace_parser.parse_trace` (``regime``, ...).
 
     Errors come back as text, not as exceptions: the caller reports every failed rank at
     once, whichever backend ran it.
@@ -154,9 +154,10 @@ def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) ->
 
 
 def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
-    import ray  # only on the --ray path: profiling imports no ray at module level
-
+    from commprof.extras import require
     from commprof.ray_address import cluster_address
+
+    ray = require("ray", needed_by="commprof analyze --ray")  # only on this path
 
     started = not ray.is_initialized()
     if started:  # a cluster the user named or `ray start` recorded, else a Ray of our own

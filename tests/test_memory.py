@@ -1,4 +1,4 @@
-"""Tests for commprof.training.memory_guard: the arithmetic, checked against hand sums."""
+"""Tests for commprof.modeling.memory: the arithmetic, checked against hand sums."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import os
 import pytest
 import torch
 
-from commprof.training import memory_guard as mg
-from commprof.training.data import loss_fn, make_batch
-from commprof.training.memory_guard import (
+from commprof.modeling import memory as mg
+from commprof.modeling.memory import (
     GIB,
     MIB,
     Budgets,
@@ -20,6 +19,7 @@ from commprof.training.memory_guard import (
     evaluate,
     model_footprint,
 )
+from commprof.training.data import loss_fn, make_batch
 from commprof.training.models import GPT, GPTConfig, build_model
 
 # 1,000,000 fp32 parameters in 10 tensors, 1,000 activation elements per sample.
@@ -215,7 +215,7 @@ def test_gpt_activation_estimate_bounds_autograd() -> None:
 
 
 def test_detect_budgets_reads_the_machine() -> None:
-    b = detect_budgets(include_cuda=False)
+    b = detect_budgets()
     assert b.host_ram_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert b.device_bytes == 0
     assert b.pinned_bytes == int(b.host_ram_bytes * 0.5)

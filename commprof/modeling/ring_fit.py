@@ -34,7 +34,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy import stats
 
-from commprof.matrix import regime_of
+from commprof.matrix import LINK_FIELDS, regime_of
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
 
 CONFIDENCE = 0.95
@@ -365,8 +365,9 @@ def holdout_split(num_bytes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     return rank % 2 == 0, rank % 2 == 1
 
 
-GROUP_KEYS = ("backend", "regime", "world_size")
-"""Fits are made per backend, regime and world size."""
+GROUP_KEYS = tuple("regime" if name == "device" else name for name in sorted(LINK_FIELDS))
+"""Fits are made per link (``commprof.matrix.LINK_FIELDS``), the device read as its regime:
+(backend, regime, world size), the key of every fit."""
 
 
 def _with_regime(df: pd.DataFrame) -> pd.DataFrame:

@@ -4,12 +4,11 @@ Works on any folder of Kineto rank traces (``*.json`` / ``*.json.gz``), commprof
 own; JSON files that are not traces are skipped with a note on stderr. A folder whose traces
 sit one level or more down (``results/<sweep>/traces/<cell>/``) is read where there is one
 such subfolder, and named in the error where there are several. The traces are parsed in
-parallel (:mod:`commprof.profiling.rank_pool`); printing is :mod:`commprof.profiling.report_text`.
+parallel (:mod:`commprof.traces.rank_pool`); printing is :mod:`commprof.traces.report_text`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import tempfile
@@ -21,16 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from commprof.profiling.crossrank import CrossRank, cross_rank
-from commprof.profiling.metrics import ratio
-from commprof.profiling.rank_pool import RankResult, analyze_files
-from commprof.profiling.trace_parser import ParsedTrace, parse_trace
+from commprof.traces.crossrank import CrossRank, cross_rank
+from commprof.traces.metrics import ratio
+from commprof.traces.rank_pool import RankResult, analyze_files
+from commprof.traces.report_text import analysis_json, analysis_text, step_json_rows
 
-JSON_FIELDS = (
-    "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
-    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
-)  # fmt: skip
-"""Fields of each ``analyze --json`` step record (docs/design.md, Definitions)."""
 SUM_COLUMNS = (
     "window_ns",
     "comm_ns",
@@ -81,28 +75,6 @@ def trace_files(trace_dir: Path) -> list[Path]:
     return []
 
 
-def parse_dir(
-    trace_dir: Path, *, regime: str | None = None, unlaunched: str = "keep"
-) -> list[ParsedTrace]:
-    """Parse every trace in ``trace_dir`` in this process; non-trace JSON files are skipped.
-
-    Raises:
-        ValueError: If the folder holds no trace.
-    """
-    parsed = []
-    for path in trace_files(trace_dir):
-        try:  # streamed: bounded memory however large the trace
-            parsed.append(parse_trace(path, regime=regime, source=str(path), unlaunched=unlaunched))
-        except ValueError as exc:
-            if "not a Chrome trace" in str(exc):
-                print(f"commprof analyze: skipping {path.name}: not a trace", file=sys.stderr)
-                continue
-            raise
-    if not parsed:
-        raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
-    return parsed
-
-
 def rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     """Per-rank sums of the step table, with ratios recomputed from the sums."""
     ranks = steps.groupby("rank", as_index=False).agg(
@@ -123,12 +95,12 @@ class Analysis:
 
     per_rank: dict[str, pd.DataFrame] = field(repr=False)
     """Tables with rows of every rank: "steps" (STEP_COLUMNS of
-    :mod:`commprof.profiling.metrics`), "ranks" (sums of the steps, ratios of the sums, regime,
+    :mod:`commprof.traces.metrics`), "ranks" (sums of the steps, ratios of the sums, regime,
     window_source), "traces" (one row per trace file: rank, regime, window_source, ...),
     "collectives" (every collective, with rank and matching group), and any other of
-    :data:`commprof.profiling.rank_pool.RANK_TABLES`."""
+    :data:`commprof.traces.rank_pool.RANK_TABLES`."""
     cross: CrossRank | None = field(repr=False)
-    """The ranks lined up (:mod:`commprof.profiling.crossrank`), None for one rank or job."""
+    """The ranks lined up (:mod:`commprof.traces.crossrank`), None for one rank or job."""
     cross_note: str = ""
     """Why there is no cross-rank section, where there is none."""
 
@@ -233,30 +205,6 @@ def analyze_dir(
     return analyze(Path(trace_dir), regime=regime, parse_options=options).tables()
 
 
-def _plain(v: Any) -> Any:
-    """A JSON value: NaN as None, numpy scalars as Python ones."""
-    if isinstance(v, float):
-        return None if math.isnan(v) else v
-    if isinstance(v, str | bool) or v is None:
-        return v
-    if v is pd.NA or v is pd.NaT:
-        return None
-    if hasattr(v, "item"):
-        return _plain(v.item())
-    return int(v)
-
-
-def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict[str, Any]]:
-    """Rows as JSON-ready dicts (NaN as None)."""
-    part = frame if columns is None else frame[columns]
-    return [{str(k): _plain(v) for k, v in row.items()} for row in part.to_dict("records")]
-
-
-def records_from_steps(steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """The ``--json`` step records: one per (rank, step), fields JSON_FIELDS, NaN as None."""
-    return records(steps, list(JSON_FIELDS))
-
-
 def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     """Write each non-empty table as ``out/<name>.parquet`` (temp file + rename)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -317,8 +265,7 @@ def run(
     """
     import json
 
-    from commprof.profiling.metrics import STEP_COLUMNS
-    from commprof.profiling.report_text import analysis_json, analysis_text
+    from commprof.traces.metrics import STEP_COLUMNS
 
     try:
         analysis = analyze(
@@ -336,7 +283,7 @@ def run(
         for path in write_parquet(analysis.tables(), Path(out)):
             print(f"wrote {path}", file=sys.stderr)
     if as_json:
-        doc = analysis_json(analysis, records_from_steps(analysis.steps))
+        doc = analysis_json(analysis, step_json_rows(analysis.steps))
         return _emit(json.dumps(doc, indent=1) + "\n")
     with pd.option_context("display.width", 200, "display.max_columns", None):
         return _emit(analysis_text(analysis, list(STEP_COLUMNS)) + "\n")

@@ -6,14 +6,20 @@ percent; the JSON document keeps integer nanoseconds and ratios, as the Parquet 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 if TYPE_CHECKING:
-    from commprof.profiling.analyze import Analysis
-    from commprof.profiling.crossrank import CrossRank
+    from commprof.traces.analyze import Analysis
+    from commprof.traces.crossrank import CrossRank
 
+JSON_FIELDS = (
+    "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",
+    "idle_ns", "other_ns", "overlap_efficiency", "comm_overhead_fraction",
+)  # fmt: skip
+"""Fields of each ``analyze --json`` step record (docs/design.md, Definitions)."""
 NS_PER_MS = 1_000_000
 SHARES = {"overlap_efficiency": "overlap_%", "comm_overhead_fraction": "overhead_%"}
 """Ratio columns and their printed names (percent)."""
@@ -98,8 +104,6 @@ def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
 
 def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``--json`` document: steps, ranks, traces, the cross-rank section (ns and ratios)."""
-    from commprof.profiling.analyze import records
-
     cross: dict[str, Any] | None = None
     if analysis.cross is not None:
         c = analysis.cross
@@ -107,14 +111,38 @@ def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dic
             "reference_rank": c.reference_rank,
             "matched_by": dict(c.matched_by),
             **c.summary(),
-            "clock_offsets": records(c.offsets),
-            "stragglers": records(c.stragglers),
+            "clock_offsets": json_rows(c.offsets),
+            "stragglers": json_rows(c.stragglers),
         }
     return {
         "steps": step_records,
-        "ranks": records(analysis.ranks),
-        "traces": records(analysis.per_rank["traces"]),
-        **{name: records(table) for name, table in _extras(analysis).items()},
+        "ranks": json_rows(analysis.ranks),
+        "traces": json_rows(analysis.per_rank["traces"]),
+        **{name: json_rows(table) for name, table in _extras(analysis).items()},
         "cross_rank": cross,
         "cross_rank_note": analysis.cross_note,
     }
+
+
+def _plain(v: Any) -> Any:
+    """A JSON value: NaN as None, numpy scalars as Python ones."""
+    if isinstance(v, float):
+        return None if math.isnan(v) else v
+    if isinstance(v, str | bool) or v is None:
+        return v
+    if v is pd.NA or v is pd.NaT:
+        return None
+    if hasattr(v, "item"):
+        return _plain(v.item())
+    return int(v)
+
+
+def json_rows(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows as JSON-ready dicts (NaN as None)."""
+    part = frame if columns is None else frame[columns]
+    return [{str(k): _plain(v) for k, v in row.items()} for row in part.to_dict("records")]
+
+
+def step_json_rows(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """The ``--json`` step records: one per (rank, step), fields JSON_FIELDS, NaN as None."""
+    return json_rows(steps, list(JSON_FIELDS))

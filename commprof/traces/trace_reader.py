@@ -333,7 +333,7 @@ def stream_trace(
 def load_trace(path: Path | str, *, chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
     """Read a whole Chrome trace into a dict with ``traceEvents`` (small traces; tools).
 
-    :func:`commprof.profiling.trace_parser.parse_trace` reads files without this
+    :func:`commprof.traces.trace_parser.parse_trace` reads files without this
     (chunked, typed, compact columns); this is for callers that want the events as dicts.
 
     Args:

@@ -3,14 +3,14 @@
 Reads any Kineto trace (``torch.profiler`` export, ``.json`` or ``.json.gz``), not
 only the ones commprof's harness writes. Each complete event (``ph == "X"``) is
 classified by the first matching rule of its regime's :class:`RuleTable`
-(``RULES``: cpu-gloo, cuda-nccl, cuda-gloo; :mod:`commprof.profiling.trace_rules`);
+(``RULES``: cpu-gloo, cuda-nccl, cuda-gloo; :mod:`commprof.traces.trace_rules`);
 collective metadata in the event args (``Collective name``, ``Process Group Name``,
 ``Seq``) comes before name patterns, which are only a fallback. Timestamps are float
 microseconds in the file and are converted once, at the reader, to int64
 nanoseconds (``np.rint(ts * 1000)``; docs/design.md, Definitions).
 
 Files are decoded by msgspec in chunks of whole events into typed structs of the
-fields used (:mod:`commprof.profiling.trace_reader`, :mod:`commprof.profiling.trace_columns`):
+fields used (:mod:`commprof.traces.trace_reader`, :mod:`commprof.traces.trace_columns`):
 peak memory stays at a few compact columns per event plus one chunk, however large the
 trace. Rules are evaluated on the distinct names and categories, then
 broadcast to the events with numpy.
@@ -28,10 +28,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, difference
-from commprof.profiling.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
-from commprof.profiling.trace_reader import CHUNK_BYTES, load_trace
-from commprof.profiling.trace_rules import (
+from commprof.traces.intervals import Int64Array, IntervalSet, difference
+from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
+from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
+from commprof.traces.trace_rules import (
     CLASSES,
     DEVICE_CATS,
     DTYPE_BYTES,
@@ -48,7 +48,7 @@ from commprof.profiling.trace_rules import (
     collective_type,
     detect_regime,
 )
-from commprof.profiling.windows import step_windows
+from commprof.traces.windows import step_windows
 
 __all__ = [
     "CLASSES",
@@ -304,7 +304,7 @@ def parse_trace(
     """Classify a trace's events into interval sets per class and find its step windows.
 
     A file is decoded in chunks (bounded memory,
-    :func:`commprof.profiling.trace_columns.read_columns`);
+    :func:`commprof.traces.trace_columns.read_columns`);
     a dict is read in place. Both give the same result.
 
     Args:

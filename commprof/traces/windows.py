@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from commprof.profiling.intervals import Int64Array, IntervalSet, clip, total_length, union_all
-from commprof.profiling.trace_columns import TraceColumns, code_mask
-from commprof.profiling.trace_rules import STEP_PATTERN
+from commprof.traces.intervals import Int64Array, IntervalSet, clip, total_length, union_all
+from commprof.traces.trace_columns import TraceColumns, code_mask
+from commprof.traces.trace_rules import STEP_PATTERN
 
 DEVICE_WINDOW_MIN_SHARE = 0.9
 """Device step windows are used where they hold at least this share of the kernel time

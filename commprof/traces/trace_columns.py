@@ -1,6 +1,6 @@
 """Compact columns of a trace's complete events, built chunk by chunk as the trace is decoded.
 
-The reader (:mod:`commprof.profiling.trace_reader`) decodes each chunk of events
+The reader (:mod:`commprof.traces.trace_reader`) decodes each chunk of events
 with msgspec into :class:`msgspec.Struct` types that hold only the fields used
 here (``ph``, ``cat``, ``name``, ``pid``, ``tid``, ``ts``, ``dur`` and the few
 ``args`` keys the rule tables read), so every other field is skipped unallocated.
@@ -35,13 +35,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from commprof.profiling.trace_reader import (
+from commprof.traces.trace_reader import (
     CHUNK_BYTES,
     NUM_PH_CHECKED,
     generic_decode,
     stream_chunks,
 )
-from commprof.profiling.trace_rules import (
+from commprof.traces.trace_rules import (
     COLLECTIVE_ARG_KEYS,
     LAUNCH_CATS,
     MAX_EVENT_DURATION_US,

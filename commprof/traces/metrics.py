@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commprof.profiling.intervals import (
+from commprof.traces.intervals import (
     IntervalSet,
     clip,
     difference,
@@ -27,7 +27,7 @@ from commprof.profiling.intervals import (
     union,
     union_all,
 )
-from commprof.profiling.trace_parser import ParsedTrace
+from commprof.traces.trace_parser import ParsedTrace
 
 STEP_COLUMNS = (
     "rank", "step", "window_ns", "comm_ns", "compute_ns", "overlap_ns", "exposed_ns",

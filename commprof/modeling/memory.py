@@ -21,7 +21,7 @@ parameters, ``r`` = ranks on one node, ``k`` = optimizer state copies):
   lives in /dev/shm) plus NCCL's shared-memory segments on NCCL cells.
 - ``object_store`` (the driver's node): the records of all ``world_size`` ranks.
 
-Everything here is integer arithmetic; no torch at import. Parameter counts come
+Everything here is integer arithmetic, with no torch. Parameter counts come
 from :class:`ModelFootprint`, built by :func:`model_footprint` (from the torch-free
 :mod:`commprof.catalog`) or by the caller.
 """
@@ -292,31 +292,24 @@ class Budgets:
         return replace(self, **dict(overrides))
 
 
-def detect_budgets(*, include_cuda: bool = True) -> Budgets:
+def detect_budgets(*, device_bytes: int = 0) -> Budgets:
     """Budgets of the machine this runs on.
 
     Host RAM is the physical total (``os.sysconf``), not what is free at this moment,
     so decisions are reproducible; /dev/shm is its free space; the object store is
-    Ray's default share of RAM; CUDA memory is the smallest visible GPU's total
-    (``torch.cuda``, imported only here; 0 without CUDA).
+    Ray's default share of RAM. Device memory is the caller's to find (torch knows it:
+    ``commprof.training.devices.detect_budgets``), so this module stays torch-free.
 
     Args:
-        include_cuda: Look for GPUs (imports torch).
+        device_bytes: Memory of the smallest GPU a rank may get; 0 without GPUs.
 
     Returns:
         The detected budgets.
     """
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-    device = 0
-    if include_cuda:
-        import torch
-
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            device = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
     return Budgets(
-        device_bytes=int(device),
+        device_bytes=int(device_bytes),
         host_ram_bytes=int(host),
         pinned_bytes=int(host * PINNED_FRACTION_OF_RAM),
         shm_bytes=int(shm),

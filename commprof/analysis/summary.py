@@ -1,0 +1,27 @@
+"""The table a run prints when it ends: each selected cell's status and headline times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commprof.caps import cap_number
+
+
+def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
+    """A table of the selected cells: status, attempts, median step and bucket latency."""
+    cells = tables["cells"]
+    cells = cells[cells["cell_id"].isin(cell_ids)]
+    if cells.empty:
+        return "(no cells)"
+    latest = cells.sort_values("attempt").groupby("cell_id").tail(1).set_index("cell_id")
+    steps = tables["steps"]  # only ok attempts have step rows
+    measured = steps[steps["measured"]]
+    step_ms = measured.groupby("cell_id")["step_ns"].median() / 1e6
+    buckets = tables["buckets"]
+    lat_ms = buckets[buckets["step"] >= 1].groupby("cell_id")["latency_ns"].median() / 1e6
+    view = latest[["model", "world_size", "bucket_cap_mb", "backend", "status", "attempt"]].copy()
+    view["bucket_cap_mb"] = [cap_number(c) for c in view["bucket_cap_mb"]]
+    view["wall_s"] = latest["wall_s"].round(2)
+    view["step_ms"] = step_ms.reindex(view.index).round(2)
+    view["bucket_ms"] = lat_ms.reindex(view.index).round(3)
+    return view.to_string()
