@@ -47,7 +47,7 @@ RUN pip install "ray[default,data]==${RAY_VERSION}"
 WORKDIR /opt/commprof
 COPY . .
 # From outside the source tree, so that the check reads the installed package's own data files.
-RUN pip install . && cd / && commprof --help >/dev/null && commprof check smoke >/dev/null
+RUN pip install ".[run]" && cd / && commprof --help >/dev/null && commprof check smoke >/dev/null
 
 HEALTHCHECK --interval=5m --timeout=2m --start-period=30s --retries=3 \
     CMD commprof check > /dev/null || exit 1

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real local Ray for the whole session, small matrices."""
+"""Shared fixtures: one real local Ray for the whole session, small matrices, and the one rule for
+tests that need something outside the repository (skipped on a plain clone, failed under CI)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.prereqs import check_needs
+
 # gloo on one machine talks over loopback (docs/design.md, Measured facts); set before any
 # process group starts.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(path, tool): skipped where the folder or program is missing, "
+        "failed under CI (tests/prereqs.py)"
+    )  # fmt: skip
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    check_needs(item)
+
 
 RAY_TEST_CPUS = 4
 """CPUs the test cluster advertises: enough for one 4-rank gang (oversubscribed on 2 cores)."""

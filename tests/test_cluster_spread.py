@@ -17,7 +17,7 @@ import pytest
 from commprof import matrix, results
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MATRIX = """
 name: spread

@@ -17,6 +17,7 @@ from commprof.traces.crossrank import (
     rank_collectives,
 )
 from commprof.traces.trace_parser import parse_trace
+from tests.prereqs import REALTRACES, needs
 from tests.trace_events import (
     DELAY_US,
     NCCL,
@@ -26,7 +27,7 @@ from tests.trace_events import (
     x,
 )
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realtraces"
+REAL = REALTRACES
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
 
 
@@ -140,6 +141,7 @@ def _line_up_dir(folder: Path, pattern: str) -> CrossRank:
     return out
 
 
+@needs(REAL)
 def test_real_param_dlrm_8_ranks() -> None:
     cr = _line_up_dir(REAL / "param_dlrm_8rank", "worker*.json")
     assert len(cr.offsets) == 8 and (cr.collectives["num_ranks"] == 8).all()
@@ -151,6 +153,7 @@ def test_real_param_dlrm_8_ranks() -> None:
     assert cr.summary()["skew_max_ns"] > 1_000_000 and not cr.matching_doubtful()
 
 
+@needs(REAL)
 def test_real_hta_sampled_2_of_128() -> None:
     cr = _line_up_dir(REAL / "hta_sampled_2of128", "sampled_rank-*.json.gz")
     assert sorted(cr.offsets["rank"]) == [0, 1]

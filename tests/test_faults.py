@@ -22,7 +22,7 @@ from commprof.actors.gang import ACTOR_NAMESPACE
 from commprof.sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TINY = """
 name: {name}

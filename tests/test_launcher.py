@@ -53,6 +53,7 @@ def _dies_or_hangs(rank: int, world_size: int, store_path: str) -> None:  # prag
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_rank_dying_silently_stops_the_others_after_the_grace() -> None:
     limit_s = 300.0
     started = time.monotonic()
@@ -116,6 +117,7 @@ def test_errors_that_repeat_are_not_retried(text: str, kind: str) -> None:
     assert classify_error_texts([text]) == kind
 
 
+@pytest.mark.slow
 def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

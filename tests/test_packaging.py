@@ -66,6 +66,7 @@ def test_bundled_matrix_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert matrix_path("nosuch") == Path("nosuch")  # left for the loader to name
 
 
+@pytest.mark.slow
 def test_run_commits_like_the_driver(tmp_path: Path) -> None:
     """``commprof run`` writes the cells columns the driver writes (one commit path)."""
     out = tmp_path / "ds"
@@ -96,6 +97,7 @@ def test_check_reads_a_bundled_matrix_from_any_folder() -> None:
     assert {c["reason"] for c in report["matrix"]["cells"]} == {"feasible"}
 
 
+@pytest.mark.slow
 def test_check_prints_counts_and_lists_cells_on_request() -> None:
     def check(*flags: str) -> list[str]:
         cmd = [sys.executable, "-m", "commprof", "check", "smoke", *flags]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from commprof.actors.execution import rendezvous_host
 from commprof.actors.gang import Gang, rank_env
 
@@ -45,6 +47,8 @@ finally:
 """
 
 
+@pytest.mark.slow
+@pytest.mark.ray
 def test_gpu_ranks_take_rays_gpu_ids_and_see_the_matrix_env() -> None:
     done = subprocess.run(
         [sys.executable, "-c", FAKE_GPU_PROBE],

@@ -30,12 +30,10 @@ from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.interconnects import builtin_interconnects
 from commprof.reporting import build, predicted, prose, report_tables
 from commprof.results import load
+from tests.prereqs import needs
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
-HAVE_LATEX = shutil.which("latexmk") is not None and shutil.which("pdftotext") is not None
-pytestmark = pytest.mark.skipif(
-    not HAVE_LATEX, reason="latexmk/pdftotext not installed (CI installs them)"
-)
+pytestmark = [needs(tool="latexmk"), needs(tool="pdftotext"), pytest.mark.slow]  # CI installs them
 
 ONE_CELL = "d0edd4383678"  # srn-100k, p=2, cap 0.25 MiB: ok on its only attempt
 LOAD_CPUS = 2  # the host the smoke dataset ran on reported 2 CPUs (env_json)

@@ -37,6 +37,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"}
 
 
+@pytest.mark.slow
 def test_readme_example_runs_under_torchrun_and_its_dataset_reads(tmp_path: Path) -> None:
     from commprof.modeling.ring_fit import fits_from_dataset
     from commprof.traces.analyze import analyze_dir
@@ -228,6 +229,7 @@ _user_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["mp.spawn", "torchrun"])
 def test_user_conv_net_gradients_unchanged_and_dataset_reads(launcher: str, tmp_path: Path) -> None:
     if launcher == "mp.spawn":
@@ -275,6 +277,7 @@ def test_user_conv_net_gradients_unchanged_and_dataset_reads(launcher: str, tmp_
         _builds_report(tmp_path / "default-hook")
 
 
+@pytest.mark.slow
 def test_a_second_run_of_the_same_configuration_is_a_repeat(tmp_path: Path) -> None:
     """The folder keeps both runs: the same configuration gets repeat 1 and its own id."""
     (tmp_path / "one.py").write_text(_ONE_RANK)

@@ -257,6 +257,7 @@ def _assert_advised(
         assert points[advised][1] == min(near)[0]
 
 
+@pytest.mark.slow
 def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # A new user's path: one `commprof run` with default flags, then `estimate --fit` on it.
     data = tmp_path / "data"

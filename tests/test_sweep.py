@@ -11,7 +11,7 @@ from commprof.catalog import count_parameters
 from commprof.sweeps.driver import Driver, DriverOptions
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

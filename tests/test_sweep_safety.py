@@ -26,7 +26,7 @@ from commprof.lock import LOCK_NAME
 from commprof.sweeps.cluster import EXIT_CLUSTER_LOST
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MATRIX = """
 name: {name}

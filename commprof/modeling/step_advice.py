@@ -112,7 +112,7 @@ def link_stall_ns(rows: pd.DataFrame) -> float:
 
     On a shared host a few all-reduces in ten stall for milliseconds whatever their size (the
     scheduler, not the bytes), so a step pays one expected stall per bucket: a cost per
-    operation. A ring fit of mean times (the seventh benchmark run's) spread it over alpha and
+    operation. A ring fit of mean times (an earlier form of this fit) spread it over alpha and
     beta and, weighting each point by 1/t, leaned to the unstalled ones: small buckets came out
     short. Pooled over sizes, a cell's stall is estimated from all its iterations at once (one
     size's mean excess ranged from 0.1 to 1.6 ms on the 2-core benchmark host). Over cells, the

@@ -472,7 +472,7 @@ def fit_link_scale(
     matrix-product thread; in training the all-reduces also share the host with the other
     ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
     benchmark host a 26 MB bucket 2.5 times the fit of median times; with the per-operation
-    stall added, scales of 0.92 to 1.24 in the eighth and ninth benchmark runs). The
+    stall added, scales of 0.92 to 1.24 in two runs of the step-model benchmark). The
     calibration cells measure that directly: the scale multiplies each bucket's idle time plus
     ``stall_ns`` and is what the simulator, at the calibration cap with the calibrated timeline
     and interference, needs to end backward when the cells did (``measured_backward_ns -
