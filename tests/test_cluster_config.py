@@ -183,7 +183,7 @@ def test_dockerfile_pairs_cuda_image_with_torch_build(cluster: dict[str, Any]) -
     assert f'"ray[default,data]=={args["RAY_VERSION"]}"' in setup
     runs = [a for word, a in instructions if word == "RUN"]
     assert any('pip install "torch==${TORCH_VERSION}"' in r for r in runs)
-    assert any(re.search(r"pip install \.(\s|$)", r) for r in runs), "installs the project"
+    assert any('pip install ".[run]"' in r for r in runs), "installs the project with its run extra"
 
 
 def test_dockerfile_healthcheck_runs_commprof_check() -> None:

@@ -98,4 +98,4 @@ def test_commprof_run_flag_can_leave_the_cap_unset(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as info:
         cli.main([*argv, "--bucket-cap-mb", "fast"])
     assert info.value.code == 2
-    assert "'fast' is not a number or 'default'" in capsys.readouterr().err
+    assert "'fast' is not a number of MiB or 'default'" in capsys.readouterr().err

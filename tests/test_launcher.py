@@ -122,7 +122,8 @@ def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``commprof run`` runs a cell again after a crashed rank, as a sweep does, and each
-    attempt lands in the dataset; a configuration error is not run again."""
+    attempt lands in the dataset; a configuration error is not run again, and a cell whose
+    failure stands runs only with --retry-failed (the one failure policy)."""
     from commprof import cli, results
     from commprof.training import launcher
 
@@ -141,8 +142,10 @@ def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
     err = capsys.readouterr().err
     assert "attempt 1 failed (transient); running it again" in err
     assert "failed (attempt 2, transient)" in err
-    faults[:] = [None]  # run again: numbered after the two failures, and ok
-    assert cli.main(argv) == 0 and not faults
+    assert cli.main(argv) == 1  # out of attempts: the failure stands, as in a sweep
+    assert "pass --retry-failed" in capsys.readouterr().err
+    faults[:] = [None]  # retried: numbered after the two failures, and ok
+    assert cli.main([*argv, "--retry-failed"]) == 0 and not faults
     cells = results.load(out)["cells"]
     assert cells[["attempt", "status"]].values.tolist() == [[1, "failed"], [2, "failed"], [3, "ok"]]
     assert cells["error_kind"].tolist()[:2] == ["transient", "transient"]
@@ -151,6 +154,7 @@ def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
     faults[:] = [{**crash, "error": "ValueError"}, None, None]
     assert cli.main([*other, "--max-attempts", "3"]) == 1 and len(faults) == 2
     assert "failed (attempt 1, deterministic)" in capsys.readouterr().err
+    assert cli.main([*other, "--max-attempts", "3"]) == 1 and len(faults) == 2  # would repeat
     cells = results.load(out)["cells"]
     once = cells[cells["steps"] == 3]
     assert once[["attempt", "status", "error_kind"]].values.tolist() == [
