@@ -133,9 +133,13 @@ class Calibration:
     """Multiplies ``B_net``."""
     latency_scale: float = 1.0
     """Multiplies every latency."""
+    nvls_scale: float = 1.0
+    """Multiplies the NVLS and NVLSTree bus bandwidth in place of ``intra_scale`` (NVLink SHARP's
+    own reduction rate, which the switch sets, not the ring's use of the links): a correction, chosen on development data (see
+    benchmarks/README.md, its ablation on held-out data)."""
 
     def __post_init__(self) -> None:
-        for name in ("intra_scale", "net_scale", "latency_scale"):
+        for name in ("intra_scale", "net_scale", "latency_scale", "nvls_scale"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
@@ -263,10 +267,11 @@ def table(
                 bus = b_intra if n == 1 else min(b_intra, b_net)
             elif algo == "tree":
                 bus = b_intra if n <= 2 else min(b_intra, b_net)
-            elif algo == "nvls":
-                bus = b_intra
+            elif algo == "nvls":  # the switch reduces: its own scale, not the links' intra_scale
+                bus = b_intra / calibration.intra_scale * calibration.nvls_scale
             else:  # nvls_tree
-                bus = min(b_intra, b_net if n <= 2 else b_net / 2.0)
+                bus = min(b_intra / calibration.intra_scale, b_net if n <= 2 else b_net / 2.0)
+                bus *= calibration.nvls_scale
             if algo == "ring" and proto == "LL":
                 bus = min(ll_max, bus / 4.0)
             if algo == "ring" and proto == "LL128":

@@ -220,6 +220,7 @@ def calibrate(
     *,
     min_bytes: int = FIT_MIN_BYTES,
     algorithms: Sequence[str] | None = None,
+    nvls_correction: bool = False,
 ) -> Calibration:
     """Fit the model's scales to nccl-tests logs of ``cluster``.
 
@@ -233,6 +234,8 @@ def calibrate(
         collective: The logs' collective.
         min_bytes: Smallest size fitted.
         algorithms: Restrict the algorithms as the runs did (``NCCL_ALGO``), or None.
+        nvls_correction: Fit NVLS's own scale on NVLink SHARP clusters (the correction of
+            ``Calibration.nvls_scale``); False: the ablation without it.
 
     Returns:
         The fitted calibration.
@@ -252,6 +255,8 @@ def calibrate(
     if not points:
         raise ValueError(f"no row of {len(logs)} log(s) is >= {min_bytes} bytes; nothing to fit")
     names = ["intra_scale", "latency_scale"] + (["net_scale"] if multi_node else [])
+    if nvls_correction and cluster.nvls:
+        names.append("nvls_scale")
 
     def residuals(log_scales: np.ndarray) -> np.ndarray:
         cal = Calibration(**dict(zip(names, np.exp(log_scales).tolist(), strict=True)))
