@@ -41,12 +41,12 @@ def _errors(pred_us: np.ndarray, meas_us: np.ndarray) -> np.ndarray:
     return np.abs(pred_us - meas_us) / meas_us
 
 
-def _rows(log):  # noqa: ANN001, ANN202
+def _rows(log):
     kept = [r for r in log.rows if r.num_bytes >= FIT_MIN_BYTES]
     return np.array([r.num_bytes for r in kept]), np.array([r.time_us for r in kept])
 
 
-def _baseline_link(cluster, p: int) -> LinkParams:  # noqa: ANN001
+def _baseline_link(cluster, p: int) -> LinkParams:
     """Today's single published link: the intra-node rate on one node, one NIC across nodes."""
     rate = cluster.intra_bytes_per_s if cluster.nodes_for(p) == 1 else cluster.nic_bytes_per_s
     return LinkParams.from_bandwidth(bandwidth_bytes_per_s=rate, alpha_ns=DEFAULT_ALPHA_NS)
@@ -54,7 +54,7 @@ def _baseline_link(cluster, p: int) -> LinkParams:  # noqa: ANN001
 
 def _ring_fit(points: list[tuple[int, np.ndarray, np.ndarray]]) -> LinkParams:
     """alpha, beta of the ring fitted by relative least squares (rows divided by the time)."""
-    a = np.concatenate([np.stack([np.full(s.shape, 2.0 * (p - 1)), 2.0 * (p - 1) / p * s], axis=1) / t[:, None]
+    a = np.concatenate([np.stack([np.full(s.shape, 2.0 * (p - 1)), 2.0 * (p - 1) / p * s], axis=1) / t[:, None]  # noqa: E501
                         for p, s, t in points])  # fmt: skip
     b = np.concatenate([np.ones_like(t) for _, _, t in points])
     coef, *_ = np.linalg.lstsq(a, b, rcond=None)
@@ -78,7 +78,7 @@ def evaluate(system: dict) -> dict:
             "a_median_error": float(np.median(_errors(pred, meas))),
             "baseline_median_error": float(np.median(_errors(base, meas))),
             "rows": [
-                {"bytes": int(s), "measured_us": float(m), "a_us": float(x), "baseline_us": float(y),
+                {"bytes": int(s), "measured_us": float(m), "a_us": float(x), "baseline_us": float(y),  # noqa: E501
                  "algorithm": c[0], "protocol": c[1]}
                 for s, m, x, y, c in zip(sizes, meas, pred, base, chosen, strict=True)
             ],
@@ -95,7 +95,9 @@ def evaluate(system: dict) -> dict:
         errs_b, errs_rb, errs_ap, errs_off = [], [], [], []
         for p in pred_ps:
             sizes, meas = _rows(logs[p])
-            pred_b = np.array([r.time_us for r in predict(cluster, p, sizes.tolist(), calibration=cal)])
+            pred_b = np.array(
+                [r.time_us for r in predict(cluster, p, sizes.tolist(), calibration=cal)]
+            )
             pred_a = np.array([r.time_us for r in predict(cluster, p, sizes.tolist())])
             errs_b.append(_errors(pred_b, meas))
             pred_off = predict(cluster, p, sizes.tolist(), calibration=cal_off)
@@ -103,13 +105,13 @@ def evaluate(system: dict) -> dict:
             errs_ap.append(_errors(pred_a, meas))
             errs_rb.append(_errors(ring_allreduce_ns(sizes, p, ring) / 1e3, meas))
         out["calibration"] = {"intra_scale": cal.intra_scale, "net_scale": cal.net_scale,
-                              "latency_scale": cal.latency_scale, "nvls_scale": cal.nvls_scale}  # fmt: skip
+                              "latency_scale": cal.latency_scale, "nvls_scale": cal.nvls_scale}  # fmt: skip  # noqa: E501
         out["b_median_error"] = float(np.median(np.concatenate(errs_b)))
         out["b_with_nvls_correction_median_error"] = float(np.median(np.concatenate(errs_off)))
         out["a_on_predicted_median_error"] = float(np.median(np.concatenate(errs_ap)))
         out["baseline_fitted_ring_median_error"] = float(np.median(np.concatenate(errs_rb)))
         out["fitted_ring"] = {"alpha_us": ring.alpha_ns / 1e3,
-                              "bandwidth_gbps": 1.0 / ring.beta_ns_per_byte if ring.beta_ns_per_byte else None}  # fmt: skip
+                              "bandwidth_gbps": 1.0 / ring.beta_ns_per_byte if ring.beta_ns_per_byte else None}  # fmt: skip  # noqa: E501
     return out
 
 
@@ -125,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                             text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective", "commit": commit, "python": platform.python_version(),
            "min_bytes": FIT_MIN_BYTES, "systems": results}  # fmt: skip
-    print(f"{'system':<14} {'role':<11} {'p':<12} {'(a)':>7} {'(b)':>7} {'ring':>7} {'ring fit':>8} {'(b)+nvls':>9}")
+    print(
+        f"{'system':<14} {'role':<11} {'p':<12} {'(a)':>7} {'(b)':>7} {'ring':>7} {'ring fit':>8} {'(b)+nvls':>9}"  # noqa: E501
+    )
     for r in results:
         b = r.get("b_median_error")
         rb = r.get("baseline_fitted_ring_median_error")
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['system']:<14} {r['role']:<11} {','.join(map(str, r['world_sizes'])):<12} "
             f"{100 * r['a_median_error']:>6.1f}% "
             f"{'n/a' if b is None else f'{100 * b:.1f}%':>7} "
-            f"{100 * r['baseline_median_error']:>6.1f}% {'n/a' if rb is None else f'{100 * rb:.1f}%':>8} "
+            f"{100 * r['baseline_median_error']:>6.1f}% {'n/a' if rb is None else f'{100 * rb:.1f}%':>8} "  # noqa: E501
             f"{'n/a' if b is None else f'{100 * off:.1f}%':>9}"
         )
     if args.out:

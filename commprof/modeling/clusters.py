@@ -84,7 +84,9 @@ class Cluster:
                 f"{where}: intra_fabric {self.intra_fabric!r} is not one of {list(FABRICS)}"
             )
         if not self.intra_bytes_per_s > 0:
-            raise ValueError(f"{where}: intra_bytes_per_s must be > 0, got {self.intra_bytes_per_s}")
+            raise ValueError(
+                f"{where}: intra_bytes_per_s must be > 0, got {self.intra_bytes_per_s}"
+            )
         for key in ("intra_efficiency", "net_efficiency"):
             value = getattr(self, key)
             if not 0 < value <= 1:
@@ -186,7 +188,7 @@ def _from_mapping(entry: Any, origin: str, index: int) -> Cluster:
         raise ValueError(f"{label} has unknown keys {unknown}; known keys: {sorted(known)}")
     for key, value in entry.items():
         types = _TYPES[key]
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ValueError(f"{label}: {key} must be {names}, got {value!r}")
     values = {**_DEFAULTS, **entry}
@@ -194,7 +196,11 @@ def _from_mapping(entry: Any, origin: str, index: int) -> Cluster:
     values.setdefault("net_efficiency", default_net_efficiency(float(values["nic_bytes_per_s"])))
     sources = []
     for j, src in enumerate(values["sources"]):
-        if not isinstance(src, dict) or "figure" not in src or not set(src) <= {"figure", *_SOURCE_KEYS}:
+        if (
+            not isinstance(src, dict)
+            or "figure" not in src
+            or not set(src) <= {"figure", *_SOURCE_KEYS}
+        ):
             raise ValueError(
                 f"{label}: sources[{j}] must be a mapping with 'figure' and any of "
                 f"{list(_SOURCE_KEYS)}, got {src!r}"
@@ -239,7 +245,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(
-            f"--cluster {name_or_path!r} is neither a bundled cluster ({', '.join(sorted(bundled))})"
+            f"--cluster {name_or_path!r} is neither a bundled cluster ({', '.join(sorted(bundled))})"  # noqa: E501
             " nor a file"
         )
     found = _parse(read_text(path, "the cluster file"), str(path))

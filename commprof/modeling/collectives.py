@@ -119,7 +119,8 @@ TREE_CORRECTION: dict[str, tuple[float, ...]] = {
     "Simple": (0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6,
                0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9),
 }  # fmt: skip
-"""``treeCorrectionFactor`` by protocol, indexed by log2(bytes / 64) (64 B to 256 MiB): tuning.cc."""
+"""``treeCorrectionFactor`` by protocol, indexed by log2(bytes / 64) (64 B to 256 MiB):
+tuning.cc."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,8 +136,8 @@ class Calibration:
     """Multiplies every latency."""
     nvls_scale: float = 1.0
     """Multiplies the NVLS and NVLSTree bus bandwidth in place of ``intra_scale`` (NVLink SHARP's
-    own reduction rate, which the switch sets, not the ring's use of the links): a correction, chosen on development data (see
-    benchmarks/README.md, its ablation on held-out data)."""
+    own reduction rate, which the switch sets, not the ring's use of the links): a correction,
+    off by default: on development data it did not help (benchmarks/README.md, its ablation)."""
 
     def __post_init__(self) -> None:
         for name in ("intra_scale", "net_scale", "latency_scale", "nvls_scale"):
@@ -290,7 +291,9 @@ def table(
             lat = BASE_LAT_US[algo][pi]
             if algo == "ring":
                 if n > 1:
-                    intra_lat = max(intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0))
+                    intra_lat = max(
+                        intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0)
+                    )
                 lat += (nsteps - ninter) * intra_lat + ninter * inter_lat
             elif algo == "tree":
                 lat += 2.0 * ((g - 1) * intra_lat + math.floor(math.log2(n)) * inter_lat)

@@ -1,4 +1,4 @@
-"""nccl-tests / rccl-tests output as input: a strict reader, and calibration of the collective model.
+"""nccl-tests / rccl-tests output as input: a strict reader, and calibration of the model.
 
 The reader takes the text users already have, in any of the layouts those tools print: with or
 without a ``root`` or ``redop`` column, ``#wrong`` or ``error`` columns, out-of-place and in-place
