@@ -1,4 +1,5 @@
-"""The ``commprof`` command line: check, run, sweep, estimate, analyze, figures, report.
+"""The ``commprof`` command line: check, run, sweep, estimate, collective, analyze, figures,
+report.
 
 Each subcommand imports what it needs when it runs, so ``commprof estimate`` starts without
 torch or Ray and ``commprof --help`` is instant.
@@ -87,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     estimate = sub.add_parser("estimate", help="predict all-reduce and exposed communication")
     _optional(chosen == "estimate", "commprof.modeling.estimate", estimate)
     estimate.set_defaults(func=_estimate)
+
+    collective = sub.add_parser("collective", help="predicted nccl-tests table for a cluster")
+    _optional(chosen == "collective", "commprof.modeling.collective_cli", collective)
+    collective.set_defaults(func=_collective)
 
     analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
     analyze.add_argument("trace_dir", type=Path, help="folder of Kineto/chrome traces")
@@ -453,6 +458,12 @@ def _estimate(args: argparse.Namespace) -> int:
     from commprof.modeling.estimate import run
 
     return int(run(args, _param_sizes(args)))
+
+
+def _collective(args: argparse.Namespace) -> int:
+    from commprof.modeling.collective_cli import run
+
+    return run(args)
 
 
 def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:

@@ -1,0 +1,113 @@
+"""The nccl-tests reader on real public logs and on broken ones; calibration; the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commprof.cli import main
+from commprof.modeling.clusters import load_cluster
+from commprof.modeling.collectives import predict
+from commprof.modeling.nccl_tests import calibrate, parse_text, read_log
+
+DATA = Path(__file__).parent / "data" / "nccl_tests"
+
+
+def test_reads_every_kept_log() -> None:
+    expected = {
+        "oci-bm-gpu4.8/all_reduce_p16_oke.txt": (16, 2, 31),
+        "mi300x/all_reduce_p8_aac8.txt": (8, 1, 31),
+        "mi300x/all_reduce_p16_aac10.txt": (16, 2, 32),  # rccl-tests: no Group column
+        "h100-xe9680/all_reduce_p32.txt": (32, 4, 32),
+        "h100-ib400/all_reduce_p64.txt": (64, 8, 14),
+    }
+    for name, (ranks, hosts, rows) in expected.items():
+        log = read_log(DATA / name)
+        assert (log.world_size, log.num_hosts, len(log.rows)) == (ranks, hosts, rows), name
+    last = read_log(DATA / "mi300x/all_reduce_p8_aac8.txt").rows[-1]
+    assert (last.num_bytes, last.time_us, last.busbw_gbps) == (8589934592, 47617.0, 315.69)
+    assert last.inplace_time_us == 47584.0
+
+
+HEADER = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"  # noqa: E501
+ROW = "     1048576        262144     float     sum      -1    85.58   12.25   22.97      0    84.50   12.41   23.27      0"  # noqa: E501
+RANKS = "#  Rank  0 Group  0 Pid     43 on a device  0 [0x0f] GPU\n#  Rank  1 Group  0 Pid     44 on b device  0 [0x0f] GPU"  # noqa: E501
+
+
+def test_mpirun_prefixes_and_an_old_layout_without_root() -> None:
+    text = "\n".join(
+        f"[1,0]<stdout>:{line}"
+        for line in [
+            RANKS.splitlines()[0],
+            RANKS.splitlines()[1],
+            HEADER,
+            ROW,
+            "# Avg bus bandwidth    : 1.0",
+        ]
+    )
+    log = parse_text(text, "prefixed.txt")
+    assert log.world_size == 2 and log.rows[0].time_us == 85.58
+    old = "\n".join(
+        [
+            "#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error",  # noqa: E501
+            "     1048576        262144   float     sum    90.00   11.65   20.39  0e+00    91.00   11.52   20.17  0e+00",  # noqa: E501
+            "# Avg bus bandwidth    : 20.3",
+        ]
+    )
+    row = parse_text(old, "old.txt").rows[0]
+    assert (row.time_us, row.busbw_gbps, row.inplace_time_us) == (90.0, 20.39, 91.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("hello\n", "old.txt: no nccl-tests table found"),
+        (f"{HEADER}\n{ROW}\n", "without the '# Avg bus bandwidth' footer"),
+        (
+            f"{HEADER}\n{ROW[:60]}\n# Avg bus bandwidth : 1\n",
+            "old.txt:2: 6 fields where the header",
+        ),
+        (f"{ROW}\n", "old.txt:1: a table row before any header"),
+        (f"{HEADER}\n{ROW}\n{HEADER}\n", "old.txt:3: a second table"),
+        (
+            f"{HEADER}\n{ROW.replace('85.58', 'abc')}\n# Avg bus bandwidth : 1\n",
+            "time 'abc' is not a number",
+        ),
+    ],
+)
+def test_bad_or_partial_logs_are_refused_with_file_and_line(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_text(text, "old.txt")
+
+
+def test_calibration_lowers_the_error_it_fits() -> None:
+    cluster = load_cluster("mi300x-roce")
+    log = read_log(DATA / "mi300x/all_reduce_p8_aac8.txt")
+    rows = [r for r in log.rows if r.num_bytes >= 1 << 20]
+    sizes = [r.num_bytes for r in rows]
+
+    def error(cal=None) -> float:
+        kw = {} if cal is None else {"calibration": cal}
+        pred = predict(cluster, 8, sizes, **kw)
+        return sum(abs(p.time_us - r.time_us) / r.time_us for p, r in zip(pred, rows, strict=True))
+
+    cal = calibrate(cluster, [log])
+    assert cal.net_scale == 1.0  # one node says nothing of the network
+    assert error(cal) < error()
+
+
+def test_collective_command_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collective", "--cluster", "dgx-a100", "--world-size", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["bytes"] == 1 << 20 and rows[-1]["bytes"] == 4 << 30
+    assert all(r["time_us"] > 0 for r in rows)
+    assert main(["collective", "--cluster", "dgx-a100", "--world-size", "12"]) == 2
+    assert "multiple of its 8 GPUs" in capsys.readouterr().err
+    fit = str(DATA / "h100-xe9680/all_reduce_p16.txt")
+    assert main(["collective", "--cluster", "dgx-h100", "--world-size", "32", "--fit", fit]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated on 1 log(s)" in out and "busbw" in out
+    with pytest.raises(SystemExit):
+        main(["collective", "--cluster", "dgx-a100", "--world-size", "8", "--interconnect", "x"])
