@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ledger
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_OUT = HERE / "results" / "analyze_parallel.json"
@@ -129,6 +131,18 @@ def _run_side(trace_dir: Path, workers: int) -> dict[str, Any]:
     return _fresh(["--_worker", str(workers), str(trace_dir)])
 
 
+def headline(result: dict[str, Any]) -> str:
+    """The ledger's figures: median wall 1 worker / 2 workers, the control's parallelism, the
+    median CPU seconds of each side, the load average."""
+    cpu = result["median_cpu_s"]
+    load = result["machine"]["loadavg_start"][0], result["machine"]["loadavg_end"][0]
+    return (
+        f"1 worker / 2 workers {result['speedup_2_vs_1']:.2f} (control "
+        f"{result['control_parallelism']:.2f}); CPU s {cpu['1']:.2f} / {cpu['2']:.2f}; "
+        f"load {load[0]:.1f} to {load[1]:.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
@@ -136,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ledger.add_change_argument(parser)
     parser.add_argument("--_worker", nargs=2, metavar=("WORKERS", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--_control", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -208,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['speedup_2_vs_1']:.2f}x (medians of {args.repeats}); the machine's "
         f"parallelism for two CPU-bound processes meanwhile: {result['control_parallelism']:.2f}x "
         f"(2.0 on two idle cores); wrote {args.out}"
+    )
+    ledger.print_row(
+        "analyze_parallel", change=args.change, figures=headline(result), files=[args.out]
     )
     return 0
 

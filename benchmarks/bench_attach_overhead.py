@@ -44,6 +44,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import ledger  # noqa: E402
 from bench_env import environment  # noqa: E402
 from bench_hook_overhead import (  # noqa: E402
     PG_TIMEOUT,
@@ -191,6 +192,22 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"session end (gather, commit): {report['session_end_ms']:.0f} ms, outside the steps")
 
 
+def headline(report: dict[str, Any]) -> str:
+    """The ledger's figures: each arm's median step over the plain hook's with its 95 %
+    interval, ``session.step()`` alone as a share of the plain step, the load average."""
+    arms = []
+    for name, label in (("attach", "attach"), ("timing_hook", "wrapper"), ("control", "control")):
+        lo, hi = report[name]["ratio_of_medians_ci95"]
+        arms.append(f"{label} / plain {report[name]['ratio_of_medians']:.3f} [{lo:.3f}, {hi:.3f}]")
+    call_us = report["attach"]["step_call_ms"]["median"] * 1e3
+    share = 100 * report["attach"]["step_call_share"]
+    load = report["environment"]["load_avg_1m_at_end"]
+    return (
+        f"{'; '.join(arms)}; session.step() {call_us:.0f} us = {share:.2f} % of the step; "
+        f"load {load:.1f} at end"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="srn-10m")
@@ -200,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=150.0)
     parser.add_argument("--smoke", action="store_true", help="srn-1m, few rounds")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.rounds = "srn-1m", 6
@@ -209,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
+    ledger.print_row(
+        "attach_overhead", change=args.change, figures=headline(report), files=[args.out]
+    )
     return 0
 
 

@@ -33,6 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import ledger  # noqa: E402
 from bench_env import environment  # noqa: E402
 
 from commprof import results  # noqa: E402
@@ -106,6 +107,25 @@ def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, A
     return advice
 
 
+def headline(report: dict[str, Any]) -> str:
+    """The ledger's figures: per fit source the recommended cap and the median per-pair step
+    ratio recommended / default (pairs where the recommendation was faster), the load."""
+    parts = []
+    for source, item in report["advice"].items():
+        cap = item["recommended_cap_mb"]
+        if "paired_ratio_median" not in item:
+            parts.append(f"{source} fit keeps {cap:g} MiB")
+            continue
+        pairs = len(item["paired_ratios"])
+        parts.append(
+            f"{source} fit {cap:g} MiB: {item['paired_ratio_median']:.3f} "
+            f"({item['pairs_recommended_faster']} of {pairs} faster)"
+        )
+    env = report["environment"]
+    load = f"load {env['load_avg_1m_at_start']:.1f} to {env['load_avg_1m_at_end']:.1f}"
+    return f"{'; '.join(parts)}; {load}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="srn-10m")
@@ -113,6 +133,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--pairs", type=int, default=10, help="interleaved A/B rounds")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/bucket_advice.json")
+    ledger.add_change_argument(parser)
     args = parser.parse_args()
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]
@@ -188,6 +209,9 @@ def main() -> int:
     for cap, values in measured.items():
         print(f"  cap {cap:>7} MiB: step ms {', '.join(f'{v:.1f}' for v in values)}")
     print(f"-> {args.out}")
+    ledger.print_row(
+        "bucket_advice", change=args.change, figures=headline(report), files=[args.out]
+    )
     return 0
 
 

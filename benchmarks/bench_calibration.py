@@ -23,6 +23,7 @@ is the CPU contention the idle model leaves out. Prints tables and writes
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -34,6 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import ledger
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -181,8 +183,30 @@ def _heldout(
     return out
 
 
-def main() -> int:
+def headline(result: dict[str, Any]) -> str:
+    """The ledger's figures: the alpha-beta fit's held-out MAPE at p = 2 and 4 (leave-one-out
+    in brackets), its in-training MAPE per record and per bucket median, the load average."""
+    fits = [
+        f"p = {ws} {e['fits']['alpha-beta']['mape_heldout_pct']:.1f} % "
+        f"({e['fits']['alpha-beta']['mape_leave_one_out_pct']:.1f})"
+        for ws, e in result["world_sizes"].items()
+    ]
+    training = result["in_training"]
+    env = result["environment"]
+    return (
+        f"held-out MAPE {', '.join(fits)}; in training (idle fit) "
+        f"{training['mape_pct']['idle:alpha-beta']:.0f} % a record, "
+        f"{training['median_mape_pct']['idle:alpha-beta']:.0f} % a bucket median; load "
+        f"{env['load_avg_1m_at_start']:.1f} to {env['load_avg_1m_at_end']:.1f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the tables, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    ledger.add_change_argument(parser)
+    args = parser.parse_args(argv)
     start = time.time()
     nvlink = get_interconnect("nvlink4")
 
@@ -230,9 +254,10 @@ def main() -> int:
     result["in_training"] = _in_training(rows, idle_2, result["contended"].pop("fit_objects"))
     result["environment"]["load_avg_1m_at_end"] = os.getloadavg()[0]
     result["elapsed_s"] = time.time() - start
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-    print(f"wrote {OUT} in {result['elapsed_s']:.0f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    print(f"wrote {args.out} in {result['elapsed_s']:.0f} s")
+    ledger.print_row("calibration", change=args.change, figures=headline(result), files=[args.out])
     return 0
 
 

@@ -58,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import ledger  # noqa: E402
 from bench_env import environment  # noqa: E402
 
 from commprof.profiling.comm_hooks import (  # noqa: E402
@@ -411,6 +412,20 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"wall {report['wall_s']:.0f} s in the ranks")
 
 
+def headline(report: dict[str, Any]) -> str:
+    """The ledger's figures: timed / plain median step with its 95 % interval, the control's
+    ratio, the wrapper's own cost per bucket, profiler on / off, the load average."""
+    hook, prof = report["hook"], report["profiler"]
+    lo, hi = hook["ratio_of_medians_ci95"]
+    return (
+        f"wrapper / plain {hook['ratio_of_medians']:.3f} [{lo:.3f}, {hi:.3f}], control "
+        f"{hook['control_ratio_of_medians']:.3f}; wrapper "
+        f"{hook['wrapper_cost']['per_bucket_ns'] / 1e3:.1f} us a bucket; profiler on / off "
+        f"{prof['ratio_of_medians']:.3f}; load {report['environment']['load_avg_1m_at_end']:.1f} "
+        "at end"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="srn-10m")
@@ -423,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-budget-s", type=float, default=185.0)
     parser.add_argument("--smoke", action="store_true", help="srn-1m, few steps")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.rounds, args.blocks, args.block = "srn-1m", 6, 2, 2
@@ -439,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
+    ledger.print_row(
+        "hook_overhead", change=args.change, figures=headline(report), files=[args.out]
+    )
     return 0
 
 

@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE.parent))
 # one machine: gloo over loopback (docs/design.md, Measured facts)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
+import ledger  # noqa: E402
 import ray  # noqa: E402
 
 from commprof import matrix as matrix_mod  # noqa: E402
@@ -244,6 +245,23 @@ def part_memory(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def headline(report: dict[str, Any]) -> str:
+    """The ledger's figures: driver overhead per cell (inside an attempt, end to end), makespan
+    over ideal (with and without the first gang's start), driver RSS, GCS calls, the load."""
+    overhead, makespan, memory = report["overhead"], report["makespan"], report["memory"]
+    calls = report["driver"]["memory"]
+    load = report["machine"]["loadavg_start"][0], report["machine"]["loadavg_end"][0]
+    rss_mib = memory["rss_first_sample_kib"] / 1024, memory["rss_last_sample_kib"] / 1024
+    return (
+        f"overhead {overhead['overhead_in_attempt_s']['median']:.3f} s in an attempt, "
+        f"{overhead['overhead_end_to_end_s_mean']:.3f} s end to end a cell; makespan / ideal "
+        f"{makespan['ratio']:.2f} ({makespan['ratio_from_first_cell']:.2f} from the first cell); "
+        f"RSS {rss_mib[0]:.0f} to {rss_mib[1]:.0f} MiB; cluster_resources "
+        f"{calls['cluster_resources_calls']} calls for {calls['num_cells']} cells; "
+        f"load {load[0]:.1f} to {load[1]:.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the three parts once and write the result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -251,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-cells", type=int, default=5, help="cells run with run_local")
     parser.add_argument("--smoke", action="store_true", help="4 cells a part, no file written")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     limit = 4 if args.smoke else None
     world_size = 2
@@ -323,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
     brief = {k: report[k] for k in ("overhead", "makespan", "driver")}
     print(json.dumps({**brief, "memory": {**report["memory"], "samples": "..."}}, indent=2))
+    if not args.smoke:
+        ledger.print_row(
+            "orchestration", change=args.change, figures=headline(report), files=[args.out]
+        )
     return 0
 
 

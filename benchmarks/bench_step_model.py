@@ -5,10 +5,10 @@ srn-1m, srn-10m and resnet18 at caps 0.25, 1, 4 and 25 MiB on 2 ranks, and srn-1
 4 ranks, in interleaved rounds (every cell once per round, the order shuffled per round with a
 fixed seed) so that load drifts hit every cap alike; a round's 2-rank cells share one gang of
 rank processes (one process group for all), as a sweep's reused gangs do. Every round's 25 MiB
-cell of each model (the calibration cells) is run with the defaults of ``commprof run``
-(microbenchmark and interference arms; round 0's only, before the seventh run); the others with
-a minimal microbenchmark. The raw dataset is kept (``--data``); from the tenth run each cell
-records the host's load average when it ended (``cells.load_avg_1m``).
+cell of each model (the calibration cells) runs with the defaults of ``commprof run``
+(microbenchmark and interference arms); the others with a minimal microbenchmark. Each cell
+records the host's load average when it ended (``cells.load_avg_1m``). The raw dataset is kept
+compressed (``--archive``: ``results/step_model_data.tar.gz``).
 
 The split, fixed before any error was looked at (the calibrations are in
 ``step_model_analysis.py``):
@@ -20,38 +20,41 @@ The split, fixed before any error was looked at (the calibrations are in
   time and of the per-step exposed communication, both from the timing hook's own records);
   and srn-10m at p = 4, predicted from the p = 2 calibration.
 
-Models compared (all from the same calibration): ``simulator`` (step_sim with interference;
-from the tenth run its exposed communication counts a rank's wait for the slowest rank, as the
-hook's own records do, ``StepCalibration.rank_wait_ns``),
-``idle_ring`` (the same timeline and fit, no interference, one channel: ``commprof estimate``'s
-model), ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the
-``buckets`` fit of the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of
-idle all-reduce times). Error: step time APE, and |predicted - measured exposed| / measured step.
+Models compared (all from the same calibration): ``simulator`` (step_sim with interference; its
+exposed communication counts a rank's wait for the slowest rank, as the hook's own records do,
+``StepCalibration.rank_wait_ns``), ``simulator_median`` (the same with median interference
+factors in place of means, an ablation), ``idle_ring`` (the same timeline and fit, no
+interference, one channel: ``commprof estimate``'s model), ``bucket_sum`` (compute plus the sum
+of the buckets' in-training times from the ``buckets`` fit of the calibration cell, no overlap),
+``no_overlap`` (compute plus the sum of idle all-reduce times). Error: step time APE, and
+|predicted - measured exposed| / measured step.
 
-Advice by regret: the cap the simulator recommends among the four (calibration only), per
-round against the best measured cap (shortest median over the rounds), each round one
-interleaved pair of the two; within 3 % counts as a hit. The stricter reading, against the
-shortest of that round's four cells, is reported beside it, and from the tenth run the pairs
-reading with two caps that DDP buckets identically counted as one configuration
-(``same_layout``). From the eleventh run the headline is ``interleaved`` (declared before it):
-each round also trains each model's four caps side by side in one gang, step by step in a
-shuffled order (``_pairs_gang``, ``PAIR_STEPS`` cycles), so that the host's drift, which moves
-whole cells by 6 to 7 % on this host, hits every cap alike; a round's pair is the recommended
-and the best measured cap's medians over that round's interleaved steps. ``simulator_median`` is the
-simulator with median interference factors in place of means (an ablation).
+Advice by regret: the cap the simulator recommends among the four (calibration only) against the
+best measured cap; within 3 % counts as a hit. The headline reading is ``interleaved``: each
+round also trains each model's four caps side by side in one gang, step by step in a shuffled
+order (``_pairs_gang``, ``PAIR_STEPS`` cycles), so that the host's drift, which moves whole cells
+by 6 to 7 % on this host, hits every cap alike; a round's pair is the recommended and the best
+measured cap's medians over that round's interleaved steps. Reported beside it, on the cells:
+``pairs`` (the two caps' cells of each round), ``round_best`` (against the shortest of the
+round's four cells) and ``same_layout`` (two caps that DDP buckets identically count as one
+configuration).
 
-Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 1500]``; writes
-``benchmarks/results/step_model.json`` and the dataset under ``benchmarks/results/step_model_data``.
+Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 1500]`` writes
+``benchmarks/results/step_model.json`` and ``benchmarks/results/step_model_data.tar.gz``;
+``--analyze-only`` recomputes the report from that archive (or from a folder, ``--data``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
 import shutil
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import ledger  # noqa: E402
 import torch  # noqa: E402
 from bench_env import environment  # noqa: E402
 from step_model_analysis import PAIRS_FILE  # noqa: E402
@@ -76,14 +80,19 @@ CALIBRATION_CAP_MB = 25.0
 BIG_WORLD = ("srn-10m", 4, 25.0)
 """(model, world size, cap) predicted from the model's p = 2 calibration."""
 STEPS, WARMUP = 22, 2
-"""Steps 2 to 21 measured (step 0 never is): 20 a cell, against 4 before 2.1, whose cells' medians
-moved by up to 30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 to 30 ms)."""
+"""Steps 2 to 21 measured (step 0 never is): 20 a cell; with 4, a cell's median moved by up to
+30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 to 30 ms)."""
 SEED = 1
 PAIR_STEPS = {"srn-1m": 480, "srn-10m": 80, "resnet18": 40}
 """Cycles of the step-interleaved pairs per model and round (each one step of every cap): about
 20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by 1 to 2 %
-between rounds by the step noise of the eighth to tenth runs (median of n steps: 1.25 sigma /
+between rounds by the step noise measured on this host (median of n steps: 1.25 sigma /
 sqrt(n), per-step sigma about 30 % srn-1m, 8 % srn-10m, 6 % resnet18)."""
+ARCHIVE = REPO / "benchmarks/results/step_model_data.tar.gz"
+"""The raw dataset of the latest run, compressed (one folder, ``ARCHIVE_ROOT``)."""
+ARCHIVE_ROOT = "step_model_data"
+SCRATCH = Path(os.environ.get("TMPDIR", "/tmp")) / "commprof-bench" / ARCHIVE_ROOT
+"""Where a collection writes the dataset before it is packed."""
 MINIMAL_MICROBENCH = {
     "microbench_sizes_bytes": (4096,),
     "microbench_iters": 1,
@@ -201,9 +210,9 @@ def collect(
 
     Per round one 2-rank gang (fresh processes) runs the twelve p = 2 cells in a shuffled order
     in one process group, then a 4-rank gang the p = 4 cell: process start (seconds a cell on a
-    loaded host) is paid once a round instead of once a cell. From the eleventh run a third gang
-    then runs the round's step-interleaved pairs (``_pairs_gang``, ``pair_steps`` cycles per
-    model), kept in ``data / PAIRS_FILE`` as ``[{"round", "ranks": [{model: {cap: [ns]}}]}]``.
+    loaded host) is paid once a round instead of once a cell. A third gang then runs the round's
+    step-interleaved pairs (``_pairs_gang``, ``pair_steps`` cycles per model), kept in
+    ``data / PAIRS_FILE`` as ``[{"round", "ranks": [{model: {cap: [ns]}}]}]``.
     """
     started = time.monotonic()
     done = 0
@@ -228,38 +237,129 @@ def collect(
     return {"rounds_done": done, "collect_s": time.monotonic() - started, "orders": orders}
 
 
+def pack(data: Path, archive: Path) -> None:
+    """Write the dataset folder ``data`` to ``archive`` as a .tar.gz under ``ARCHIVE_ROOT``.
+
+    Members are sorted, with no times, owners or modes of this machine, so the archive depends
+    only on the files' names and bytes.
+    """
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    files = sorted(p for p in data.rglob("*") if p.is_file())
+    with (
+        archive.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for path in files:
+            info = tarfile.TarInfo(f"{ARCHIVE_ROOT}/{path.relative_to(data).as_posix()}")
+            info.size, info.mode = path.stat().st_size, 0o644
+            with path.open("rb") as fh:
+                tar.addfile(info, fh)
+
+
+def unpack(archive: Path, into: Path) -> Path:
+    """Extract ``archive`` (written by :func:`pack`) into ``into``; returns the dataset folder."""
+    if not archive.is_file():
+        raise ValueError(f"--archive {archive}: no such file; run the benchmark or pass --data")
+    with tarfile.open(archive, "r:gz") as tar:
+        stray = [n for n in tar.getnames() if not n.startswith(f"{ARCHIVE_ROOT}/")]
+        if stray:
+            raise ValueError(
+                f"--archive {archive}: {stray[0]!r} is outside {ARCHIVE_ROOT}/; "
+                "pass an archive written by this script"
+            )
+        tar.extractall(into, filter="data")
+    return into / ARCHIVE_ROOT
+
+
+def _report(data: Path) -> dict[str, Any]:
+    """The collection's metadata and the analysis of the dataset folder ``data``."""
+    from step_model_analysis import analyze
+
+    meta = json.loads((data / "collection.json").read_text())
+    report = {**meta, **analyze(data)}
+    report.pop("orders", None)
+    return report
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The ledger's figures: the simulator's held-out step MAPE and worst exposed error per
+    model, its advice hits (interleaved where the run has them), p = 2 to 4, the load average."""
+    names = sorted(report["models"])
+    summary = report["summary"]
+
+    def per_model(values: list[str]) -> str:
+        return " / ".join(values)
+
+    step = per_model([f"{summary[n]['held_out_step_mape_pct']['simulator']:.1f}" for n in names])
+    exposed = per_model(
+        [f"{summary[n]['held_out_exposed_err_max_pct_of_step']['simulator']:.1f}" for n in names]
+    )
+    advice = [report["models"][n]["advice"]["simulator"] for n in names]
+    reading = "interleaved" if all("interleaved" in a for a in advice) else "cell pairs"
+    hits = per_model(
+        [str(a["interleaved"]["hits"] if "interleaved" in a else a["hits"]) for a in advice]
+    )
+    env = report["environment"]
+    return (
+        f"{per_model(names)}: step MAPE {step} %, worst exposed {exposed} % of the step, advice "
+        f"{hits} of {advice[0]['rounds']} ({reading}); p = 2 to 4 "
+        f"{summary['p2_to_p4']['same_host']:.1f} %; load {env['load_avg_1m_at_start']:.1f} to "
+        f"{env['load_avg_1m_at_end']:.1f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=1500.0, help="no new round after this")
-    parser.add_argument("--data", type=Path, default=REPO / "benchmarks/results/step_model_data")
+    parser.add_argument(
+        "--data", type=Path, default=None,
+        help=f"dataset folder: where a collection writes (default {SCRATCH}), or what "
+        "--analyze-only reads in place of --archive",
+    )  # fmt: skip
+    parser.add_argument("--archive", type=Path, default=ARCHIVE, help="the dataset, compressed")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_model.json")
-    parser.add_argument("--analyze-only", action="store_true", help="reuse --data as it is")
+    parser.add_argument("--analyze-only", action="store_true", help="reuse the kept dataset")
     parser.add_argument("--collect-only", action="store_true", help="collect, analyze later")
     parser.add_argument("--smoke", action="store_true", help="srn-10m only (checks the script)")
+    ledger.add_change_argument(parser)
     args = parser.parse_args()
+    if args.smoke:  # never over the kept result
+        if args.out == parser.get_default("out"):
+            args.out = SCRATCH.parent / "step_model_smoke.json"
+        if args.archive == ARCHIVE:
+            args.archive = SCRATCH.parent / "step_model_smoke_data.tar.gz"
 
-    meta: dict[str, Any] = {}
-    if not args.analyze_only:
-        if args.data.exists():
-            shutil.rmtree(args.data)
+    if args.analyze_only:
+        if args.data is not None:
+            report = _report(args.data)
+        else:
+            with tempfile.TemporaryDirectory(prefix="commprof-step-model-") as tmp:
+                report = _report(unpack(args.archive, Path(tmp)))
+    else:
+        data = args.data or SCRATCH
+        if data.exists():
+            shutil.rmtree(data)
         load_at_start = os.getloadavg()[0]
         models = {"srn-10m": MODELS["srn-10m"]} if args.smoke else MODELS
         pair_steps = {m: PAIR_STEPS[m] for m in models}
-        meta = collect(args.data, args.rounds, args.budget_s, models, pair_steps)
+        meta = collect(data, args.rounds, args.budget_s, models, pair_steps)
         meta["environment"] = {**environment("end"), "load_avg_1m_at_start": load_at_start}
-        (args.data / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (data / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
+        pack(data, args.archive)
+        print(f"-> {args.archive}")
         if args.collect_only:
             return 0
-    else:
-        meta = json.loads((args.data / "collection.json").read_text())
-    from step_model_analysis import analyze
-
-    report = {**meta, **analyze(args.data)}
-    report.pop("orders", None)
+        report = _report(data)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=1))
     print(f"-> {args.out}")
+    if not args.analyze_only:
+        ledger.print_row(
+            "step_model", change=args.change, figures=headline(report),
+            files=[args.out, args.archive],
+        )  # fmt: skip
     return 0
 
 

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ledger
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_OUT = HERE / "results" / "trace_parse.json"
@@ -387,6 +389,23 @@ def _compare(one: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def headline(result: dict[str, Any]) -> str:
+    """The ledger's figures: per trace commprof / floor and HTA / commprof (median times), peak
+    RSS commprof / HTA, peak RSS growth with the trace, the load average."""
+    parts = []
+    for label, one in result["traces"].items():
+        c = one["comparison"]
+        figures = [f"commprof / floor {c['commprof_over_floor']:.2f}"]
+        if "speedup_hta_over_commprof" in c:
+            figures.append(f"HTA / commprof {c['speedup_hta_over_commprof']:.1f}")
+        if "peak_rss_ratio_commprof_over_hta" in c:
+            figures.append(f"RSS commprof / HTA {c['peak_rss_ratio_commprof_over_hta']:.2f}")
+        parts.append(f"{label}: {', '.join(figures)}")
+    growth = result["growth"]["commprof_peak_rss_ratio"]
+    load = result["machine"]["loadavg_start"][0], result["machine"]["loadavg_end"][0]
+    return f"{'; '.join(parts)}; RSS growth {growth:.2f}; load {load[0]:.1f} to {load[1]:.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_measure"]:
@@ -411,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip-hta-scaled", action="store_true", help="HTA on the first trace only (slow)"
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ledger.add_change_argument(ap)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.scale < 2:
         raise ValueError(f"need --repeats >= 1 and --scale >= 2, got {args.repeats}, {args.scale}")
@@ -444,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="ascii")
     summary = {k: v["comparison"] for k, v in result["traces"].items()}
     print(json.dumps({**summary, "growth": result["growth"]}, indent=2, default=str))
+    ledger.print_row("trace_parse", change=args.change, figures=headline(result), files=[args.out])
     return 0
 
 

@@ -2,18 +2,16 @@
 
 The split (benchmarks/README.md, "Step model"): calibrate per model on its 25 MiB cells at
 p = 2, predict the other caps at p = 2 and the p = 4 cell. Two calibrations, both reported:
-``pooled`` (the headline from the fifth run on, declared before that run): the 25 MiB cells of
-every round pooled (``calibrate_step`` on repeats; from the seventh run each runs the full
-microbenchmark, whose mean times are pooled for the link fit; before, round 0's cell alone
-did); ``round0`` (the split of the first four runs): round 0's 25 MiB cell alone. From the
-seventh run both take the interference factors of the host (``step_advice.host_interference``:
-every p = 2 cell that ran the arms, which in this benchmark are the calibration cells of all
-three models). The fourth run showed why one cell is not enough: its
-round-0 cells ran 0.83 to 0.90 times their configuration's median step, so every cap was
-under-predicted by about as much. No validation cell enters either calibration. The p = 4
-cells run on the same 2-core host as the calibration, so the headline p = 4 prediction uses
-``same_host=True`` (compute slowed by the core share, known
-before running); the prediction without it is reported too.
+``pooled`` (the headline): the 25 MiB cells of every round pooled (``calibrate_step`` on
+repeats; each runs the full microbenchmark, whose mean times are pooled for the link fit);
+``round0``: round 0's 25 MiB cell alone. Both take the interference factors of the host
+(``step_advice.host_interference``: every p = 2 cell that ran the arms, which in this benchmark
+are the calibration cells of all three models). One cell is not enough: in one collection
+round 0's calibration cells ran 0.83 to 0.90 times their configuration's median step, so every
+cap was under-predicted by about as much. No validation cell enters either calibration. The
+p = 4 cells run on the same 2-core host as the calibration, so the headline p = 4 prediction
+uses ``same_host=True`` (compute slowed by the core share, known before running); the
+prediction without it is reported too.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ MODELS = ("simulator", "simulator_median", "idle_ring", "bucket_sum", "no_overla
 """``simulator_median``: the simulator with the interference factors of the median pair ratio
 (``slowdown``) in place of the mean (``slowdown_mean``), an ablation of that choice."""
 PAIRS_FILE = "pairs.json"
-"""The step-interleaved pairs in a dataset (``bench_step_model._pairs_gang``; eleventh run on)."""
+"""The step-interleaved pairs in a dataset (``bench_step_model._pairs_gang``)."""
 ADVISED = ("simulator", "simulator_median", "idle_ring")
 """Models whose cap advice is scored."""
 
@@ -169,8 +167,8 @@ def _calibration_cells(measured: pd.DataFrame, name: str, cap: float, split: str
 
 
 def _link_cells(measured: pd.DataFrame, split: str) -> list[str]:
-    """The calibration cells of every model (from the eighth run, the link's microbenchmarks:
-    the host's, pooled; no held-out cell)."""
+    """The calibration cells of every model (the link's microbenchmarks: the host's, pooled; no
+    held-out cell)."""
     names = sorted(set(measured["model"]))
     return [c for n in names for c in _calibration_cells(measured, n, CALIBRATION_CAP_MB, split)]
 
@@ -235,17 +233,17 @@ def _regret(
     """Is the recommended cap's measured step within 3 % of the best measured cap's?
 
     The recommended cap is the one ``commprof estimate --recommend-bucket-cap`` names from the
-    predicted curve (``step_advice.best_of``: near-ties to fewer buckets, from the sixth run;
-    from the ninth, as it names it to a user who runs the calibration cap, kept where the model
-    cannot tell it from the cap it would name).
+    predicted curve (``step_advice.best_of``: near-ties to fewer buckets, and, as it names it to
+    a user who runs the calibration cap, that cap kept where the model cannot tell it from the
+    cap it would name).
 
-    Two readings, both reported. ``pairs`` (the issue's: "the best measured cap" is the cap
-    with the shortest median step over all rounds; each round is one interleaved pair of it and
-    the recommended cap). ``round_best`` (stricter: against the shortest of the four caps in
-    that round, a minimum of four noisy values). From the tenth run, beside them (declared before
-    it, not the headline): ``same_layout``, the pairs reading where two caps that DDP buckets
-    identically (``layouts``, as recorded) count as one configuration, so a pair of them has no
-    regret (the eighth run's srn-1m at 4 and 25 MiB: one 4 MB bucket at both, 5 of 10 pairs).
+    Three readings on the cells, beside the interleaved headline. ``pairs`` (the issue's: "the
+    best measured cap" is the cap with the shortest median step over all rounds; each round is
+    one interleaved pair of it and the recommended cap). ``round_best`` (stricter: against the
+    shortest of the four caps in that round, a minimum of four noisy values). ``same_layout``:
+    the pairs reading where two caps that DDP buckets identically (``layouts``, as recorded)
+    count as one configuration, so a pair of them has no regret (srn-1m at 4 and 25 MiB: one
+    4 MB bucket at both).
     """
     in_use = next(p for p in predicted if p.bucket_cap_mb == CALIBRATION_CAP_MB)
     rec = best_of(predicted, in_use=in_use).bucket_cap_mb
@@ -285,7 +283,7 @@ def _pairs_reading(pair_ratios: list[float], round_ratios: list[float]) -> dict[
 def _regret_interleaved(
     pairs: list[dict[str, Any]], name: str, rec: float, layouts: dict[float, tuple[int, ...]]
 ) -> dict[str, Any]:
-    """The advice against the step-interleaved pairs (from the eleventh run, declared before it).
+    """The advice against the step-interleaved pairs (the headline reading).
 
     Per round, each cap's measured step is the median of its steps in that round's interleaved
     run (both ranks' steps); "the best measured cap" is the cap with the shortest median over all
