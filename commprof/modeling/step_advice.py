@@ -117,7 +117,7 @@ def link_stall_ns(rows: pd.DataFrame) -> float:
     short. Pooled over sizes, a cell's stall is estimated from all its iterations at once (one
     size's mean excess ranged from 0.1 to 1.6 ms on the 2-core benchmark host). Over cells, the
     median: a step model is judged on median steps of repeated cells, and one cell's minute of
-    host load (one of 30 cells at 3.1 ms, 7.6 times the median cell, in the eleventh benchmark
+    host load (one of 30 cells at 3.1 ms, 7.6 times the median cell, in one step-model benchmark
     run) would otherwise move every bucket's time. Rows of fewer than
     :data:`STALL_MIN_ITERS` iterations are left out (a matrix's ``microbench_iters: 1`` times
     each size once, as the step-model benchmark's other cells do), and so is a cell whose

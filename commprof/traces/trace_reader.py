@@ -4,8 +4,8 @@ A trace file (``.json``, or gzip recognised by its content) is read as bytes,
 ``CHUNK_BYTES`` at a time. The small top-level keys (``distributedInfo``,
 ``deviceProperties``, ...) are decoded whole with the stdlib decoder; the
 ``traceEvents`` array is cut into chunks at element boundaries and each chunk is
-decoded by msgspec (a C decoder, about 8 times faster than ``json.loads`` here;
-measured in benchmarks/README.md), typed or generic as the caller asks. So at no
+decoded by msgspec (a C decoder, 5 times faster than ``json.loads`` on a 217 MB
+Kineto trace, with half the memory), typed or generic as the caller asks. So at no
 time does the whole text, or every event as an object, sit in memory.
 
 Where to cut: a chunk runs from the start of one element to a ``}`` followed by
