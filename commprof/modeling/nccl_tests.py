@@ -34,7 +34,7 @@ FIT_MIN_BYTES = 1 << 20
 a few microseconds dominates)."""
 SCALE_BOUNDS = (0.1, 10.0)
 """Bounds of a fitted scale."""
-_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:\s?")
+_PREFIX = re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?")
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\w+?)_perf")
 _FOOTER = re.compile(r"^#\s*Avg bus bandwidth\s*:")
