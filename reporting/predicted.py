@@ -25,6 +25,7 @@ from typing import cast
 import pandas as pd
 
 from commprof.analysis.dataset import Processed
+from commprof.caps import cap_mb, same_cap
 from commprof.modeling.buckets import ParamSize
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
@@ -43,17 +44,6 @@ from commprof.modeling.step_advice import (
 WHAT_IF_CLUSTERS: tuple[tuple[str, int], ...] = (("dgx-h100", 16), ("a100-ethernet", 16))
 """Bundled clusters of the what-if table (names in ``clusters.yaml``) and the GPUs each runs: two
 nodes of H100s on NDR InfiniBand (a NIC a GPU), and two of A100s on one 100 GbE NIC a node."""
-
-
-def _cap(value: object) -> float | None:
-    """A dataset cap as the step model takes it (NaN, DDP's default, as None)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return float(cast(float, value))
-
-
-def _same_cap(a: float | None, b: float | None) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and a == b)
 
 
 def measured_steps(data: Processed) -> pd.DataFrame:
@@ -86,13 +76,13 @@ def calibrated(data: Processed) -> list[tuple[str, int, StepModel, float | None]
             param_sizes=param_sizes_for(data.tables, model, cell),
             cell_id=repeats_of(data.tables, cell),  # its configuration's repeats pooled
         )
-        out.append((model, int(ws), fitted, _cap(row["bucket_cap_mb"])))
+        out.append((model, int(ws), fitted, cap_mb(row["bucket_cap_mb"])))
     return out
 
 
 def _caps(measured: pd.DataFrame, calibration_cap: float | None) -> list[float | None]:
     """The default grid, every cap measured and the calibration cap, ascending (None last)."""
-    caps = {*CAP_GRID_MB, *(c for c in map(_cap, measured["bucket_cap_mb"]) if c is not None)}
+    caps = {*CAP_GRID_MB, *(c for c in map(cap_mb, measured["bucket_cap_mb"]) if c is not None)}
     if calibration_cap is not None:
         caps.add(calibration_cap)
     ordered: list[float | None] = [*sorted(caps)]
@@ -129,8 +119,8 @@ def _advice(
     advice = recommend_cap(
         model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap, world_size=world_size
     )
-    chosen = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, advice.best_cap_mb))
-    at_cal = next(c for c in advice.curve if _same_cap(c.bucket_cap_mb, cal_cap))
+    chosen = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, advice.best_cap_mb))
+    at_cal = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, cal_cap))
     return chosen, at_cal, tie_from(advice.curve, chosen.step_ns)
 
 
@@ -162,7 +152,7 @@ def cap_advice(data: Processed) -> pd.DataFrame:
             fitted, param_sizes_for(data.tables, name), _caps(mine, cal_cap), cal_cap
         )
         got = {
-            _cap(c): float(s)
+            cap_mb(c): float(s)
             for c, s in zip(mine["bucket_cap_mb"], mine["step_ns_median"], strict=True)
         }
         m_best, m_cal = got.get(best.bucket_cap_mb, math.nan), got.get(cal_cap, math.nan)
@@ -173,7 +163,7 @@ def cap_advice(data: Processed) -> pd.DataFrame:
                 "cell_id": fitted.calibration.cell_id,
                 "calibration_cap_mb": cal_cap,
                 "best_cap_mb": best.bucket_cap_mb,
-                "moved": not _same_cap(best.bucket_cap_mb, cal_cap),
+                "moved": not same_cap(best.bucket_cap_mb, cal_cap),
                 "num_buckets": best.num_buckets,
                 "tie_from_mb": tied,
                 "best_step_ns": best.step_ns,
@@ -206,8 +196,8 @@ def out_of_sample(data: Processed) -> pd.DataFrame:
     for name, ws, fitted, cal_cap in calibrated(data):
         mine = measured[(measured["model"] == name) & (measured["world_size"] == ws)]
         for cap_value, step in zip(mine["bucket_cap_mb"], mine["step_ns_median"], strict=True):
-            cap = _cap(cap_value)
-            if _same_cap(cap, cal_cap):
+            cap = cap_mb(cap_value)
+            if same_cap(cap, cal_cap):
                 continue  # the calibration configuration: in sample
             pred = predict_cap(fitted, param_sizes_for(data.tables, name), bucket_cap_mb=cap)
             low, high = pred.step_ns_range

@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink
@@ -312,7 +313,7 @@ def calibrate_step(
             float(np.median([e for v in exposed.values() for e in v]))
             - float(np.median([min(v) for v in exposed.values()])),
         ),
-        bucket_cap_mb=None if pd.isna(row.get("bucket_cap_mb")) else float(row["bucket_cap_mb"]),
+        bucket_cap_mb=cap_mb(row.get("bucket_cap_mb")),
     )
 
 
