@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import (
     BASE_LAT_US,
+    CORRECTIONS,
     HW_LAT_US,
+    NCCL_BUFFSIZE_BYTES,
     NET_OVERHEAD_US,
+    NO_CORRECTIONS,
     RING_PLATEAU,
     Calibration,
     bus_factor,
@@ -105,3 +109,41 @@ def test_calibration_scales_bandwidth_and_latency() -> None:
     assert slower.time_us == pytest.approx(2 * base.time_us, rel=0.01)
     with pytest.raises(ValueError, match="intra_scale must be finite and > 0"):
         Calibration(intra_scale=0.0)
+
+
+GH200 = load_cluster("gh200-slingshot")
+
+
+def test_two_node_tree_is_capped_at_twice_the_network() -> None:
+    # search.cc raises a tree's bwIntra only while it is below 2 bwInter: on two GH200 nodes the
+    # mesh (450 GB/s x 0.824) is faster than twice the 4 NICs (4 x 25 x 0.96), so the cap binds
+    b_intra, b_net = 450.0 * 0.824, 4 * 25.0 * 0.96
+    _, algbw = table(GH200, 8)[("tree", "Simple")]
+    assert algbw == pytest.approx(min(b_intra, 2 * b_net) * 0.92 * 0.5)
+    _, uncapped = table(GH200, 8, corrections=NO_CORRECTIONS)[("tree", "Simple")]
+    assert uncapped == pytest.approx(b_intra * 0.92 * 0.5)
+    # on one node and past two nodes the cap is not NCCL's and does not apply
+    for p in (4, 16):
+        assert (
+            table(GH200, p)[("tree", "Simple")]
+            == table(GH200, p, corrections=NO_CORRECTIONS)[("tree", "Simple")]
+        )
+
+
+def test_two_node_all_reduce_pays_its_channels_buffer_fill() -> None:
+    fill_bytes = A100.num_channels * NCCL_BUFFSIZE_BYTES  # 16 x 4 MiB
+    no_fill = replace(CORRECTIONS, two_node_fill=False)
+    for n in (1 << 20, 1 << 30):
+        with_fill = predict(A100, 16, [n])[0]
+        without = predict(A100, 16, [n], corrections=no_fill)[0]
+        assert (with_fill.algorithm, with_fill.protocol) == (without.algorithm, without.protocol)
+        _, algbw = table(A100, 16)[(with_fill.algorithm, with_fill.protocol)]
+        assert with_fill.time_us - without.time_us == pytest.approx(
+            min(n, fill_bytes) / (1000.0 * algbw)
+        )
+    for p in (8, 32):  # one node, four nodes: no fill
+        assert predict(A100, p, [1 << 30])[0] == predict(A100, p, [1 << 30], corrections=no_fill)[0]
+    assert (
+        predict(A100, 16, [1 << 30], "all_gather")[0]
+        == predict(A100, 16, [1 << 30], "all_gather", corrections=no_fill)[0]
+    )  # all-reduce only: the logs that chose it are all-reduce logs

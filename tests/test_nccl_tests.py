@@ -22,6 +22,9 @@ def test_reads_every_kept_log() -> None:
         "mi300x/all_reduce_p16_aac10.txt": (16, 2, 32),  # rccl-tests: no Group column
         "h100-xe9680/all_reduce_p32.txt": (32, 4, 32),
         "h100-ib400/all_reduce_p64.txt": (64, 8, 14),
+        "gh200-alps/all_reduce_p8.txt": (8, 2, 25),  # indented in its page, as kept
+        "gh200-olivia/all_reduce_p8_int8.txt": (8, 2, 28),
+        "aws-p5/all_reduce_p16.txt": (None, None, 32),  # indented mpirun prefixes, no rank lines
     }
     for name, (ranks, hosts, rows) in expected.items():
         log = read_log(DATA / name)

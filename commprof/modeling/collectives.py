@@ -18,7 +18,8 @@ through its own NIC, so a ring's inter-node hop carries ``1/nics`` of the data o
 NCCL's "bus bandwidth" of each algorithm (busBw) is then:
 
     ring:      min(B_intra, B_net)                     (B_intra on one node)
-    tree:      0.92 * (B_intra if N <= 2 else min(B_intra, B_net)), capped at nCh * perChMaxTree
+    tree:      0.92 * (B_intra on one node, min(B_intra, 2 B_net) on two, min(B_intra, B_net) past
+               two), capped at nCh * perChMaxTree
     NVLS:      B_intra (one node, NVLink SHARP switch)
     NVLSTree:  min(B_intra, B_net if N <= 2 else B_net / 2)
 
@@ -38,6 +39,20 @@ link kind inside a node and of the network:
 On several nodes a ring step costs at least the network post overhead (1 us, 3 us for Simple),
 and the multi-node Simple ring all-reduce pays NCCL's "plateau" factor 1.4. Tree bandwidths at
 mid sizes take NCCL's ``TREE_CORRECTION`` factors.
+
+Corrections (:class:`Corrections`, each with an ablation row in benchmarks/README.md; all off is
+NCCL's tuning model as the first version of this module had it):
+
+- ``two_node_tree_cap``: on two nodes NCCL's search raises a tree's intra-node bandwidth only while
+  it is below twice the network's (``bwIntra < bwInter*2`` in ``ncclTopoCompute``, NVIDIA/nccl
+  src/graph/search.cc), so a two-node tree's bus bandwidth is ``min(B_intra, 2 B_net)``, not
+  ``B_intra`` (the "tree effect": a tree sends half a ring's bytes between two nodes).
+- ``two_node_fill``: an all-reduce spanning exactly two nodes takes ``min(S, nCh * BUFFSIZE) /
+  algbw`` longer than NCCL's model (``BUFFSIZE`` = ``NCCL_BUFFSIZE_BYTES``, NCCL's default
+  network buffer of a channel): the transfer reaches its rate only once every channel's buffer
+  has filled, so the first ``nCh * BUFFSIZE`` bytes move at about half of it. Chosen on
+  development logs (every two-node log ramps up this way over 1 MiB to 1 GiB; the one log past two
+  nodes does not), the constant NCCL's own, not fitted.
 
 What it leaves out (limits): NCCL's search may find fewer channels or slower rings than the
 description allows (a misconfigured NIC, PCIe switches shared by two GPUs); CollNet (SHARP in the
@@ -121,6 +136,25 @@ TREE_CORRECTION: dict[str, tuple[float, ...]] = {
 }  # fmt: skip
 """``treeCorrectionFactor`` by protocol, indexed by log2(bytes / 64) (64 B to 256 MiB):
 tuning.cc."""
+NCCL_BUFFSIZE_BYTES = 4 << 20
+"""NCCL's default buffer of one channel's connection (``NCCL_BUFFSIZE``, 4 MiB: NCCL
+documentation, environment variables)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Corrections:
+    """The model's corrections to NCCL's tuning model (module docstring); all off is that model."""
+
+    two_node_tree_cap: bool = True
+    """Two-node trees at most twice the network's bus bandwidth (NCCL's search.cc)."""
+    two_node_fill: bool = True
+    """Two-node all-reduce pays its channels' buffer fill (``min(S, nCh BUFFSIZE) / algbw``)."""
+
+
+CORRECTIONS = Corrections()
+"""The declared model: every correction on."""
+NO_CORRECTIONS = Corrections(two_node_tree_cap=False, two_node_fill=False)
+"""NCCL's tuning model alone (the ablation's baseline)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,6 +253,7 @@ def table(
     collective: str = "all_reduce",
     calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
+    corrections: Corrections = CORRECTIONS,
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """NCCL's tuning table for one communicator: (algorithm, protocol) -> (latency us, algbw GB/s).
 
@@ -228,6 +263,7 @@ def table(
         collective: One of ``COLLECTIVES``.
         calibration: Scales on the two bandwidths and on latency.
         algorithms: Restrict the choice (as ``NCCL_ALGO`` does); None: every one enabled.
+        corrections: Which corrections apply (``two_node_tree_cap`` acts here).
 
     Returns:
         The entries enabled on this hardware.
@@ -268,6 +304,8 @@ def table(
                 bus = b_intra if n == 1 else min(b_intra, b_net)
             elif algo == "tree":
                 bus = b_intra if n <= 2 else min(b_intra, b_net)
+                if n == 2 and corrections.two_node_tree_cap:
+                    bus = min(bus, 2.0 * b_net)  # search.cc: bwIntra < bwInter*2
             elif algo == "nvls":  # the switch reduces: its own scale, not the links' intra_scale
                 bus = b_intra / calibration.intra_scale * calibration.nvls_scale
             else:  # nvls_tree
@@ -359,6 +397,7 @@ def predict(
     collective: str = "all_reduce",
     calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
+    corrections: Corrections = CORRECTIONS,
 ) -> list[Prediction]:
     """Predicted time of each message size, with the algorithm and protocol NCCL would pick.
 
@@ -369,14 +408,18 @@ def predict(
         collective: One of ``COLLECTIVES``.
         calibration: Fitted scales (default: the description alone).
         algorithms: Restrict the algorithms (``NCCL_ALGO``); None: NCCL's choice.
+        corrections: Which corrections apply (default: all, the declared model).
 
     Returns:
-        One prediction per size, in order.
+        One prediction per size, in order. The algorithm and protocol are NCCL's choice by its
+        own model; the time adds the corrections that NCCL's model does not know.
     """
     if world_size < 2:
         raise ValueError(f"--world-size {world_size}: a collective needs >= 2 ranks")
-    entries = table(cluster, world_size, collective, calibration, algorithms)
+    entries = table(cluster, world_size, collective, calibration, algorithms, corrections)
     n = cluster.nodes_for(world_size)
+    fill_bytes = cluster.num_channels * NCCL_BUFFSIZE_BYTES
+    fill = corrections.two_node_fill and n == 2 and collective == "all_reduce"
     factor = bus_factor(collective, world_size)
     out = []
     for size in sizes_bytes:
@@ -391,11 +434,14 @@ def predict(
             )
             for (a, pr), e in entries.items()
         )  # fmt: skip
-        algbw = int(size) / best[0] / 1e3
+        time_us = best[0]
+        if fill:  # NCCL chose by its model; the buffers' fill is paid on top of it
+            time_us += min(int(size), fill_bytes) / (1000.0 * entries[(best[1], best[2])][1])
+        algbw = int(size) / time_us / 1e3
         out.append(
             Prediction(
                 num_bytes=int(size),
-                time_us=best[0],
+                time_us=time_us,
                 algorithm=best[1],
                 protocol=best[2],
                 algbw_gbps=algbw,
