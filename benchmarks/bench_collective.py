@@ -12,8 +12,13 @@ relative error of the all-reduce time over sizes >= 1 MiB (out-of-place times):
 - ablations: (a) and (b) with each correction of ``collectives.Corrections`` off, and with all
   off (NCCL's tuning model alone), and (b) with the optional NVLS scale fitted.
 
-Usage: python benchmarks/bench_collective.py [--only development|held_out] [--out FILE]
-[--change TEXT]. Torch-free; runs in a few seconds.
+Logs published under a licence are kept in ``tests/data/nccl_tests``; logs published without one
+(the split's ``licence: none`` systems) are not redistributed with the project: their sources are
+named in that folder's SOURCES.md, and the benchmark reads a local copy from ``--external-logs
+DIR`` (the same relative paths), leaving them out, with a note, where none is given.
+
+Usage: python benchmarks/bench_collective.py [--only development|held_out] [--external-logs DIR]
+[--out FILE] [--change TEXT]. Torch-free; runs in a few seconds.
 """
 
 from __future__ import annotations
@@ -81,10 +86,15 @@ def _median(parts: list[np.ndarray]) -> float:
     return float(np.median(np.concatenate(parts)))
 
 
-def evaluate(system: dict) -> dict:
-    """Every figure of one system."""
+def log_folder(system: dict, external: Path | None) -> Path | None:
+    """Where a system's logs are: the project's test data, or (no licence) the local copy."""
+    return DATA if system.get("licence", "none") != "none" else external
+
+
+def evaluate(system: dict, folder: Path) -> dict:
+    """Every figure of one system, its logs read from ``folder``."""
     cluster = load_cluster(system["cluster"])
-    logs = {int(p): read_log(DATA / path) for p, path in system["logs"].items()}
+    logs = {int(p): read_log(folder / path) for p, path in system["logs"].items()}
     out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
                  "licence": system.get("licence", "unstated"), "world_sizes": sorted(logs),
                  "per_world_size": {}}  # fmt: skip
@@ -162,16 +172,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--only", choices=("development", "held_out"))
     parser.add_argument("--out", type=Path, help="write the JSON here")
+    parser.add_argument(
+        "--external-logs",
+        type=Path,
+        help="a local copy of the logs published without a licence (SOURCES.md names them)",
+    )
     ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))
     systems = [s for s in split["systems"] if args.only in (None, s["role"])]
-    results = [evaluate(s) for s in systems]
+    results = []
+    for system in systems:
+        folder = log_folder(system, args.external_logs)
+        if folder is None:
+            print(f"{system['name']}: left out (no licence: give --external-logs DIR)")
+            continue
+        results.append(evaluate(system, folder))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective", "commit": commit, "python": platform.python_version(),
-           "load_avg": load, "min_bytes": FIT_MIN_BYTES, "corrections": asdict(CORRECTIONS),
+           "load_avg": load, "external_logs": args.external_logs is not None,
+           "min_bytes": FIT_MIN_BYTES, "corrections": asdict(CORRECTIONS),
            "systems": results}  # fmt: skip
     print(
         f"{'system':<14} {'role':<11} {'p':<10} {'(a)':>7} {'(b)':>7} {'ring':>8} {'ring fit':>8}"

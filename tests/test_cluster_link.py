@@ -18,7 +18,7 @@ from commprof.modeling.estimate import add_arguments, run
 from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
 
 DATA = Path(__file__).parent / "data"
-LOG = DATA / "nccl_tests" / "h100-xe9680" / "all_reduce_p16.txt"
+LOG = DATA / "nccl_tests" / "oci-bm-gpu4.8" / "all_reduce_p16_oke.txt"  # 2 nodes of 8 A100
 H100 = load_cluster("dgx-h100")
 PARAMS = [(f"l{i}.weight", 262144) for i in range(4)]  # four 1 MiB float32 layers
 
@@ -62,11 +62,12 @@ def test_estimate_with_a_cluster_predicts_each_bucket_with_the_model(
         (row,) = predict(H100, 16, [b["num_bytes"]])
         assert b["allreduce_ns"] == round(1e3 * row.time_us)
     # calibrated on the cluster's own nccl-tests log: the fitted scales move every bucket
-    args = _parser().parse_args([*common, "--bucket-cap-mb", "1", "--nccl-tests", str(LOG)])
+    oci = [*common[:4], "--cluster", "oci-bm-gpu4.8", "--json"]
+    args = _parser().parse_args([*oci, "--bucket-cap-mb", "1", "--nccl-tests", str(LOG)])
     assert run(args, PARAMS) == 0
     fitted = json.loads(capsys.readouterr().out)["estimate"]
     assert "calibrated on 1 nccl-tests log(s)" in fitted["link"]
-    link = cluster_link("dgx-h100", 16, [str(LOG)])
+    link = cluster_link("oci-bm-gpu4.8", 16, [str(LOG)])
     assert link.calibration != Calibration()
     assert [b["allreduce_ns"] for b in fitted["buckets"]] == [
         round(float(t)) for t in link.predict_ns([b["num_bytes"] for b in fitted["buckets"]], 16)
