@@ -221,4 +221,4 @@ def test_two_node_all_reduce_pays_its_channels_buffer_fill() -> None:
         predict(A100, 16, [1 << 30], "all_gather")[0]
         == predict(A100, 16, [1 << 30], "all_gather", corrections=no_fill)[0]
     )  # all-reduce only: the logs that chose it are all-reduce logs
-    assert NO_CORRECTIONS == no_fill
+    assert no_fill == NO_CORRECTIONS
