@@ -29,7 +29,7 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import ledger
@@ -47,8 +47,6 @@ DATA = ROOT / "tests" / "data" / "nccl_tests"
 SPLIT = ROOT / "benchmarks" / "collective_split.yaml"
 ABLATIONS: dict[str, Corrections] = {
     "no_corrections": NO_CORRECTIONS,
-    "without_two_node_tree_cap": replace(CORRECTIONS, two_node_tree_cap=False),
-    "without_two_node_fill": replace(CORRECTIONS, two_node_fill=False),
 }
 """The model with corrections taken off, each scored as (a) and (b) are."""
 
@@ -197,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
            "systems": results}  # fmt: skip
     print(
         f"{'system':<14} {'role':<11} {'p':<10} {'(a)':>7} {'(b)':>7} {'ring':>8} {'ring fit':>8}"
-        f" | ablation (a)/(b): no corrections, no tree cap, no fill; (b)+nvls"
+        f" | ablation (a)/(b): no corrections (no fill); (b)+nvls"
     )
     for r in results:
         abl_a = r["a_ablation_median_error"]
