@@ -241,6 +241,8 @@ class ColumnBuilder:
         """Name -> whether ``needed_names`` matches it, for the names of other categories."""
         self.comm_op = re.compile(COMM_OP_PATTERN)
         self.decided = False
+        self.skip_cats: frozenset[str] = frozenset()
+        """Categories read as a bare tag and dropped (``trace_rules.SKIP_CATS``)."""
         self.launch_only = False
         """Launch events are kept in the launch columns only (decided with ``relevant``)."""
         self.launch_corr, self.launch_ts_us = array("q"), array("d")
@@ -421,8 +423,8 @@ class ColumnBuilder:
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
         if self.relevant is not None:
-            skip = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
-            self.tagged = _TaggedTypes(self.struct_keys, skip)
+            self.skip_cats = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
+            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats)
         self.decided = True
 
     def _name_needed(self, name: Any) -> bool:
@@ -495,10 +497,10 @@ class ColumnBuilder:
             self._decide()
         if self.relevant is not None:
             cat = e.get("cat")
-            if (type(cat) is not str or cat not in self.relevant) and not self._name_needed(
-                e.get("name", "")
-            ):
-                return
+            if type(cat) is not str or cat not in self.relevant:
+                skipped = type(cat) is str and cat in self.skip_cats
+                if skipped or not self._name_needed(e.get("name", "")):
+                    return
             if self.launch_only and _is_launch(cat):
                 a = e.get("args")
                 corr = a.get("correlation", -1) if type(a) is dict else -1

@@ -367,7 +367,8 @@ def _collectives(
     start, end = evs.start_ns[idx], evs.end_ns[idx]
     launch = evs.launch_of(idx)
     with_args, with_name = _launching_ops(evs, idx, launch)
-    launch_start = evs.cols.launch_start_ns[np.maximum(launch, 0)] if launch.size else start
+    lstarts = evs.cols.launch_start_ns
+    launch_start = lstarts[np.maximum(launch, 0)] if lstarts.size else start
     by_launch = _step_index(cpu, launch_start, launch >= 0)
     win = np.searchsorted(starts, start, side="right") - 1
     inside = (win >= 0) & (start < ends[np.clip(win, 0, None)])
