@@ -127,11 +127,10 @@ def _write_rank(
         if ph == "X" and keys:
             start, dur = _ns(e["ts"]), _ns(e.get("dur"))
             if start is not None and dur is not None:
-                key = keys.get((start, start + dur))
-                dur_us = dur / 1000.0
-                if key is not None:
-                    middle = out["ts"] + dur_us / 2
-                    anchors.setdefault(key, []).append((rank.rank, out["tid"], middle))
+                code = keys.get((start, start + dur))
+                if code is not None:
+                    middle = out["ts"] + dur / 2000.0
+                    anchors.setdefault(code, []).append((rank.rank, out["tid"], middle))
         emit(out)
 
     stream_trace(path, each)

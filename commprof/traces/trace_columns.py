@@ -194,19 +194,20 @@ class _TaggedTypes:
     def add(self, cat: str) -> None:
         """A struct for category ``cat`` (read unless it is a launch or skipped)."""
         n = len(self.types)
+        space: dict[str, Any] = {"cat": cat}
         if cat in LAUNCH_CATS:
-            fields, space = self.launch_fields, {"cat": cat}
+            fields = self.launch_fields
         elif cat in self.skip:
             fields, space = [], {"cat": cat, "ph": None, "name": ""}
         else:
-            fields, space = self.read_fields, {"cat": cat}
+            fields = self.read_fields
         self.types[cat] = msgspec.defstruct(
             f"Cat{n}", fields, tag_field="cat", tag=cat, namespace=space, gc=False
         )
 
     def _decoder(self) -> msgspec.json.Decoder[Any]:
-        union = Union[tuple(self.types.values())]  # noqa: UP007  # a runtime tuple of types
-        return msgspec.json.Decoder(list[union])  # type: ignore[valid-type]
+        union: Any = Union[tuple(self.types.values())]  # noqa: UP007  # a runtime tuple of types
+        return msgspec.json.Decoder(list[union])
 
     def learn(self, error: msgspec.ValidationError) -> bool:
         """Add the unknown category the error names; False if it names none (or too many)."""
@@ -505,11 +506,11 @@ class ColumnBuilder:
                 a = e.get("args")
                 corr = a.get("correlation", -1) if type(a) is dict else -1
                 self.launch_corr.append(_int64_or_none(corr))
-                ts = e.get("ts")
+                launch_ts: Any = e.get("ts")
                 try:
-                    self.launch_ts_us.append(ts)
+                    self.launch_ts_us.append(launch_ts)
                 except (TypeError, OverflowError):
-                    self.launch_ts_us.append(self._number(ts, "ts", e))
+                    self.launch_ts_us.append(self._number(launch_ts, "ts", e))
                 pc = self._code(self.pids, e.get("pid"), None)
                 tc = self._code(self.tids, e.get("tid"), None)
                 self.launch_pair.append(self.pairs.setdefault((pc, tc), len(self.pairs)))
@@ -639,7 +640,7 @@ class ColumnBuilder:
 
     def _launches(
         self, lut: npt.NDArray[np.int64], events_thread: npt.NDArray[np.int64]
-    ) -> dict[str, npt.NDArray[Any]]:
+    ) -> dict[str, Any]:
         """The launch columns, sorted by correlation id: those kept apart (``launch_only``)
         and those kept as events."""
         ts_us = np.frombuffer(self.launch_ts_us, dtype=np.float64)
