@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+from msgspec.structs import astuple
 
 from commprof.traces.trace_reader import (
     CHUNK_BYTES,
@@ -271,10 +272,8 @@ class ColumnBuilder:
         self.pair_code, self.correlation = array("i"), array("q")
         self.cats: dict[Any, int] = {}
         self.names: dict[Any, int] = {}
-        self.pids: dict[Any, int] = {}
-        self.tids: dict[Any, int] = {}
-        self.pairs: dict[tuple[int, int], int] = {}
-        """(pid code, tid code) -> pair code, in order of first appearance."""
+        self.pairs: dict[Any, int] = {}
+        """(pid, tid) -> pair code (the thread code), in order of first appearance."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.name_is_op: list[bool] = []  # per name code: a collective's launching op
@@ -329,17 +328,23 @@ class ColumnBuilder:
         return list(map(table.__getitem__, values))
 
     def _pair_codes(self, events: list[Any]) -> list[int]:
-        keys = list(
-            zip(
-                self._codes(self.pids, events, "pid", None),
-                self._codes(self.tids, events, "tid", None),
-                strict=True,
-            )
-        )
+        """Codes of the events' (pid, tid) pairs, adding the new ones."""
+        keys = list(zip(map(_GET["pid"], events), map(_GET["tid"], events), strict=True))
         pairs = self.pairs
-        for k in set(keys).difference(pairs):
+        try:
+            missing = set(keys).difference(pairs)
+        except TypeError:  # an unhashable pid or tid: one at a time
+            return [self._pair(*k) for k in keys]
+        for k in missing:
             pairs[k] = len(pairs)
         return list(map(pairs.__getitem__, keys))
+
+    def _pair(self, pid: Any, tid: Any) -> int:
+        """The code of one (pid, tid) pair (unhashable values by their JSON text)."""
+        key, code = _interned(self.pairs, (pid, tid))
+        if code is None:
+            code = self.pairs[key] = len(self.pairs)
+        return code
 
     def _kept(self, chunk: list[Any]) -> list[Any]:
         """The chunk's complete events that some rule, the windows or the launches use, and
@@ -405,12 +410,13 @@ class ColumnBuilder:
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
+        keys = self.struct_keys
         for i in sorted(keep):
             a = args[i]
-            if a is None:
+            if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
                 continue
-            got = ((k, getattr(a, f, UNSET)) for f, k in self.kept_fields)
-            kept = {k: _value(v) for k, v in got if v is not UNSET}
+            values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
+            kept = {k: _value(v) for k, v in zip(keys, values, strict=True) if v is not UNSET}
             if kept:
                 self.args[base + i] = kept
         self._flush()
@@ -511,9 +517,7 @@ class ColumnBuilder:
                     self.launch_ts_us.append(launch_ts)
                 except (TypeError, OverflowError):
                     self.launch_ts_us.append(self._number(launch_ts, "ts", e))
-                pc = self._code(self.pids, e.get("pid"), None)
-                tc = self._code(self.tids, e.get("tid"), None)
-                self.launch_pair.append(self.pairs.setdefault((pc, tc), len(self.pairs)))
+                self.launch_pair.append(self._pair(e.get("pid"), e.get("tid")))
                 self.launch_name.append(self._code(self.names, e.get("name", ""), self.name_bits))
                 return
         ts: Any = e.get("ts")
@@ -530,9 +534,7 @@ class ColumnBuilder:
         nc = self._code(self.names, e.get("name", ""), self.name_bits)
         self.cat_code.append(cc)
         self.name_code.append(nc)
-        pc = self._code(self.pids, e.get("pid"), None)
-        tc = self._code(self.tids, e.get("tid"), None)
-        self.pair_code.append(self.pairs.setdefault((pc, tc), len(self.pairs)))
+        self.pair_code.append(self._pair(e.get("pid"), e.get("tid")))
         a = e.get("args")
         if type(a) is not dict or not a:
             self.correlation.append(-1)
@@ -616,11 +618,11 @@ class ColumnBuilder:
                 f"(first: {self.beyond[1]!r} ts={self.beyond[2]!r} "
                 f"dur={self.beyond[3]!r} us); the trace is corrupt, re-export it"
             )
-        # (pid, tid) pair code -> the thread code pid * (num tids + 1) + tid, through a
-        # lookup table of the few distinct pairs: one int64 column, no temporaries.
-        span = len(self.tids) + 1
-        lut = np.array([p * span + t for p, t in self.pairs], dtype=np.int64)
-        thread = lut[np.frombuffer(self.pair_code, dtype=np.int32)]
+        # The thread code: the rank of the (pid, tid) pair among the trace's pairs in a fixed
+        # order (not the order of first appearance, which differs between the chunked and the
+        # dict path once launches are kept apart): one int64 column.
+        self.thread_of_pair = _canonical(self.pairs)
+        thread = self.thread_of_pair[np.frombuffer(self.pair_code, dtype=np.int32)]
         self.pair_code = array("i")
         cols = TraceColumns(
             source=self.source,
@@ -633,20 +635,18 @@ class ColumnBuilder:
             names=list(self.names),
             thread=thread,
             correlation=np.frombuffer(self.correlation, dtype=np.int64),
-            **self._launches(lut, thread),
+            **self._launches(thread),
             args=self.args,
         )  # the columns share the arrays' buffers: nothing appends to them any more
         return drop_duplicates(cols)
 
-    def _launches(
-        self, lut: npt.NDArray[np.int64], events_thread: npt.NDArray[np.int64]
-    ) -> dict[str, Any]:
+    def _launches(self, events_thread: npt.NDArray[np.int64]) -> dict[str, Any]:
         """The launch columns, sorted by correlation id: those kept apart (``launch_only``)
         and those kept as events."""
         ts_us = np.frombuffer(self.launch_ts_us, dtype=np.float64)
         corr = np.frombuffer(self.launch_corr, dtype=np.int64)
         start = _to_ns(np.where(np.isfinite(ts_us), ts_us, 0.0))
-        thread = lut[np.frombuffer(self.launch_pair, dtype=np.int32)]
+        thread = self.thread_of_pair[np.frombuffer(self.launch_pair, dtype=np.int32)]
         name = np.frombuffer(self.launch_name, dtype=np.int32)
         as_events = [c in LAUNCH_CATS for c in self.cats]
         if any(as_events):
@@ -718,6 +718,14 @@ def drop_duplicates(cols: TraceColumns) -> TraceColumns:
         launch_start_ns=cols.launch_start_ns[lkeep], launch_thread=cols.launch_thread[lkeep],
         launch_name_code=cols.launch_name_code[lkeep], args=args, num_duplicates=num,
     )  # fmt: skip
+
+
+def _canonical(pairs: dict[Any, int]) -> npt.NDArray[np.int64]:
+    """Pair code -> thread code: the pair's rank in the order of its JSON text."""
+    keys = sorted(pairs, key=lambda k: json.dumps(k, sort_keys=True, default=str))
+    out = np.empty(len(pairs), np.int64)
+    out[[pairs[k] for k in keys]] = np.arange(len(keys))
+    return out
 
 
 def _value(v: Any) -> Any:

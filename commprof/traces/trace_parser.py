@@ -283,6 +283,7 @@ def _classify(
     return targets, collective, not_compute
 
 
+_NO_ARGS: dict[str, Any] = {}
 OP_DEPTH = 4
 """Enclosing ops searched for a collective's launching op, innermost first (c10d::allreduce_ >
 record_param_comms > nccl:all_reduce: three deep in real traces)."""
@@ -376,25 +377,25 @@ def _collectives(
     if cpu is not None:
         step = np.where(by_launch >= 0, cpu[0][np.maximum(by_launch, 0)], step)
     known = inside | (by_launch >= 0)
-    names, types, sources, merged = [], [], [], []
-    for i, a_op, n_op in zip(idx.tolist(), with_args.tolist(), with_name.tolist(), strict=True):
-        own = evs.args(i)
-        op = evs.args(a_op) if a_op >= 0 else {}
-        args = {**op, **own}
-        merged.append(args)
-        event_name = evs.names[evs.name_code[i]]
-        if "Collective name" in own:
-            name, kind, how = own["Collective name"], None, "args"
-        elif "Collective name" in op:
-            name, kind, how = op["Collective name"], None, "launching op"
-        elif n_op >= 0:
-            name, how = event_name, "op name"
-            kind = collective_type(evs.names[evs.name_code[n_op]])
+    kept = evs.cols.args
+    own = [kept.get(i, _NO_ARGS) for i in idx.tolist()]
+    ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
+    event_names = [evs.names[c] for c in evs.name_code[idx].tolist()]
+    op_names = [evs.names[evs.name_code[i]] if i >= 0 else None for i in with_name.tolist()]
+    names, types, sources = [], [], []
+    for a, o, event_name, op_name in zip(own, ops, event_names, op_names, strict=True):
+        if "Collective name" in a:
+            name, kind, how = a["Collective name"], None, "args"
+        elif "Collective name" in o:
+            name, kind, how = o["Collective name"], None, "launching op"
+        elif op_name is not None:
+            name, kind, how = event_name, collective_type(op_name), "op name"
         else:
             name, kind, how = event_name, None, "event name"
         names.append(name)
         types.append(kind or collective_type(name))
         sources.append(how)
+    merged = [{**o, **a} if o else a for a, o in zip(own, ops, strict=True)]
     frame = pd.DataFrame({
         "name": names, "collective_type": types,
         "start_ns": start, "end_ns": end, "duration_ns": end - start,

@@ -10,6 +10,7 @@ which events' ``args`` it must keep.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -149,7 +150,11 @@ annotation name), first match wins; "unknown" where none matches (RCCL's
 
 def collective_type(name: Any) -> str:
     """The collective type of a collective's name (see COLLECTIVE_TYPES)."""
-    text = str(name)
+    return _collective_type(str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective_type(text: str) -> str:
     for kind, pattern in COLLECTIVE_TYPES:
         if pattern.search(text):
             return kind
