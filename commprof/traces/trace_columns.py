@@ -248,11 +248,13 @@ class ColumnBuilder:
         self.launch_only = False
         """Launch events are kept in the launch columns only (decided with ``relevant``)."""
         self.launch_corr, self.launch_ts_us = array("q"), array("d")
-        self.launch_pair, self.launch_name = array("i"), array("i")
+        self.launch_pair, self.launch_name = array("q"), array("i")
         rules = [r for t in self.tables for r in t.rules]
         # A collective rule that needs an args key keeps only events that have it (has_keys).
         self.coll_rules = [r for r in rules if r.collective and r.has_arg is None]
-        self.has_keys = tuple(dict.fromkeys(r.has_arg for r in rules if r.has_arg is not None))
+        self.has_keys = tuple(
+            dict.fromkeys(["Collective name", *(r.has_arg for r in rules if r.has_arg is not None)])
+        )  # an op's metadata (launching ops) is kept where it names its collective
         self.keep_keys = tuple(dict.fromkeys((*COLLECTIVE_ARG_KEYS, *self.has_keys)))
         self.struct_keys = tuple(k for k in self.keep_keys if k != "correlation")
         self.event_type = _event_type(self.struct_keys)
@@ -269,14 +271,14 @@ class ColumnBuilder:
         """ts and dur (float us) of the events not yet converted to ns (``_flush``)."""
         self.start_ns, self.end_ns = array("q"), array("q")
         self.cat_code, self.name_code = array("i"), array("i")
-        self.pair_code, self.correlation = array("i"), array("q")
+        self.pair_code, self.correlation = array("q"), array("q")
         self.cats: dict[Any, int] = {}
         self.names: dict[Any, int] = {}
-        self.pairs: dict[Any, int] = {}
-        """(pid, tid) -> pair code (the thread code), in order of first appearance."""
+        self.pids: dict[Any, int] = {}
+        self.tids: dict[Any, int] = {}
+        """pid and tid -> their codes, in order of first appearance (``pair_code``)."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
-        self.name_is_op: list[bool] = []  # per name code: a collective's launching op
         self.args: dict[int, dict[str, Any]] = {}
         self.first_bad: tuple[int, Any, Any, Any] | None = None
         """Index, name, ts and dur of the first event whose ts or dur was None."""
@@ -316,35 +318,25 @@ class ColumnBuilder:
         first appearance)."""
         values = list(map(_GET[field], events))
         try:
-            missing = set(values).difference(table)
+            codes = list(map(table.get, values))
         except TypeError:  # an unhashable key (a list where a string belongs): one at a time
             return [self._new_code(table, v, bits) for v in values]
-        for v in values if missing else ():
-            if v in missing:
-                self._new_code(table, v, bits)
-                missing.discard(v)
-                if not missing:
-                    break
-        return list(map(table.__getitem__, values))
+        if None in codes:  # new values, coded in order of first appearance
+            for i in [i for i, c in enumerate(codes) if c is None]:
+                codes[i] = self._code(table, values[i], bits)
+        return codes  # type: ignore[return-value]
 
-    def _pair_codes(self, events: list[Any]) -> list[int]:
-        """Codes of the events' (pid, tid) pairs, adding the new ones."""
-        keys = list(zip(map(_GET["pid"], events), map(_GET["tid"], events), strict=True))
-        pairs = self.pairs
-        try:
-            missing = set(keys).difference(pairs)
-        except TypeError:  # an unhashable pid or tid: one at a time
-            return [self._pair(*k) for k in keys]
-        for k in missing:
-            pairs[k] = len(pairs)
-        return list(map(pairs.__getitem__, keys))
+    def _pair_codes(self, events: list[Any]) -> bytes:
+        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes."""
+        pids = np.array(self._codes(self.pids, events, "pid", None), np.int64)
+        tids = np.array(self._codes(self.tids, events, "tid", None), np.int64)
+        pids <<= 32
+        pids |= tids
+        return pids.tobytes()
 
     def _pair(self, pid: Any, tid: Any) -> int:
-        """The code of one (pid, tid) pair (unhashable values by their JSON text)."""
-        key, code = _interned(self.pairs, (pid, tid))
-        if code is None:
-            code = self.pairs[key] = len(self.pairs)
-        return code
+        """The code of one (pid, tid) pair."""
+        return (self._code(self.pids, pid, None) << 32) | self._code(self.tids, tid, None)
 
     def _kept(self, chunk: list[Any]) -> list[Any]:
         """The chunk's complete events that some rule, the windows or the launches use, and
@@ -389,7 +381,7 @@ class ColumnBuilder:
                 corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
                 self._append_corr(self.launch_corr, corr)
                 self.launch_ts_us.fromlist(list(map(_GET["ts"], launches)))
-                self.launch_pair.fromlist(self._pair_codes(launches))
+                self.launch_pair.frombytes(self._pair_codes(launches))
                 self.launch_name.fromlist(self._codes(self.names, launches, "name", self.name_bits))
                 xs = list(compress(xs, map(not_, is_launch)))
         if not xs:
@@ -401,24 +393,26 @@ class ColumnBuilder:
         nc = self._codes(self.names, xs, "name", self.name_bits)
         self.cat_code.fromlist(cc)
         self.name_code.fromlist(nc)
-        self.pair_code.fromlist(self._pair_codes(xs))
+        self.pair_code.frombytes(self._pair_codes(xs))
         args = list(map(_GET["args"], xs))
         self._append_corr(self.correlation, list(map(getattr, args, _CORR, _NO_CORR)))
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
         keep = set(np.flatnonzero(bits).tolist())
-        keep.update(np.flatnonzero(np.asarray(self.name_is_op, bool)[nc]).tolist())
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
-        keys = self.struct_keys
+        keys, num_keys, raw = self.struct_keys, len(self.struct_keys), RAW_ARG_KEYS
         for i in sorted(keep):
             a = args[i]
             if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
                 continue
             values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
-            kept = {k: _value(v) for k, v in zip(keys, values, strict=True) if v is not UNSET}
-            if kept:
-                self.args[base + i] = kept
+            if values.count(UNSET) == num_keys:
+                continue
+            kept = {k: v for k, v in zip(keys, values, strict=True) if v is not UNSET}
+            for key in raw.intersection(kept):
+                kept[key] = _value(kept[key])
+            self.args[base + i] = kept
         self._flush()
         return len(chunk)
 
@@ -470,10 +464,7 @@ class ColumnBuilder:
         if code is None:
             code = table[key] = len(table)
             if bits is not None:
-                is_name = bits is self.name_bits
-                bits.append(self._rule_bits(key, is_name))
-                if is_name:
-                    self.name_is_op.append(self.comm_op.match(str(key)) is not None)
+                bits.append(self._rule_bits(key, bits is self.name_bits))
         return code
 
     def _rule_bits(self, key: Any, is_name: bool) -> int:
@@ -544,7 +535,7 @@ class ColumnBuilder:
             self.correlation.append(corr if type(corr) is int else -1)
         except OverflowError:
             self.correlation.append(-1)
-        keep = bool(self.cat_bits[cc] & self.name_bits[nc]) or self.name_is_op[nc]
+        keep = bool(self.cat_bits[cc] & self.name_bits[nc])
         if not keep:
             for key in self.has_keys:
                 if key in a:
@@ -621,9 +612,8 @@ class ColumnBuilder:
         # The thread code: the rank of the (pid, tid) pair among the trace's pairs in a fixed
         # order (not the order of first appearance, which differs between the chunked and the
         # dict path once launches are kept apart): one int64 column.
-        self.thread_of_pair = _canonical(self.pairs)
-        thread = self.thread_of_pair[np.frombuffer(self.pair_code, dtype=np.int32)]
-        self.pair_code = array("i")
+        thread = self._thread(self.pair_code)
+        self.pair_code = array("q")
         cols = TraceColumns(
             source=self.source,
             meta=meta,
@@ -640,13 +630,21 @@ class ColumnBuilder:
         )  # the columns share the arrays' buffers: nothing appends to them any more
         return drop_duplicates(cols)
 
+    def _thread(self, pair_code: array[int]) -> npt.NDArray[np.int64]:
+        """Pair codes -> thread codes: pid rank * (num tids + 1) + tid rank, each rank in the
+        order of the values' JSON text (not of first appearance, which differs between the
+        chunked and the dict path once launches are kept apart)."""
+        codes = np.frombuffer(pair_code, dtype=np.int64)
+        pid_rank, tid_rank = _canonical(self.pids), _canonical(self.tids)
+        return pid_rank[codes >> 32] * (len(self.tids) + 1) + tid_rank[codes & 0xFFFFFFFF]
+
     def _launches(self, events_thread: npt.NDArray[np.int64]) -> dict[str, Any]:
         """The launch columns, sorted by correlation id: those kept apart (``launch_only``)
         and those kept as events."""
         ts_us = np.frombuffer(self.launch_ts_us, dtype=np.float64)
         corr = np.frombuffer(self.launch_corr, dtype=np.int64)
         start = _to_ns(np.where(np.isfinite(ts_us), ts_us, 0.0))
-        thread = self.thread_of_pair[np.frombuffer(self.launch_pair, dtype=np.int32)]
+        thread = self._thread(self.launch_pair)
         name = np.frombuffer(self.launch_name, dtype=np.int32)
         as_events = [c in LAUNCH_CATS for c in self.cats]
         if any(as_events):
@@ -720,11 +718,11 @@ def drop_duplicates(cols: TraceColumns) -> TraceColumns:
     )  # fmt: skip
 
 
-def _canonical(pairs: dict[Any, int]) -> npt.NDArray[np.int64]:
-    """Pair code -> thread code: the pair's rank in the order of its JSON text."""
-    keys = sorted(pairs, key=lambda k: json.dumps(k, sort_keys=True, default=str))
-    out = np.empty(len(pairs), np.int64)
-    out[[pairs[k] for k in keys]] = np.arange(len(keys))
+def _canonical(codes: dict[Any, int]) -> npt.NDArray[np.int64]:
+    """Code -> the value's rank in the order of its JSON text."""
+    keys = sorted(codes, key=lambda k: json.dumps(k, sort_keys=True, default=str))
+    out = np.zeros(max(len(codes), 1), np.int64)
+    out[[codes[k] for k in keys]] = np.arange(len(keys))
     return out
 
 

@@ -182,6 +182,37 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
     return None
 
 
+def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
+    """An Int64 column of integer args, NA where a value is no integer or is past int64
+    (:func:`_int64`); the usual all-integer case in one numpy conversion."""
+    if values and set(map(type, values)) == {int}:
+        try:
+            return pd.array(np.array(values, dtype=np.int64), dtype="Int64")
+        except OverflowError:
+            pass
+    return pd.array([_int64(v) for v in values], dtype="Int64")
+
+
+def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionArray:
+    """The num_bytes column (:func:`_message_bytes` of each row): ``In msg nelems`` times the
+    size of ``dtype`` at once where both are known, each other row on its own."""
+    nelems = [a.get("In msg nelems") for a in merged]
+    dtypes = [a.get("dtype") for a in merged]
+    try:
+        size_of = {d: _dtype_bytes(d) for d in set(dtypes)}
+    except TypeError:  # an unhashable dtype
+        return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
+    sizes = list(map(size_of.__getitem__, dtypes))
+    ok = [
+        type(n) is int and z is not None and abs(n) < 2**40
+        for n, z in zip(nelems, sizes, strict=True)
+    ]
+    out = [n * z if good else None for n, z, good in zip(nelems, sizes, ok, strict=True)]
+    for i in [i for i, good in enumerate(ok) if not good]:
+        out[i] = _message_bytes(merged[i])
+    return pd.array(out, dtype="Int64")
+
+
 class _Events:
     """Rule predicates over the columns of a trace's complete ("X") events."""
 
@@ -285,8 +316,8 @@ def _classify(
 
 _NO_ARGS: dict[str, Any] = {}
 OP_DEPTH = 4
-"""Enclosing ops searched for a collective's launching op, innermost first (c10d::allreduce_ >
-record_param_comms > nccl:all_reduce: three deep in real traces)."""
+"""Enclosing ops searched for a collective's launching op, innermost first (record_param_comms >
+nccl:all_reduce, under ops of other names: a few deep in real traces)."""
 TRAINING_NAMES = re.compile(r"(?i).*(backward|autograd::engine|optimizer)")
 """Names that show a training step (a backward pass or an optimizer step), not inference."""
 COUNTED_TOP = {"communication": 5, "compute": 3}
@@ -319,8 +350,8 @@ def _launching_ops(
 
     The launching ops enclose the launch (the runtime call the kernel's correlation id names)
     on its thread: ``record_param_comms`` carries ``Collective name``, group, size and sequence
-    number; ``nccl:all_to_all`` or ``c10d::allreduce_`` name the collective. The innermost
-    enclosing op of each kind is taken, up to OP_DEPTH deep.
+    number; ``nccl:all_to_all`` names the collective. The innermost enclosing op of each kind
+    is taken, up to OP_DEPTH deep.
     """
     with_args = np.full(idx.size, -1, np.intp)
     with_name = np.full(idx.size, -1, np.intp)
@@ -400,13 +431,11 @@ def _collectives(
         "name": names, "collective_type": types,
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
-        "seq": pd.array(
-            [_int64(a.get("Seq", a.get("seq_num"))) for a in merged], dtype="Int64"
-        ),
-        "num_bytes": pd.array([_message_bytes(a) for a in merged], dtype="Int64"),
+        "seq": _int_column([a.get("Seq", a.get("seq_num")) for a in merged]),
+        "num_bytes": _bytes_column(merged),
         "process_group": [str(a.get("Process Group Name", "")) for a in merged],
         "thread": evs.thread[idx],
-        "group_size": pd.array([_int64(a.get("Group size")) for a in merged], dtype="Int64"),
+        "group_size": _int_column([a.get("Group size") for a in merged]),
         "type_source": sources,
     })  # fmt: skip
     frame.loc[~known, "step"] = pd.NA

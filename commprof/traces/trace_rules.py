@@ -46,10 +46,13 @@ SKIP_CATS = frozenset({
 })  # fmt: skip
 """Kineto categories that no built-in rule, window or launch check reads: decoded as a bare tag
 (no name, no args; docs/design.md, Reading traces) unless a rule table names one."""
-COMM_OP_PATTERN = r"record_param_comms|c10d::|nccl:|rccl:|gloo:"
+COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
 """Names of the host ops that launch a collective (``record_param_comms`` with its metadata,
-``c10d::allreduce_``, ``nccl:all_to_all``, ...): kept in every category, so that a
-communication kernel takes its type, group, size and sequence number from its launching op."""
+``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
+type, group, size and sequence number from its launching op. (The dispatcher's
+``c10d::allreduce_`` around them says nothing more and is left out: fewer events kept.)"""
+STEP_NAME_PATTERN = r"ProfilerStep#"
+"""Names of the step annotations, kept in any category (CPU and device ``ProfilerStep#N``)."""
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
@@ -217,11 +220,12 @@ TRACE_REGIMES = tuple(RULES)
 def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
     """Categories of the events that ``tables`` can use (None: any may matter).
 
-    The rules' categories, the launches (correlation ids) and the annotations that carry
-    ``ProfilerStep#N``; a table with a rule on any category needs every event. Events of
-    other categories whose name :func:`needed_names` matches are needed too.
+    The rules' categories and the launches (correlation ids); a table with a rule on any
+    category needs every event. Events of other categories whose name :func:`needed_names`
+    matches are needed too (the ``ProfilerStep#N`` annotations, the launching ops): a
+    ``user_annotation`` of the user's own is read only where a rule reads the category.
     """
-    cats: set[str] = set(LAUNCH_CATS) | {"user_annotation", "gpu_user_annotation"}
+    cats: set[str] = set(LAUNCH_CATS)
     for table in tables:
         for rule in table.rules:
             if rule.cats is None:
@@ -233,10 +237,11 @@ def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
 def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
     """Names of the events needed whatever their category: the tables' communication-thread
     markers (a name in any category marks its thread), the ops that launch collectives
-    (COMM_OP_PATTERN: their metadata types the kernels) and, where more than one table may
-    apply, the communication kernels (:func:`detect_regime` reads every name)."""
+    (COMM_OP_PATTERN: their metadata types the kernels), the step annotations and, where more
+    than one table may apply, the communication kernels (:func:`detect_regime` reads every
+    name)."""
     names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
-    names.append(COMM_OP_PATTERN)
+    names += [COMM_OP_PATTERN, STEP_NAME_PATTERN]
     if len(tables) > 1:
         names.append(COMM_KERNEL_PATTERN.pattern)
     return re.compile("|".join(f"(?:{n})" for n in names))
