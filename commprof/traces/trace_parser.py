@@ -413,19 +413,21 @@ def _collectives(
     ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
     event_names = [evs.names[c] for c in evs.name_code[idx].tolist()]
     op_names = [evs.names[evs.name_code[i]] if i >= 0 else None for i in with_name.tolist()]
-    names, types, sources = [], [], []
+    names, kinds, sources = [], [], []
     for a, o, event_name, op_name in zip(own, ops, event_names, op_names, strict=True):
         if "Collective name" in a:
             name, kind, how = a["Collective name"], None, "args"
         elif "Collective name" in o:
             name, kind, how = o["Collective name"], None, "launching op"
         elif op_name is not None:
-            name, kind, how = event_name, collective_type(op_name), "op name"
+            name, kind, how = event_name, op_name, "op name"
         else:
             name, kind, how = event_name, None, "event name"
         names.append(name)
-        types.append(kind or collective_type(name))
+        kinds.append(name if kind is None else kind)  # the name the type is read from
         sources.append(how)
+    type_of = {k: collective_type(k) for k in set(map(str, kinds))}
+    types = [type_of[str(k)] for k in kinds]
     merged = [{**o, **a} if o else a for a, o in zip(own, ops, strict=True)]
     frame = pd.DataFrame({
         "name": names, "collective_type": types,
