@@ -180,11 +180,12 @@ def _nccl_with_kernel_args(s: _Step, host: int, gpu: int, num: int) -> None:
                 f'"Group size":8,"dtype":"BFloat16","Process Group Name":"0",'
                 f'"Seq":%(s{seq})d')  # fmt: skip
         tag = f'"correlation":%(c{corr})d'
+        where = f'"device":{DEVICE},"stream":{COMM_STREAM},'
         s.add(_x("cuda_runtime", "cudaLaunchKernelExC", PID, MAIN_TID, 5_000, tag), host, 5_000, 1)
         dur = s.rng.randint(300_000, 900_000)
         gpu = max(gpu, host + 25_000)
         s.add(_x("kernel", NCCL_ALLREDUCE,
-                 DEVICE, COMM_STREAM, dur, f"{tag},{meta}"), gpu, dur, 2)  # fmt: skip
+                 DEVICE, COMM_STREAM, dur, f"{where}{tag},{meta}"), gpu, dur, 2)  # fmt: skip
         host += 20_000
         gpu += dur
 

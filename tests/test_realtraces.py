@@ -151,3 +151,34 @@ def test_cli_unlaunched_drop_is_htas_rule(capsys: pytest.CaptureFixture[str]) ->
     assert main(["analyze", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "Per collective type (durations in ms" in out and "num_unlaunched" in out
+
+
+@pytest.mark.parametrize("name", ["param_dlrm_8rank", "hta_sampled_2of128"])
+def test_perfetto_of_real_multi_rank_sets(name: str, tmp_path: Path) -> None:
+    from commprof.traces.analyze import analyze, perfetto
+
+    a = analyze(REAL / name, workers=1)
+    assert a.cross is not None
+    out = tmp_path / "all.json"
+    done = perfetto(a, out)
+    events = json.loads(out.read_text())["traceEvents"]
+    ranks = sorted(a.files)
+    assert {e["pid"] for e in events} == set(ranks) and done["own_clock_ranks"] == []
+    flows = [e for e in events if e.get("cat") == "commprof_collective"]
+    starts = [e for e in flows if e["ph"] == "s"]
+    assert len(starts) == done["num_linked_collectives"] == len(a.cross.collectives)
+    # Each flow passes through one kernel of each rank of its collective; on the merged clock the
+    # kernels' ends meet within the line-up's largest residual (both sides of the median).
+    residual_us = int(a.cross.offsets["residual_max_ns"].max()) / 1000
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    by_id: dict[int, list[float]] = {}
+    for e in flows:
+        around = [end for lo, end in slices[(e["pid"], e["tid"])] if lo <= e["ts"] <= end]
+        assert around, e
+        by_id.setdefault(e["id"], []).append(min(around))
+    sizes = a.cross.collectives["num_ranks"].sort_values().tolist()
+    assert sorted(len(v) for v in by_id.values()) == sizes
+    assert all(max(v) - min(v) <= 2 * residual_us + 0.01 for v in by_id.values())

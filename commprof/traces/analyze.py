@@ -25,7 +25,7 @@ import pandas as pd
 
 from commprof.traces.crossrank import CrossRank, cross_rank
 from commprof.traces.metrics import ratio
-from commprof.traces.rank_pool import RankResult, analyze_files
+from commprof.traces.rank_pool import analyze_files
 from commprof.traces.report_text import analysis_json, analysis_text, step_json_rows
 
 SUM_COLUMNS = (
@@ -146,17 +146,23 @@ class Analysis:
         return out
 
 
-def _line_up(results: list[RankResult], collectives: pd.DataFrame) -> tuple[CrossRank | None, str]:
+LINE_UP_COLUMNS = ["rank", "group", "name", "start_ns", "end_ns", "duration_ns", "seq", "step"]
+"""The collectives' columns the cross-rank line-up reads (its strings as categories: the
+driver's memory on many ranks)."""
+
+
+def _line_up(
+    ranks: set[int], sizes: set[int], collectives: pd.DataFrame
+) -> tuple[CrossRank | None, str]:
     """Cross-rank section where the folder holds several ranks of one job."""
-    ranks = {r.rank for r in results}
-    sizes = {r.world_size for r in results if r.world_size is not None}
     if len(ranks) < 2:
         return None, "one rank"
     if len(sizes) > 1:
         return None, f"traces of several jobs (world sizes {sorted(sizes)})"
+    slim = collectives[LINE_UP_COLUMNS].astype({"group": "category", "name": "category"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # set-apart ranks: said in the offsets table
-        cross = cross_rank(collectives)
+        cross = cross_rank(slim)
     return cross, "" if cross is not None else "no collective seen on two ranks"
 
 
@@ -205,20 +211,22 @@ def analyze(
     )
     if not results:
         raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
-    per_rank = {
-        name: pd.concat([r.tables[name] for r in results], ignore_index=True)
-        for name in results[0].tables
-    }
-    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
     traces = pd.DataFrame([r.trace for r in results])
-    info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")
-    per_rank["ranks"] = rank_table(per_rank["steps"]).merge(info, on="rank", how="left")
-    per_rank["traces"] = traces
-    cross, note = _line_up(results, per_rank["collectives"])
     files: dict[int, str] = {}
     for r in results:
         files.setdefault(r.rank, str(r.trace["source"]))
     notes = tuple(n for r in results for n in r.notes)
+    ranks = {r.rank for r in results}
+    sizes = {size for r in results if (size := r.world_size) is not None}
+    per_rank = {}
+    for name in list(results[0].tables):  # each rank's table let go once concatenated
+        per_rank[name] = pd.concat([r.tables.pop(name) for r in results], ignore_index=True)
+    del results
+    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
+    info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")
+    per_rank["ranks"] = rank_table(per_rank["steps"]).merge(info, on="rank", how="left")
+    per_rank["traces"] = traces
+    cross, note = _line_up(ranks, sizes, per_rank["collectives"])
     return Analysis(per_rank=per_rank, cross=cross, cross_note=note, notes=notes, files=files)
 
 
