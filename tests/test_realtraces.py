@@ -181,4 +181,6 @@ def test_perfetto_of_real_multi_rank_sets(name: str, tmp_path: Path) -> None:
         by_id.setdefault(e["id"], []).append(min(around))
     sizes = a.cross.collectives["num_ranks"].sort_values().tolist()
     assert sorted(len(v) for v in by_id.values()) == sizes
-    assert all(max(v) - min(v) <= 2 * residual_us + 0.01 for v in by_id.values())
+    if not a.cross.matching_doubtful():  # 2 of 128 ranks' send/recv: ends need not meet
+        assert all(max(v) - min(v) <= 2 * residual_us + 0.01 for v in by_id.values())
+    assert a.cross.matching_doubtful() == (name == "hta_sampled_2of128")

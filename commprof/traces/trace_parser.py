@@ -182,6 +182,16 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
     return None
 
 
+def _category(values: list[str]) -> pd.Categorical:
+    """A column of few distinct strings, from their codes: one string object per distinct
+    value (a string column of a million collectives costs a pyarrow string each)."""
+    distinct = list(dict.fromkeys(values))
+    code = {v: i for i, v in enumerate(distinct)}
+    return pd.Categorical.from_codes(
+        np.fromiter(map(code.__getitem__, values), np.int32, len(values)), categories=distinct
+    )
+
+
 def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
     """An Int64 column of integer args, NA where a value is no integer or is past int64
     (:func:`_int64`); the usual all-integer case in one numpy conversion."""
@@ -430,15 +440,15 @@ def _collectives(
     types = [type_of[str(k)] for k in kinds]
     merged = [{**o, **a} if o else a for a, o in zip(own, ops, strict=True)]
     frame = pd.DataFrame({
-        "name": names, "collective_type": types,
+        "name": _category(list(map(str, names))), "collective_type": _category(types),
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
         "seq": _int_column([a.get("Seq", a.get("seq_num")) for a in merged]),
         "num_bytes": _bytes_column(merged),
-        "process_group": [str(a.get("Process Group Name", "")) for a in merged],
+        "process_group": _category([str(a.get("Process Group Name", "")) for a in merged]),
         "thread": evs.thread[idx],
         "group_size": _int_column([a.get("Group size") for a in merged]),
-        "type_source": sources,
+        "type_source": _category(sources),
     })  # fmt: skip
     frame.loc[~known, "step"] = pd.NA
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
