@@ -187,9 +187,8 @@ def _category(values: list[str]) -> pd.Categorical:
     value (a string column of a million collectives costs a pyarrow string each)."""
     distinct = list(dict.fromkeys(values))
     code = {v: i for i, v in enumerate(distinct)}
-    return pd.Categorical.from_codes(
-        np.fromiter(map(code.__getitem__, values), np.int32, len(values)), categories=distinct
-    )
+    codes = np.fromiter(map(code.__getitem__, values), np.int32, len(values))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
 
 
 def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
@@ -217,7 +216,10 @@ def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionAr
         type(n) is int and z is not None and abs(n) < 2**40
         for n, z in zip(nelems, sizes, strict=True)
     ]
-    out = [n * z if good else None for n, z, good in zip(nelems, sizes, ok, strict=True)]
+    out: list[int | None] = [
+        n * z if good else None  # type: ignore[operator]  # good: both are ints
+        for n, z, good in zip(nelems, sizes, ok, strict=True)
+    ]
     for i in [i for i, good in enumerate(ok) if not good]:
         out[i] = _message_bytes(merged[i])
     return pd.array(out, dtype="Int64")
