@@ -108,7 +108,7 @@ MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _IS_X = "X".__eq__
-_CORR, _NO_CORR = repeat("correlation"), repeat(-1)
+_CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -313,25 +313,24 @@ class ColumnBuilder:
 
     def _codes(
         self, table: dict[Any, int], events: list[Any], field: str, bits: list[int] | None
-    ) -> list[int]:
+    ) -> npt.NDArray[np.int64]:
         """Codes of the events' ``field`` values in ``table``, adding the new ones (in order of
         first appearance)."""
         values = list(map(_GET[field], events))
         try:
-            codes = list(map(table.get, values))
+            codes = np.fromiter(map(table.get, values, _MISSING), np.int64, len(values))
         except TypeError:  # an unhashable key (a list where a string belongs): one at a time
-            return [self._new_code(table, v, bits) for v in values]
-        if None in codes:  # new values, coded in order of first appearance
-            for i in [i for i, c in enumerate(codes) if c is None]:
-                codes[i] = self._code(table, values[i], bits)
-        return codes  # type: ignore[return-value]
+            return np.array([self._new_code(table, v, bits) for v in values], np.int64)
+        new = np.flatnonzero(codes < 0)
+        for i in new.tolist():  # new values, coded in order of first appearance
+            codes[i] = self._code(table, values[i], bits)
+        return codes
 
     def _pair_codes(self, events: list[Any]) -> bytes:
         """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes."""
-        pids = np.array(self._codes(self.pids, events, "pid", None), np.int64)
-        tids = np.array(self._codes(self.tids, events, "tid", None), np.int64)
+        pids = self._codes(self.pids, events, "pid", None)
         pids <<= 32
-        pids |= tids
+        pids |= self._codes(self.tids, events, "tid", None)
         return pids.tobytes()
 
     def _pair(self, pid: Any, tid: Any) -> int:
@@ -382,7 +381,8 @@ class ColumnBuilder:
                 self._append_corr(self.launch_corr, corr)
                 self.launch_ts_us.fromlist(list(map(_GET["ts"], launches)))
                 self.launch_pair.frombytes(self._pair_codes(launches))
-                self.launch_name.fromlist(self._codes(self.names, launches, "name", self.name_bits))
+                names = self._codes(self.names, launches, "name", self.name_bits)
+                self.launch_name.frombytes(names.astype(np.int32).tobytes())
                 xs = list(compress(xs, map(not_, is_launch)))
         if not xs:
             return len(chunk)
@@ -391,8 +391,8 @@ class ColumnBuilder:
         self.dur_us.fromlist(list(map(_GET["dur"], xs)))
         cc = self._codes(self.cats, xs, "cat", self.cat_bits)
         nc = self._codes(self.names, xs, "name", self.name_bits)
-        self.cat_code.fromlist(cc)
-        self.name_code.fromlist(nc)
+        self.cat_code.frombytes(cc.astype(np.int32).tobytes())
+        self.name_code.frombytes(nc.astype(np.int32).tobytes())
         self.pair_code.frombytes(self._pair_codes(xs))
         args = list(map(_GET["args"], xs))
         self._append_corr(self.correlation, list(map(getattr, args, _CORR, _NO_CORR)))
