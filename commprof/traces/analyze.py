@@ -166,6 +166,22 @@ def _line_up(
     return cross, "" if cross is not None else "no collective seen on two ranks"
 
 
+def concat_ranks(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' tables in one, categorical columns kept categorical (over the union of the
+    ranks' categories; a plain concatenation turns differing categories into strings, a
+    Python string per row on many ranks)."""
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    first = frames[0]
+    for col in [c for c, t in first.dtypes.items() if isinstance(t, pd.CategoricalDtype)]:
+        if not all(isinstance(f[col].dtype, pd.CategoricalDtype) for f in frames):
+            continue
+        every = [v for f in frames for v in f[col].cat.categories]
+        categories = pd.Index(list(dict.fromkeys(every)), dtype=object)
+        for f in frames:
+            f[col] = f[col].cat.set_categories(categories)
+    return pd.concat(frames, ignore_index=True)
+
+
 def _checked_steps(steps: pd.DataFrame, trace_dir: Path) -> pd.DataFrame:
     dup = steps.duplicated(["rank", "step"])
     if dup.any():
@@ -220,7 +236,7 @@ def analyze(
     sizes = {size for r in results if (size := r.world_size) is not None}
     per_rank = {}
     for name in list(results[0].tables):  # each rank's table let go once concatenated
-        per_rank[name] = pd.concat([r.tables.pop(name) for r in results], ignore_index=True)
+        per_rank[name] = concat_ranks([r.tables.pop(name) for r in results])
     del results
     per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
     info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")

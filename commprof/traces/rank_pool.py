@@ -56,7 +56,8 @@ def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
 
 
 def _collectives(parsed: ParsedTrace) -> pd.DataFrame:
-    return rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+    out = rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+    return out.astype({"group": "category"})  # few values: a category each, not a string a row
 
 
 def _counted(parsed: ParsedTrace) -> pd.DataFrame:
