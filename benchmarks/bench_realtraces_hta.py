@@ -4,10 +4,16 @@ For every trace of a folder of real trace sets (``--traces DIR``, one sub-folder
 result kept was measured on 11 sets from HolisticTraceAnalysis' and PARAM's test data) this
 runs HTA 0.5.0's ``get_comm_comp_overlap`` in its exact-timestamp mode
 (``HTA_DISABLE_NS_ROUNDING=1``, ``include_last_profiler_step=True``, one trace at a time in
-HTA's own venv) and commprof's whole-trace overlap (``trace_overlap``: 100 * |C and K| / |C|),
-and explains the difference step by step. Starting from commprof's value it applies HTA's
-choices one at a time, each on commprof's own interval math, and reports what each moved:
+HTA's own venv) and commprof's per-rank overlap as ``commprof analyze`` prints it (the step
+windows' sums: 100 * sum |C and K and W| / sum |C and W|), and explains the difference step by
+step. Starting
+from that value it applies HTA's choices one at a time, each on commprof's own interval math,
+and reports what each moved:
 
+0. ``outside_windows``: HTA's overlap is over the whole trace; commprof's sums the step
+   windows, which follow the GPU through the launches (a kernel belongs to the step that
+   launched it): time in no window (kernels launched before the first step, or never) is the
+   difference. The collectives in windows and outside are counted per trace.
 1. ``unlaunched``: HTA keeps only GPU events whose CUPTI correlation id matches a CPU
    event; kernels launched before profiling started have none (commprof keeps them by
    default; ``--unlaunched drop`` is HTA's rule).
@@ -94,7 +100,7 @@ def _chain(path: Path) -> dict[str, Any]:
     """commprof's value, then HTA's choices applied one at a time (module docstring)."""
     from commprof.traces import trace_parser as tp
     from commprof.traces.intervals import IntervalSet
-    from commprof.traces.metrics import trace_overlap
+    from commprof.traces.metrics import step_metrics, trace_overlap
     from commprof.traces.trace_columns import read_columns
     from commprof.traces.trace_rules import CLASSES, RULES, STEP_PATTERN, detect_regime
 
@@ -102,6 +108,8 @@ def _chain(path: Path) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         parsed = tp.parse_trace(path)
     comm_ns, overlap_ns = trace_overlap(parsed)
+    steps = step_metrics(parsed)
+    step_comm, step_overlap = int(steps["comm_ns"].sum()), int(steps["overlap_ns"].sum())
     cols = read_columns(path, RULES.values())
     evs = tp._Events(cols)
     regime = detect_regime(cols.meta, cols.cats, cols.names)
@@ -134,6 +142,7 @@ def _chain(path: Path) -> dict[str, Any]:
     )
     keep1, keep2 = ~drop1, ~drop1 & ~drop2
     values = {
+        "steps": 100.0 * step_overlap / step_comm if step_comm else float("nan"),
         "commprof": 100.0 * overlap_ns / comm_ns if comm_ns else float("nan"),
         "unlaunched": _pct(*sets(comm_k & keep1, comp_k & keep1)),
         "after_last_step": _pct(*sets(comm_k & keep2, comp_k & keep2)),
@@ -147,7 +156,17 @@ def _chain(path: Path) -> dict[str, Any]:
         "commprof_drop_unlaunched": _pct(
             *sets(comm_k & ~(unlaunched & gpu), comp_k & ~(unlaunched & gpu))
         ),
+        "collectives": {
+            "num": len(parsed.collectives),
+            "in_windows": int(parsed.collectives["step"].notna().sum()),
+            "outside": len(parsed.outside),
+            "outside_ns": int(parsed.outside["duration_ns"].sum()),
+            "types": parsed.collectives["collective_type"].value_counts().to_dict(),
+            "type_sources": parsed.collectives["type_source"].value_counts().to_dict(),
+        },
+        "window_source": parsed.step_source,
         "counts": {
+            "outside_windows": [len(parsed.outside), comm_ns - step_comm],
             "unlaunched": [int(drop1.sum()), int((end - start)[drop1].sum())],
             "after_last_step": [int(drop2.sum()), int((end - start)[drop2].sum())],
             "classification": [int(reclassified.sum()), int((end - start)[reclassified].sum())],
@@ -159,7 +178,7 @@ def _chain(path: Path) -> dict[str, Any]:
 def _row(name: str, path: Path, chain: dict[str, Any], hta: dict[str, Any]) -> dict[str, Any]:
     v = chain["values"]
     row: dict[str, Any] = {"set": name, "file": path.name, **chain, "hta": hta}
-    if "overlap_pct" not in hta or np.isnan(v["commprof"]) or np.isnan(hta["overlap_pct"]):
+    if "overlap_pct" not in hta or np.isnan(v["steps"]) or np.isnan(hta["overlap_pct"]):
         # Nothing to compare: no communication on one side (HTA counts GPU kernels only;
         # a CPU-only gloo trace has communication for commprof, none for HTA).
         row["causes"] = {}
@@ -167,12 +186,13 @@ def _row(name: str, path: Path, chain: dict[str, Any], hta: dict[str, Any]) -> d
             hta["error"] = f"HTA {hta['overlap_pct']:.3f}: no GPU communication kernel"
         return row
     h = hta["overlap_pct"]
-    order = ["commprof", "unlaunched", "after_last_step", "classification"]
-    row["diff_points"] = v["commprof"] - h
+    order = ["steps", "commprof", "unlaunched", "after_last_step", "classification"]
+    row["diff_points"] = v["steps"] - h
+    causes = ["outside_windows", "unlaunched", "after_last_step", "classification"]
     row["causes"] = {
-        k: {"points": v[prev] - v[k], "events": chain["counts"][k][0],
-            "ns": chain["counts"][k][1]}
-        for prev, k in itertools.pairwise(order)
+        c: {"points": v[prev] - v[k], "events": chain["counts"][c][0],
+            "ns": chain["counts"][c][1]}
+        for c, (prev, k) in zip(causes, itertools.pairwise(order), strict=True)
     }  # fmt: skip
     row["residual_points"] = v["classification"] - h
     row["pass_same_definition"] = abs(row["residual_points"]) <= TOLERANCE_POINTS
@@ -183,7 +203,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
     head = f"{'set':28} {'rank':>4} {'commprof':>9} {'HTA':>9} {'diff':>7}  causes (points, events)"
     print(head)
     for r in rows:
-        cp = r["values"]["commprof"]
+        cp = r["values"]["steps"]
         if "diff_points" not in r:
             why = r["hta"].get("error", "no communication")
             print(f"{r['set']:28} {r['rank']:>4} {cp:9.3f} {'-':>9} {'-':>7}  {why[:70]}")

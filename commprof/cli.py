@@ -94,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     collective.set_defaults(func=_collective)
 
     analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
-    analyze.add_argument("trace_dir", type=Path, help="folder of Kineto/chrome traces")
+    analyze.add_argument(
+        "trace_dir",
+        type=Path,
+        help="folder of Kineto/chrome traces, or a sweep's dataset folder (each cell's traces)",
+    )
     analyze.add_argument("--out", type=Path, help="write the tables as Parquet here")
     analyze.add_argument(
         "--json", action="store_true", help="print one JSON document (steps, ranks, cross_rank)"
     )
-    analyze.add_argument("--regime", choices=tuple(REGIMES), help="force the rule table")
+    analyze.add_argument("--regime", choices=(*REGIMES, "cuda-single"), help="force the rule table")
     analyze.add_argument(
         "--workers",
         type=flags.positive_int,
@@ -118,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         default="keep",
         help="device kernels with no launch event in the trace (launched before profiling "
         "started): keep them (default) or drop them (HolisticTraceAnalysis' rule)",
+    )
+    analyze.add_argument(
+        "--perfetto",
+        type=Path,
+        metavar="OUT.json",
+        help="write every rank as one trace on one clock (estimated offsets applied, "
+        "collectives linked across ranks) for Perfetto or chrome://tracing",
     )
     analyze.set_defaults(func=_analyze)
 
@@ -507,6 +518,7 @@ def _analyze(args: argparse.Namespace) -> int:
             use_ray=args.ray,
             address=args.address,
             unlaunched=args.unlaunched,
+            perfetto_out=args.perfetto,
         )
     )
 

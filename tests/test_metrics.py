@@ -136,5 +136,10 @@ def test_collective_type_metrics_closed_form() -> None:
     assert out.loc[(0, "reduce_scatter"), "overlap_ns"] == (50 - 45) * us
     assert out.loc[(0, "reduce_scatter"), "exposed_ns"] == (65 - 50) * us
     assert out.loc[(0, "all_to_all"), "comm_ns"] == (100 - 90) * us  # clipped to its window
-    assert list(out.index.get_level_values("step")) == [0, 0, 0]
+    # SPAN_RULE: all_to_all, launched in step 0, runs 10 us into window 1: counted in step 0,
+    # its time in the window it runs in, as the step table counts it.
+    assert out.loc[(1, "all_to_all"), "num_collectives"] == 0
+    assert out.loc[(1, "all_to_all"), "comm_ns"] == (110 - 100) * us
+    assert list(out.index.get_level_values("step")) == [0, 0, 0, 1]
+    assert step_metrics(p).set_index("step").loc[1, "comm_ns"] == (110 - 100) * us
     assert step_metrics(p).set_index("step").loc[0, "comm_ns"] == (40 - 10 + 65 - 45 + 10) * us

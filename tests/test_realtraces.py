@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from commprof.traces.analyze import analyze_dir
+from commprof.traces.intervals import total_length
 from commprof.traces.metrics import collective_type_metrics, step_metrics, trace_overlap
 from commprof.traces.trace_parser import ParsedTrace, load_trace, parse_trace
 from commprof.traces.trace_rules import LAUNCH_CATS, LAUNCHED_CATS
@@ -28,8 +29,8 @@ SETS = sorted([
 ])  # fmt: skip
 """The sets of ../shared/realtraces (its SOURCES.txt names them), read in place."""
 pytestmark = needs(REAL)
-REGIME = {"hta_cpu_only_gloo": "cpu-gloo", "hta_alexnet_nostep": "cuda-gloo",
-          "hta_amd_mi250_single": "cuda-gloo"}  # fmt: skip
+REGIME = {"hta_cpu_only_gloo": "cpu-gloo", "hta_alexnet_nostep": "cuda-single",
+          "hta_amd_mi250_single": "cuda-single"}  # fmt: skip
 """Sets not in cuda-nccl: CPU-only gloo, and single-GPU traces with no collective."""
 
 
@@ -68,15 +69,23 @@ def test_every_set_parses_with_sane_steps(name: str) -> None:
         assert (types["overlap_ns"] + types["exposed_ns"] == types["comm_ns"]).all()
 
 
-def test_rocm_device_step_annotations_are_not_used_when_they_miss_the_kernels() -> None:
+def test_rocm_steps_follow_the_launches_not_the_device_step_annotations() -> None:
     # MI250 ROCm 6.2: gpu_user_annotation ProfilerStep#1 is 1.0 ms long where the CPU step
-    # is 9.3 ms, and holds no kernel time; the CPU windows hold the step's kernels.
+    # is 9.3 ms, and holds half the kernel time; the windows follow the launches instead.
     path = files("hta_amd_mi250_single")[0]
-    with pytest.warns(UserWarning, match="step windows from the CPU annotations"):
-        p = parse_trace(path)
-    assert p.step_source == "ProfilerStep"
+    p = parse_trace(path)
+    assert p.step_source == "ProfilerStep launches"
+    assert p.regime == "cuda-single" and p.world_size == 1 and p.has_backward
     steps = step_metrics(p).set_index("step")
-    assert steps.loc[1, "compute_ns"] > 0  # step 2 is a 49 us stub with no kernel
+    # Every kernel of the trace was launched in step 1 (step 2 is a 49 us stub).
+    assert steps.loc[1, "compute_ns"] == total_length(p.classes["compute"])
+    kernels = [e for e in load_trace(path)["traceEvents"] if e.get("cat") == "kernel"]
+    first = min(round(e["ts"] * 1000) for e in kernels)
+    last = max(round(e["ts"] * 1000) + round(e["dur"] * 1000) for e in kernels)
+    memcpy = [e for e in load_trace(path)["traceEvents"] if e.get("cat") == "gpu_memcpy"]
+    first = min([first, *(round(e["ts"] * 1000) for e in memcpy)])
+    last = max([last, *(round(e["ts"] * 1000) + round(e["dur"] * 1000) for e in memcpy)])
+    assert (p.step_start_ns[0], p.step_end_ns[0]) == (first, last)
 
 
 @pytest.mark.parametrize(
@@ -110,15 +119,22 @@ def test_analyze_reports_window_source_and_unlaunched_per_trace() -> None:
     tables = analyze_dir(REAL / "hta_sampled_2of128")
     traces = tables["traces"].set_index("rank")
     assert sorted(traces.index) == [0, 1]
-    assert (traces["window_source"] == "ProfilerStep").all()
+    assert (traces["window_source"] == "ProfilerStep launches").all()
     assert (traces["unlaunched_rule"] == "keep").all()
     types = tables["collective_types"]
-    # NCCL SendRecv kernels (pipeline send/recv) on both ranks, in both steps.
-    assert set(types["collective_type"]) == {"send_recv"}
-    assert len(types) == 2 * 2
+    # Every kernel is ncclKernel_SendRecv; its launching op (nccl:all_reduce,
+    # nccl:all_to_all, nccl:_all_gather_base on the launching thread) names the collective.
+    colls = tables["collectives"]
+    assert colls["name"].str.startswith("ncclKernel_SendRecv").all()
+    assert (colls["type_source"] == "op name").all()
+    assert set(types["collective_type"]) == {"all_reduce", "all_to_all", "all_gather"}
+    # The per-type table adds up to the step table: all communication is collectives.
+    totals = tables["type_totals"].set_index(["rank", "step"])
     steps = tables["steps"].set_index(["rank", "step"])
-    per_step = types.set_index(["rank", "step"])
-    assert (per_step["comm_ns"] == steps.loc[per_step.index, "comm_ns"]).all()
+    assert (totals["comm_ns"] == steps.loc[totals.index, "comm_ns"]).all()
+    assert (totals["collective_ns"] == totals["comm_ns"]).all()
+    summed = types.groupby(["rank", "step"])["comm_ns"].sum()
+    assert (summed == totals.loc[summed.index, "types_sum_ns"]).all()
 
 
 def test_cli_unlaunched_drop_is_htas_rule(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,3 +151,36 @@ def test_cli_unlaunched_drop_is_htas_rule(capsys: pytest.CaptureFixture[str]) ->
     assert main(["analyze", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "Per collective type (durations in ms" in out and "num_unlaunched" in out
+
+
+@pytest.mark.parametrize("name", ["param_dlrm_8rank", "hta_sampled_2of128"])
+def test_perfetto_of_real_multi_rank_sets(name: str, tmp_path: Path) -> None:
+    from commprof.traces.analyze import analyze, perfetto
+
+    a = analyze(REAL / name, workers=1)
+    assert a.cross is not None
+    out = tmp_path / "all.json"
+    done = perfetto(a, out)
+    events = json.loads(out.read_text())["traceEvents"]
+    ranks = sorted(a.files)
+    assert {e["pid"] for e in events} == set(ranks) and done["own_clock_ranks"] == []
+    flows = [e for e in events if e.get("cat") == "commprof_collective"]
+    starts = [e for e in flows if e["ph"] == "s"]
+    assert len(starts) == done["num_linked_collectives"] == len(a.cross.collectives)
+    # Each flow passes through one kernel of each rank of its collective; on the merged clock the
+    # kernels' ends meet within the line-up's largest residual (both sides of the median).
+    residual_us = int(a.cross.offsets["residual_max_ns"].max()) / 1000
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    by_id: dict[int, list[float]] = {}
+    for e in flows:
+        around = [end for lo, end in slices[(e["pid"], e["tid"])] if lo <= e["ts"] <= end]
+        assert around, e
+        by_id.setdefault(e["id"], []).append(min(around))
+    sizes = a.cross.collectives["num_ranks"].sort_values().tolist()
+    assert sorted(len(v) for v in by_id.values()) == sizes
+    if not a.cross.matching_doubtful():  # 2 of 128 ranks' send/recv: ends need not meet
+        assert all(max(v) - min(v) <= 2 * residual_us + 0.01 for v in by_id.values())
+    assert a.cross.matching_doubtful() == (name == "hta_sampled_2of128")

@@ -474,8 +474,25 @@ def launch(ts: float, corr: int) -> dict[str, Any]:
     return x("cudaLaunchKernel", "cuda_runtime", ts, 1, correlation=corr)
 
 
-def test_device_step_windows_only_where_they_hold_the_kernels() -> None:
+def test_step_windows_follow_the_launches_onto_the_gpu() -> None:
+    # Launched at 1 and 101 us, run at [20, 50) and [120, 150): each window runs from the first
+    # to the last device activity its ProfilerStep launched, whatever Kineto's device
+    # annotations say.
     kernels = [launch(1, 1), kernel("gemm", 20, 30, 1), launch(101, 2), kernel("gemm", 120, 30, 2)]
+    cpu = [step(0, 0, 100), step(1, 100, 100)]
+    bad = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 16) for n, t in ((0, 60), (1, 160))]
+    p = parse_trace(trace(cpu + bad + kernels))
+    assert p.step_source == "ProfilerStep launches"
+    assert (p.step_start_ns.tolist(), p.step_end_ns.tolist()) == (
+        [20_000, 120_000],
+        [50_000, 150_000],
+    )
+
+
+def test_device_step_windows_only_where_they_hold_the_kernels() -> None:
+    # Kernels whose launches are not in the trace: Kineto's device annotations are the only
+    # device-side windows, used only where they hold the kernels.
+    kernels = [kernel("gemm", 20, 30, 1), kernel("gemm", 120, 30, 2)]
     cpu = [step(0, 0, 100), step(1, 100, 100)]
     # In phase: the device windows [15, 60) and [115, 160) hold every kernel: used.
     good = [x(f"ProfilerStep#{n}", "gpu_user_annotation", t, 45) for n, t in ((0, 15), (1, 115))]
@@ -577,22 +594,25 @@ def test_a_trace_without_distributed_info_keeps_only_the_events_its_rules_can_us
     tmp_path: Path,
 ) -> None:
     # No distributedInfo: every regime's rules may apply, so the columns keep their
-    # categories, the launches and step annotations, and events of any category named
-    # like a gloo thread marker or a comm kernel; a python_function is dropped unless so named.
+    # categories, the launches and step annotations, and events of any other category named
+    # like a gloo thread marker or a comm kernel; a python_function (a category no rule reads,
+    # trace_rules.SKIP_CATS) is dropped undecoded, whatever its name.
     events = [
         step(0, 0, 100),
         x("gloo:all_reduce", "user_annotation", 10, 30, tid=2),  # communication
         x("aten::add", "cpu_op", 5, 20, tid=1),  # compute
         x("aten::copy_", "cpu_op", 12, 5, tid=2),  # on the gloo thread: ignored
         x("forward", "python_function", 0, 90, tid=1),  # no rule reads it: dropped
-        x("gloo:wait", "python_function", 50, 1, tid=3),  # marks thread 3: kept
+        x("gloo:wait", "custom_category", 50, 1, tid=3),  # marks thread 3: kept
+        x("gloo:x", "python_function", 70, 1, tid=4),  # a category no rule reads: dropped
         x("aten::mul", "cpu_op", 60, 10, tid=3),  # on thread 3: ignored, not compute
     ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace(events)))
     for source in (trace(events), path):
         cols = read_columns(source, RULES.values())
-        assert "forward" not in cols.names and "gloo:wait" in cols.names
+        assert "forward" not in cols.names and "gloo:x" not in cols.names
+        assert "gloo:wait" in cols.names
         p = parse_trace(source)
         assert p.regime == "cpu-gloo"
         assert pairs(p.classes["compute"]) == [(5_000, 25_000)]

@@ -55,3 +55,55 @@ def rank_trace(
         "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": len(OFFSET_US)},
         "traceEvents": events,
     }
+
+
+# A ROCm-like training rank whose GPU runs LAG_US behind its CPU (more than a step): each step
+# launches a GEMM and two RCCL collectives (ncclDevKernel_Generic, no metadata on the kernel);
+# the metadata is only on the launching record_param_comms op. Per step k (CPU window
+# [k P, (k+1) P)), on the GPU: gemm [kP+16000, kP+20000), all_reduce [kP+17000, kP+22000),
+# all_gather [kP+24000, kP+25000) (us).
+STEP_US = 10_000.0
+LAG_US = 15_000.0
+NUM_LAG_STEPS = 4
+LAG_KERNELS = (  # name, launch offset in the step (us), duration (us), collective metadata
+    ("Cijk_Ailk_Bljk_SB_MT128x128x16_gemm", 1000.0, 4000.0, None),
+    ("ncclDevKernel_Generic", 2000.0, 5000.0, ("allreduce", 0)),
+    ("ncclDevKernel_Generic", 9000.0, 1000.0, ("_allgather_base", 100)),
+)
+
+
+def lagging_rank_trace(rank: int = 0, *, offset_us: float = 0.0) -> dict[str, Any]:
+    """The lagging-GPU rank (see LAG_KERNELS); ``offset_us`` shifts its whole clock."""
+    events: list[dict[str, Any]] = []
+    corr = 1
+    for k in range(NUM_LAG_STEPS):
+        base = k * STEP_US + offset_us
+        events.append(x(f"ProfilerStep#{k}", "user_annotation", base, STEP_US - 1.0))
+        events.append(x("forward", "python_function", base + 10.0, 500.0))
+        for name, at, dur, coll in LAG_KERNELS:
+            host = base + at
+            if coll is None:
+                events.append(x("aten::mm", "cpu_op", host - 5.0, 20.0))
+            else:
+                meta = {
+                    "Collective name": coll[0],
+                    "Process Group Name": "0",
+                    "In msg nelems": 1024,
+                    "dtype": "Float",
+                    "Group size": 2,
+                    "Seq": coll[1] + k,
+                }
+                events.append(x("record_param_comms", "cpu_op", host - 8.0, 30.0, **meta))
+                events.append(x(f"nccl:{coll[0].strip('_')}", "user_annotation", host - 4.0, 20.0))
+            events.append(x("hipLaunchKernel", "cuda_runtime", host, 6.0, correlation=corr))
+            stream = 0 if coll is None else 1  # RCCL runs on a stream of its own
+            kernel = x(name, "kernel", host + LAG_US, dur, stream, correlation=corr, stream=stream)
+            kernel["pid"] = 0  # the device's pid, as Kineto writes it
+            events.append(kernel)
+            events.append({"ph": "s", "cat": "ac2g", "id": corr, "pid": 1, "tid": 1, "ts": host})
+            corr += 1
+    events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}})
+    return {
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+        "traceEvents": events,
+    }

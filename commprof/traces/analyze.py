@@ -1,15 +1,18 @@
 """``commprof analyze TRACE_DIR``: per-step, per-rank and cross-rank tables of a folder of traces.
 
 Works on any folder of Kineto rank traces (``*.json`` / ``*.json.gz``), commprof's or a user's
-own; JSON files that are not traces are skipped with a note on stderr. A folder whose traces
-sit one level or more down (``results/<sweep>/traces/<cell>/``) is read where there is one
-such subfolder, and named in the error where there are several. The traces are parsed in
-parallel (:mod:`commprof.traces.rank_pool`); printing is :mod:`commprof.traces.report_text`.
+own; JSON files that are not traces are skipped with a note on stderr. A sweep's dataset folder
+(traces under ``traces/<cell>-a<N>/``) is read one cell at a time, each cell a job of its own;
+any other folder whose traces sit one level or more down is read where there is one such
+subfolder, and named in the error where there are several. The traces are parsed in parallel
+(:mod:`commprof.traces.rank_pool`); printing is :mod:`commprof.traces.report_text`, the merged
+view of every rank :mod:`commprof.traces.perfetto`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -22,7 +25,7 @@ import pandas as pd
 
 from commprof.traces.crossrank import CrossRank, cross_rank
 from commprof.traces.metrics import ratio
-from commprof.traces.rank_pool import RankResult, analyze_files
+from commprof.traces.rank_pool import analyze_files
 from commprof.traces.report_text import analysis_json, analysis_text, step_json_rows
 
 SUM_COLUMNS = (
@@ -36,6 +39,19 @@ SUM_COLUMNS = (
 )
 MAX_NAMED_FOLDERS = 10
 """Subfolders an error names before it says how many more there are."""
+CELL_FOLDER = re.compile(r".+-a\d+$")
+"""A dataset's trace folder of one cell attempt: ``traces/<cell_id>-a<attempt>``."""
+
+
+def cell_folders(folder: Path) -> list[Path]:
+    """The cells' trace folders of a sweep's dataset folder (or of its ``traces`` folder);
+    empty for any other folder."""
+    traces = folder / "traces" if (folder / "traces").is_dir() else folder
+    if not traces.is_dir() or _candidates(traces):
+        return []
+    return sorted(
+        p for p in traces.iterdir() if p.is_dir() and CELL_FOLDER.match(p.name) and _candidates(p)
+    )
 
 
 def _candidates(folder: Path) -> list[Path]:
@@ -103,6 +119,11 @@ class Analysis:
     """The ranks lined up (:mod:`commprof.traces.crossrank`), None for one rank or job."""
     cross_note: str = ""
     """Why there is no cross-rank section, where there is none."""
+    notes: tuple[str, ...] = ()
+    """What the traces tell beyond the tables, one line each naming its file
+    (:attr:`commprof.traces.rank_pool.RankResult.notes`)."""
+    files: dict[int, str] = field(default_factory=dict, repr=False)
+    """Each rank's trace file (the first, where a rank has several)."""
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -125,18 +146,40 @@ class Analysis:
         return out
 
 
-def _line_up(results: list[RankResult], collectives: pd.DataFrame) -> tuple[CrossRank | None, str]:
+LINE_UP_COLUMNS = ["rank", "group", "name", "start_ns", "end_ns", "duration_ns", "seq", "step"]
+"""The collectives' columns the cross-rank line-up reads (its strings as categories: the
+driver's memory on many ranks)."""
+
+
+def _line_up(
+    ranks: set[int], sizes: set[int], collectives: pd.DataFrame
+) -> tuple[CrossRank | None, str]:
     """Cross-rank section where the folder holds several ranks of one job."""
-    ranks = {r.rank for r in results}
-    sizes = {r.world_size for r in results if r.world_size is not None}
     if len(ranks) < 2:
         return None, "one rank"
     if len(sizes) > 1:
         return None, f"traces of several jobs (world sizes {sorted(sizes)})"
+    slim = collectives[LINE_UP_COLUMNS].astype({"group": "category", "name": "category"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # set-apart ranks: said in the offsets table
-        cross = cross_rank(collectives)
+        cross = cross_rank(slim)
     return cross, "" if cross is not None else "no collective seen on two ranks"
+
+
+def concat_ranks(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' tables in one, categorical columns kept categorical (over the union of the
+    ranks' categories; a plain concatenation turns differing categories into strings, a
+    Python string per row on many ranks)."""
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    first = frames[0]
+    for col in [c for c, t in first.dtypes.items() if isinstance(t, pd.CategoricalDtype)]:
+        if not all(isinstance(f[col].dtype, pd.CategoricalDtype) for f in frames):
+            continue
+        every = [v for f in frames for v in f[col].cat.categories]
+        categories = pd.Index(list(dict.fromkeys(every)), dtype=object)
+        for f in frames:
+            f[col] = f[col].cat.set_categories(categories)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _checked_steps(steps: pd.DataFrame, trace_dir: Path) -> pd.DataFrame:
@@ -184,17 +227,37 @@ def analyze(
     )
     if not results:
         raise ValueError(f"no trace files (*.json, *.json.gz with traceEvents) in {trace_dir}")
-    per_rank = {
-        name: pd.concat([r.tables[name] for r in results], ignore_index=True)
-        for name in results[0].tables
-    }
-    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
     traces = pd.DataFrame([r.trace for r in results])
+    files: dict[int, str] = {}
+    for r in results:
+        files.setdefault(r.rank, str(r.trace["source"]))
+    notes = tuple(n for r in results for n in r.notes)
+    ranks = {r.rank for r in results}
+    sizes = {size for r in results if (size := r.world_size) is not None}
+    per_rank = {}
+    for name in list(results[0].tables):  # each rank's table let go once concatenated
+        per_rank[name] = concat_ranks([r.tables.pop(name) for r in results])
+    del results
+    per_rank["steps"] = _checked_steps(per_rank["steps"], trace_dir)
     info = traces[["rank", "regime", "window_source"]].drop_duplicates("rank")
     per_rank["ranks"] = rank_table(per_rank["steps"]).merge(info, on="rank", how="left")
     per_rank["traces"] = traces
-    cross, note = _line_up(results, per_rank["collectives"])
-    return Analysis(per_rank=per_rank, cross=cross, cross_note=note)
+    cross, note = _line_up(ranks, sizes, per_rank["collectives"])
+    return Analysis(per_rank=per_rank, cross=cross, cross_note=note, notes=notes, files=files)
+
+
+def perfetto(analysis: Analysis, out: Path) -> dict[str, Any]:
+    """Write every rank of ``analysis`` as one trace on the reference clock (``--perfetto``)."""
+    from commprof.traces.perfetto import write_perfetto
+
+    cross = analysis.cross
+    return write_perfetto(
+        analysis.files,
+        analysis.per_rank["collectives"],
+        None if cross is None else cross.per_rank,
+        None if cross is None else cross.offsets,
+        Path(out),
+    )
 
 
 def analyze_dir(
@@ -237,6 +300,11 @@ def _emit(text: str) -> int:
     return 0
 
 
+def _cell_path(path: Path, cell: str) -> Path:
+    """``OUT.json`` -> ``OUT.<cell>.json`` (one file a cell of a dataset)."""
+    return path.with_name(f"{path.stem}.{cell}{path.suffix}")
+
+
 def run(
     trace_dir: Path,
     out: Path | None,
@@ -247,18 +315,20 @@ def run(
     use_ray: bool = False,
     address: str | None = None,
     unlaunched: str = "keep",
+    perfetto_out: Path | None = None,
 ) -> int:
     """Entry point of ``commprof analyze``; returns the process exit code.
 
     Args:
-        trace_dir: Folder of rank traces.
+        trace_dir: Folder of rank traces, or a sweep's dataset folder (one analysis a cell).
         out: Folder for the Parquet tables (:meth:`Analysis.tables`), or None.
         as_json: Print one JSON document (steps, ranks, cross_rank) on stdout instead.
-        regime: Force a regime (cpu-gloo, cuda-nccl, cuda-gloo).
+        regime: Force a regime (cpu-gloo, cuda-nccl, cuda-gloo, cuda-single).
         workers: Local worker processes (default: one per trace, at most one per CPU).
         use_ray: Parse the traces as Ray tasks.
         address: Ray cluster address (implies use_ray).
         unlaunched: "keep" or "drop" device kernels with no launch event in the trace.
+        perfetto_out: Write every rank as one Chrome trace here (``--perfetto``).
 
     Returns:
         0 on success, 2 when the traces cannot be analysed (message on stderr).
@@ -267,23 +337,48 @@ def run(
 
     from commprof.traces.metrics import STEP_COLUMNS
 
-    try:
-        analysis = analyze(
-            Path(trace_dir),
-            regime=regime,
-            workers=workers,
-            use_ray=use_ray,
-            address=address,
-            parse_options={"unlaunched": unlaunched},
-        )
-    except ValueError as exc:
-        print(f"commprof analyze: {exc}", file=sys.stderr)
+    trace_dir = Path(trace_dir)
+    cells = {p.name: p for p in cell_folders(trace_dir)} if trace_dir.is_dir() else {}
+    jobs = cells or {"": trace_dir}
+    docs, texts, failed = {}, [], 0
+    for cell, folder in jobs.items():
+        head = f"== cell {cell} ({folder}) ==\n" if cell else ""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # every warning reached the notes already
+                analysis = analyze(
+                    folder,
+                    regime=regime,
+                    workers=workers,
+                    use_ray=use_ray,
+                    address=address,
+                    parse_options={"unlaunched": unlaunched},
+                )
+        except ValueError as exc:
+            print(f"commprof analyze: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        if out is not None:
+            for path in write_parquet(analysis.tables(), Path(out) / cell if cell else Path(out)):
+                print(f"wrote {path}", file=sys.stderr)
+        if perfetto_out is not None:
+            target = _cell_path(Path(perfetto_out), cell) if cell else Path(perfetto_out)
+            done = perfetto(analysis, target)
+            own = done["own_clock_ranks"]
+            print(
+                f"wrote {target}: {done['num_ranks']} ranks, {done['num_linked_collectives']} "
+                "collectives linked across ranks"
+                + (f"; on their own clock (no matched collective): ranks {own}" if own else ""),
+                file=sys.stderr,
+            )
+        if as_json:
+            docs[cell] = analysis_json(analysis, step_json_rows(analysis.steps))
+        else:
+            with pd.option_context("display.width", 200, "display.max_columns", None):
+                texts.append(head + analysis_text(analysis, list(STEP_COLUMNS)))
+    if failed == len(jobs):
         return 2
-    if out is not None:
-        for path in write_parquet(analysis.tables(), Path(out)):
-            print(f"wrote {path}", file=sys.stderr)
     if as_json:
-        doc = analysis_json(analysis, step_json_rows(analysis.steps))
+        doc = {"cells": docs} if cells else docs[""]
         return _emit(json.dumps(doc, indent=1) + "\n")
-    with pd.option_context("display.width", 200, "display.max_columns", None):
-        return _emit(analysis_text(analysis, list(STEP_COLUMNS)) + "\n")
+    return _emit("\n\n".join(texts) + "\n")

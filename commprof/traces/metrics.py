@@ -98,40 +98,85 @@ def step_metrics(parsed: ParsedTrace) -> pd.DataFrame:
     return frame.astype({c: np.int64 for c in int_cols})
 
 
+SPAN_RULE = (
+    "a collective counts in the step that launched it (else the window it starts in); its time "
+    "counts in the window where it runs, so one that runs past its window's end adds that part "
+    "to the next window, in the step and the per-type tables alike"
+)
+"""The one rule for a collective across step windows (docs/design.md, Definitions)."""
+TYPE_TOTAL_COLUMNS = ("rank", "step", "comm_ns", "collective_ns", "types_sum_ns")
+
+
+def _type_sets(parsed: ParsedTrace) -> dict[str, IntervalSet]:
+    colls = parsed.collectives
+    return {
+        str(kind): IntervalSet.from_arrays(
+            group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64)
+        )
+        for kind, group in colls.groupby("collective_type", sort=True)
+    }
+
+
 def collective_type_metrics(parsed: ParsedTrace) -> pd.DataFrame:
     """Per step and collective type (all_reduce, all_gather, reduce_scatter, all_to_all,
     send_recv, ...): how many collectives, and comm, overlap and exposed time of that type.
 
-    For type T in window W: C_T is the union of T's collective intervals; comm = |C_T|,
-    overlap = |C_T and K|, exposed = |C_T minus K| with K the compute union (the step
-    definitions of docs/design.md restricted to one type). Types can run at once, so the
-    types' comm can add up to more than the step's comm. A collective is counted in the
-    window it starts in.
+    For type T in window W: C_T is the union of T's collective intervals; comm = |C_T and W|,
+    overlap = |C_T and K and W|, exposed = comm - overlap with K the compute union (the step
+    definitions of docs/design.md restricted to one type). SPAN_RULE decides where a
+    collective counts: num_collectives by the step that launched it, time by the window it
+    runs in, as the step table counts it. So with one type the type's comm is the step's
+    (where all communication is collectives); types that run at once add up to more
+    (:func:`type_totals` says how much).
 
     Returns:
-        One row per (step, type) with a collective (columns COLLECTIVE_TYPE_COLUMNS).
+        One row per (step, type) with a collective or time of one (COLLECTIVE_TYPE_COLUMNS).
     """
     colls, rows = parsed.collectives, []
     compute = parsed.classes["compute"]
+    sets = _type_sets(parsed)
+    counts = colls.dropna(subset=["step"]).groupby(["step", "collective_type"]).size()
     for step, lo, hi in zip(parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True):
-        in_step = colls[colls["step"] == step]
-        for kind, group in in_step.groupby("collective_type", sort=True):
-            spans = clip(
-                IntervalSet.from_arrays(
-                    group["start_ns"].to_numpy(np.int64), group["end_ns"].to_numpy(np.int64)
-                ),
-                int(lo),
-                int(hi),
-            )
+        for kind, spans_all in sets.items():
+            spans = clip(spans_all, int(lo), int(hi))
+            num = int(counts.get((int(step), kind), 0))
+            if not num and not len(spans):
+                continue
             comm_ns = total_length(spans)
             overlap_ns = total_length(intersection(spans, compute))
             rows.append({
-                "rank": parsed.rank, "step": int(step), "collective_type": str(kind),
-                "num_collectives": len(group), "comm_ns": comm_ns, "overlap_ns": overlap_ns,
+                "rank": parsed.rank, "step": int(step), "collective_type": kind,
+                "num_collectives": num, "comm_ns": comm_ns, "overlap_ns": overlap_ns,
                 "exposed_ns": comm_ns - overlap_ns,
                 "overlap_efficiency": ratio(overlap_ns, comm_ns),
             })  # fmt: skip
     return pd.DataFrame(rows, columns=list(COLLECTIVE_TYPE_COLUMNS))
+
+
+def type_totals(parsed: ParsedTrace) -> pd.DataFrame:
+    """Per step, how the per-type table adds up to the step table.
+
+    comm_ns is the step's communication |C and W|; collective_ns = |(union of the
+    collectives) and W|; types_sum_ns = sum over types of |C_T and W|. So types_sum_ns -
+    collective_ns is time two types ran at once (counted under each), and comm_ns -
+    collective_ns is communication that is no collective (gloo's staging copies in cuda-gloo).
+
+    Returns:
+        One row per step (TYPE_TOTAL_COLUMNS).
+    """
+    sets = _type_sets(parsed)
+    every = union_all(list(sets.values()))
+    comm = parsed.classes["communication"]
+    rows = []
+    for step, lo, hi in zip(parsed.step_ids, parsed.step_start_ns, parsed.step_end_ns, strict=True):
+        lo, hi = int(lo), int(hi)
+        rows.append({
+            "rank": parsed.rank, "step": int(step),
+            "comm_ns": total_length(clip(comm, lo, hi)),
+            "collective_ns": total_length(clip(every, lo, hi)),
+            "types_sum_ns": sum(total_length(clip(c, lo, hi)) for c in sets.values()),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=list(TYPE_TOTAL_COLUMNS))
 
 
 def trace_overlap(parsed: ParsedTrace) -> tuple[int, int]:

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from typing import Any
 import pandas as pd
 
 from commprof.traces.crossrank import rank_collectives
-from commprof.traces.metrics import collective_type_metrics, step_metrics
+from commprof.traces.metrics import collective_type_metrics, step_metrics, type_totals
+from commprof.traces.trace_notes import trace_notes
 from commprof.traces.trace_parser import ParsedTrace, parse_trace
 
 
@@ -41,23 +43,42 @@ def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
         "num_unlaunched": parsed.num_unlaunched,
         "unlaunched_ns": parsed.unlaunched_ns,
         "unlaunched_comm_ns": parsed.unlaunched_comm_ns,
+        "num_collectives": len(parsed.collectives),
+        "num_outside": len(parsed.outside),
+        "outside_comm_ns": int(parsed.outside["duration_ns"].sum()),
+        "num_duplicates": parsed.num_duplicates,
+        "num_launch_calls": parsed.num_launch_calls,
+        "num_graph_launches": parsed.num_graph_launches,
+        "num_device_events": parsed.num_device_events,
+        "gpu_lag_ns": parsed.gpu_lag_ns,
+        "training": parsed.has_backward,
     }
 
 
 def _collectives(parsed: ParsedTrace) -> pd.DataFrame:
-    return rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+    out = rank_collectives(parsed.collectives, parsed.rank, parsed.regime)
+    return out.astype({"group": "category"})  # few values: a category each, not a string a row
+
+
+def _counted(parsed: ParsedTrace) -> pd.DataFrame:
+    counted = parsed.counted if parsed.counted is not None else pd.DataFrame()
+    return counted.assign(rank=parsed.rank)[["rank", *counted.columns]]
 
 
 RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "steps": step_metrics,
     "collectives": _collectives,
     "collective_types": collective_type_metrics,
+    "type_totals": type_totals,
+    "counted": _counted,
 }
 """Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
 ("steps": :func:`commprof.traces.metrics.step_metrics`, "collectives": the collectives
 with rank and matching group, :func:`commprof.traces.crossrank.rank_collectives`,
 "collective_types": per step and collective type,
-:func:`commprof.traces.metrics.collective_type_metrics`)."""
+:func:`commprof.traces.metrics.collective_type_metrics`, "type_totals": how those add up to
+the step table, :func:`commprof.traces.metrics.type_totals`, "counted": the names with the
+most time in each class, ``ParsedTrace.counted``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +89,9 @@ class RankResult:
     """Its row of the ``traces`` table (:func:`trace_row`)."""
     tables: dict[str, pd.DataFrame] = field(repr=False)
     """Each of RANK_TABLES for this trace."""
+    notes: tuple[str, ...] = ()
+    """What the trace tells beyond its tables, one line each naming the file: its warnings and
+    :func:`commprof.traces.trace_notes.trace_notes`."""
 
     @property
     def rank(self) -> int:
@@ -101,11 +125,14 @@ def analyze_file(path: str, parse_options: Mapping[str, Any]) -> Outcome:
     once, whichever backend ran it.
     """
     try:
-        parsed = parse_trace(path, source=path, **parse_options)
-        result = RankResult(
-            trace=trace_row(parsed),
-            tables={name: make(parsed) for name, make in RANK_TABLES.items()},
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            parsed = parse_trace(path, source=path, **parse_options)
+            tables = {name: make(parsed) for name, make in RANK_TABLES.items()}
+        said = [str(w.message) for w in caught]
+        said = [m if m.startswith(path) else f"{path}: {m}" for m in said]
+        notes = [_named(m, path) for m in dict.fromkeys(said)] + trace_notes(parsed)
+        result = RankResult(trace=trace_row(parsed), tables=tables, notes=tuple(notes))
     except ValueError as exc:
         if "not a Chrome trace" in str(exc):
             return Outcome(path=path, skipped="not a trace")
@@ -113,10 +140,20 @@ def analyze_file(path: str, parse_options: Mapping[str, Any]) -> Outcome:
     return Outcome(path=path, result=result)
 
 
+def _named(message: str, path: str) -> str:
+    """A warning's message with the file named by its name only (as the notes name it)."""
+    return Path(path).name + message[len(path) :] if message.startswith(path) else message
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cpus or 1)
+
+
 def default_workers(num_files: int) -> int:
     """One worker per trace, at most one per CPU this process may use."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(num_files, cpus or 1))
+    return max(1, min(num_files, usable_cpus()))
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -192,7 +229,8 @@ def analyze_files(
     Args:
         files: Trace files.
         parse_options: Keyword arguments of ``parse_trace`` for every file (``regime``, ...).
-        workers: Local processes (default :func:`default_workers`); 1 parses in this process.
+        workers: Local processes (default :func:`default_workers`, and never more: a larger
+            number is bounded to it, and said so); 1 parses in this process.
         use_ray: One Ray task per file; connects to ``address`` (or ``RAY_ADDRESS``, else a
             local Ray) unless this process already runs Ray.
         address: Ray cluster address (implies ``use_ray``).
@@ -210,7 +248,14 @@ def analyze_files(
     if use_ray or address is not None:
         outcomes = _on_ray(paths, options, address)
     else:
-        outcomes = _on_processes(paths, options, workers or default_workers(len(paths)))
+        bound = default_workers(len(paths))
+        if workers is not None and workers > bound:
+            print(
+                f"commprof analyze: --workers {workers} bounded to {bound} ({len(paths)} "
+                f"traces, {usable_cpus()} CPUs): a worker more than either only waits",
+                file=sys.stderr,
+            )
+        outcomes = _on_processes(paths, options, min(workers or bound, bound))
     errors = [o.error for o in outcomes if o.error]
     if errors:
         more = f" ({len(errors)} of {len(paths)} traces failed)" if len(errors) > 1 else ""

@@ -72,8 +72,70 @@ def cross_text(cross: CrossRank) -> list[str]:
     return lines
 
 
-BASIC_TABLES = ("steps", "ranks", "traces", "collectives")
+BASIC_TABLES = ("steps", "ranks", "traces", "collectives", "collective_types", "type_totals",
+                "counted")  # fmt: skip
 """Tables printed in their own places; any other per-rank table prints after them."""
+TRACE_COLUMNS = (
+    "rank", "world_size", "regime", "window_source", "num_collectives", "num_outside",
+    "outside_comm_ns", "num_duplicates", "num_unlaunched", "unlaunched_ns",
+)  # fmt: skip
+"""Columns of the printed traces table (``--json`` and ``--out`` hold every column)."""
+MAX_COUNTED_RANKS = 8
+"""Ranks whose "what was counted" table prints (all go to ``--json`` and ``--out``)."""
+NAME_WIDTH = 70
+"""Characters of an event name printed (kernel names run to hundreds)."""
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 3] + "..."
+
+
+def counted_text(counted: pd.DataFrame) -> list[str]:
+    """The "what was counted" section: per rank the names with the most time in each class."""
+    if counted.empty:
+        return []
+    ranks = sorted(counted["rank"].unique())
+    shown = counted[counted["rank"].isin(ranks[:MAX_COUNTED_RANKS])].assign(
+        name=lambda f: f["name"].map(_short)
+    )
+    lines = [
+        "\nWhat was counted (per rank and class: the event names with the most time, "
+        "summed over their events):",
+        _table(shown),
+    ]
+    if len(ranks) > MAX_COUNTED_RANKS:
+        lines.append(f"({len(ranks) - MAX_COUNTED_RANKS} more ranks in --json and --out)")
+    return lines
+
+
+def types_text(types: pd.DataFrame, totals: pd.DataFrame) -> list[str]:
+    """The per-type section with the rule it counts by and how it adds up to the steps."""
+    from commprof.traces.metrics import SPAN_RULE
+
+    if types.empty:
+        return []
+    lines = ["\nPer collective type (durations in ms, shares in %):", _table(types)]
+    lines.append(f"Rule: {SPAN_RULE}.")
+    concurrent = totals["types_sum_ns"] - totals["collective_ns"]
+    other = totals["comm_ns"] - totals["collective_ns"]
+    if not concurrent.any() and not other.any():
+        lines.append("Each step's comm_ms is the sum of its types' comm_ms.")
+        return lines
+    parts = []
+    if concurrent.any():
+        parts.append(
+            f"{concurrent.sum() / NS_PER_MS:.3f} ms when two types ran at once (counted under "
+            f"each; {int((concurrent > 0).sum())} rank-steps)"
+        )
+    if other.any():
+        parts.append(
+            f"{other.sum() / NS_PER_MS:.3f} ms of communication that is no collective "
+            f"({int((other > 0).sum())} rank-steps)"
+        )
+    lines.append(
+        "The types' comm_ms add up to the steps' comm_ms but for: " + "; ".join(parts) + "."
+    )
+    return lines
 
 
 def _extras(analysis: Analysis) -> dict[str, pd.DataFrame]:
@@ -83,22 +145,32 @@ def _extras(analysis: Analysis) -> dict[str, pd.DataFrame]:
 def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
     """The printed report of ``commprof analyze``."""
     ranks = analysis.ranks.drop(columns=["regime", "window_source"], errors="ignore")
-    traces = analysis.per_rank["traces"].drop(columns=["source"])
+    traces = analysis.per_rank["traces"]
+    traces = traces[[c for c in TRACE_COLUMNS if c in traces.columns]]
+    empty = pd.DataFrame()
     lines = [
         "Per step (durations in ms, shares in %):",
         _table(analysis.steps[step_columns]),
         "\nPer rank (durations in ms, shares in %):",
         _table(ranks),
-        "\nTraces (regime: the rule table used; window_source: where the step windows came from):",
+        "\nTraces (regime: the rule table used; window_source: where the step windows came "
+        "from; outside: collectives in no step):",
         _table(traces),
+        *counted_text(analysis.per_rank.get("counted", empty)),
+        *types_text(
+            analysis.per_rank.get("collective_types", empty),
+            analysis.per_rank.get("type_totals", empty),
+        ),
     ]
     for name, table in _extras(analysis).items():
-        label = name.replace("_", " ").removesuffix("s")  # "collective_types": per type
+        label = name.replace("_", " ").removesuffix("s")
         lines += [f"\nPer {label} (durations in ms, shares in %):", _table(table)]
     if analysis.cross is not None:
         lines += cross_text(analysis.cross)
     else:
         lines.append(f"\nAcross ranks: none ({analysis.cross_note}).")
+    if analysis.notes:
+        lines += ["\nNotes:", *(f"  {note}" for note in analysis.notes)]
     return "\n".join(lines)
 
 
@@ -114,13 +186,16 @@ def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dic
             "clock_offsets": json_rows(c.offsets),
             "stragglers": json_rows(c.stragglers),
         }
+    shown = ("collective_types", "type_totals", "counted")
     return {
         "steps": step_records,
         "ranks": json_rows(analysis.ranks),
         "traces": json_rows(analysis.per_rank["traces"]),
+        **{n: json_rows(analysis.per_rank[n]) for n in shown if n in analysis.per_rank},
         **{name: json_rows(table) for name, table in _extras(analysis).items()},
         "cross_rank": cross,
         "cross_rank_note": analysis.cross_note,
+        "notes": list(analysis.notes),
     }
 
 

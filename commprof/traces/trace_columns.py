@@ -22,18 +22,22 @@ correlation ids.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not, not_
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
+from msgspec.structs import astuple
 
 from commprof.traces.trace_reader import (
     CHUNK_BYTES,
@@ -43,9 +47,12 @@ from commprof.traces.trace_reader import (
 )
 from commprof.traces.trace_rules import (
     COLLECTIVE_ARG_KEYS,
+    COMM_OP_PATTERN,
     LAUNCH_CATS,
     MAX_EVENT_DURATION_US,
     MAX_TS_US,
+    RAW_ARG_KEYS,
+    SKIP_CATS,
     RuleTable,
     needed_cats,
     needed_names,
@@ -78,10 +85,18 @@ class TraceColumns:
     correlation: npt.NDArray[np.int64]
     """``args.correlation`` (CUPTI launch <-> device event), -1 where absent."""
     launch_correlation: npt.NDArray[np.int64]
-    """Correlation ids, sorted, of the launch events kept only as ids (not as events): where no
-    rule needs a launch's thread, a launch matters only as proof that a kernel was launched."""
+    """Correlation ids, sorted, of every launch (runtime or driver call), whether kept as an
+    event or only here; the three columns below are aligned with it."""
+    launch_start_ns: npt.NDArray[np.int64]
+    """Each launch's start (ns): the step it was made in is the step of what it launched."""
+    launch_thread: npt.NDArray[np.int64]
+    """Each launch's thread code (the scheme of ``thread``): its launching op is on it."""
+    launch_name_code: npt.NDArray[np.int32]
+    """Each launch's name, an index in ``names`` (``cudaLaunchKernel``, ``cudaGraphLaunch``)."""
     args: dict[int, dict[str, Any]]
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
+    num_duplicates: int = 0
+    """Events dropped as duplicates (same category, name, start, end and thread as another)."""
 
 
 UNSET = msgspec.UNSET
@@ -89,6 +104,12 @@ BLOCK_EVENTS = 1 << 16
 """Events taken at a time where a whole-trace temporary would cost several bytes an event: a
 dict trace's events between conversions of their ts/dur to ns (``_flush``), the blocks of
 :func:`code_mask` and of ``trace_parser``'s launch search."""
+MAX_LEARNED_CATS = 64
+"""Categories outside the known ones added to the typed decoder before it gives up on tags."""
+_GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_IS_X = "X".__eq__
+_CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
+_BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
 def _int64_or_none(value: Any) -> int:
@@ -122,18 +143,24 @@ class _PlainChunk(list[Any]):
     """A chunk decoded as plain values (its events did not fit the typed structs)."""
 
 
-def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
-    """The struct an event decodes into: the fields the columns read, nothing else.
+def _args_type(name: str, kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """``args`` with ``correlation`` and ``kept_keys`` (fields ``k0``, ``k1``, ...; UNSET where
+    absent); the RAW_ARG_KEYS stay undecoded JSON (``msgspec.Raw``) until an event is kept."""
+    fields: list[tuple[str, Any, Any]] = [("correlation", Any, -1)]
+    fields += [
+        (f"k{i}", msgspec.Raw if key in RAW_ARG_KEYS else Any, msgspec.UNSET)
+        for i, key in enumerate(kept_keys)
+    ]
+    rename = {f"k{i}": key for i, key in enumerate(kept_keys)}
+    return msgspec.defstruct(name, fields, rename=rename, gc=False)
 
-    ``args`` holds ``correlation`` and ``kept_keys`` (as fields ``k0``, ``k1``, ...; UNSET
-    where absent). ``ts`` and ``dur`` are floats (JSON integers convert), NaN where absent.
+
+def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """The struct any event decodes into: the fields the columns read, nothing else.
+
+    ``ts`` and ``dur`` are floats (JSON integers convert), NaN where absent.
     """
-    args = msgspec.defstruct(
-        "KeptArgs",
-        [("correlation", Any, -1), *((f"k{i}", Any, msgspec.UNSET) for i in range(len(kept_keys)))],
-        rename={f"k{i}": key for i, key in enumerate(kept_keys)},
-        gc=False,
-    )
+    args = _args_type("KeptArgs", kept_keys)
     nan = float("nan")
     fields = [("ph", Any, None), ("cat", Any, ""), ("name", Any, ""), ("pid", Any, None),
               ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
@@ -143,13 +170,64 @@ def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
     return msgspec.defstruct("Event", fields, gc=False)
 
 
+class _TaggedTypes:
+    """Structs tagged by ``cat``, one per category: the categories read (kept keys), launches
+    (correlation only) and the rest (a bare tag: no name, no args decoded).
+
+    msgspec picks the struct by the ``cat`` value wherever it stands in the object; the
+    category is a class attribute, so ``e.cat`` reads as with the untagged struct. A category
+    not yet known fails the chunk; it is added (as read) and the chunk decoded again.
+    """
+
+    def __init__(self, kept_keys: tuple[str, ...], skip: frozenset[str]) -> None:
+        nan = float("nan")
+        kept_args, launch_args = _args_type("Args", kept_keys), _args_type("LaunchArgs", ())
+        self.read_fields = [("ph", Any, None), ("name", Any, ""), ("pid", Any, None),
+                            ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
+                            ("args", kept_args | None, None)]  # fmt: skip
+        self.launch_fields = [*self.read_fields[:-1], ("args", launch_args | None, None)]
+        self.skip = skip
+        self.types: dict[str, type[msgspec.Struct]] = {}
+        for cat in LAUNCH_CATS | skip:
+            self.add(cat)
+        self.decoder = self._decoder()
+
+    def add(self, cat: str) -> None:
+        """A struct for category ``cat`` (read unless it is a launch or skipped)."""
+        n = len(self.types)
+        space: dict[str, Any] = {"cat": cat}
+        if cat in LAUNCH_CATS:
+            fields = self.launch_fields
+        elif cat in self.skip:
+            fields, space = [], {"cat": cat, "ph": None, "name": ""}
+        else:
+            fields = self.read_fields
+        self.types[cat] = msgspec.defstruct(
+            f"Cat{n}", fields, tag_field="cat", tag=cat, namespace=space, gc=False
+        )
+
+    def _decoder(self) -> msgspec.json.Decoder[Any]:
+        union: Any = Union[tuple(self.types.values())]  # noqa: UP007  # a runtime tuple of types
+        return msgspec.json.Decoder(list[union])
+
+    def learn(self, error: msgspec.ValidationError) -> bool:
+        """Add the unknown category the error names; False if it names none (or too many)."""
+        match = _BAD_CAT.match(str(error))
+        if match is None or len(self.types) >= len(LAUNCH_CATS | self.skip) + MAX_LEARNED_CATS:
+            return False
+        self.add(match.group(1))
+        self.decoder = self._decoder()
+        return True
+
+
 class ColumnBuilder:
     """Accumulates :class:`TraceColumns` a decoded chunk (``add_chunk``) or an event
     (``add``) at a time, then ``finish``.
 
     Args are kept only for events a rule of ``tables`` may make a collective
-    (category and name match a ``collective`` rule) or test with ``has_arg``:
-    their :data:`COLLECTIVE_ARG_KEYS` and ``has_arg`` keys, nothing else.
+    (category and name match a ``collective`` rule), test with ``has_arg``, or whose name is a
+    collective's launching op (COMM_OP_PATTERN): their :data:`COLLECTIVE_ARG_KEYS` and
+    ``has_arg`` keys, nothing else.
     """
 
     def __init__(self, source: str, tables: Iterable[RuleTable]) -> None:
@@ -158,36 +236,47 @@ class ColumnBuilder:
         self.meta: dict[str, Any] = {}
         """Top-level keys of the trace, filled by the reader before the events it precedes."""
         self.relevant: frozenset[str] | None = None
-        """Categories of the events kept (None: all), decided at the first event."""
+        """Categories of the events kept (None: all), decided at the first chunk."""
         self.needed_names: re.Pattern[str] | None = None
         """Names of the events kept whatever their category (with ``relevant``)."""
         self.name_needed: dict[Any, bool] = {}
         """Name -> whether ``needed_names`` matches it, for the names of other categories."""
+        self.comm_op = re.compile(COMM_OP_PATTERN)
         self.decided = False
+        self.skip_cats: frozenset[str] = frozenset()
+        """Categories read as a bare tag and dropped (``trace_rules.SKIP_CATS``)."""
         self.launch_only = False
-        """Launch events are kept as correlation ids only (decided with ``relevant``)."""
-        self.launch_corr = array("q")
+        """Launch events are kept in the launch columns only (decided with ``relevant``)."""
+        self.launch_corr, self.launch_ts_us = array("q"), array("d")
+        self.launch_pair, self.launch_name = array("q"), array("i")
         rules = [r for t in self.tables for r in t.rules]
         # A collective rule that needs an args key keeps only events that have it (has_keys).
         self.coll_rules = [r for r in rules if r.collective and r.has_arg is None]
-        self.has_keys = tuple(dict.fromkeys(r.has_arg for r in rules if r.has_arg is not None))
+        self.has_keys = tuple(
+            dict.fromkeys(["Collective name", *(r.has_arg for r in rules if r.has_arg is not None)])
+        )  # an op's metadata (launching ops) is kept where it names its collective
         self.keep_keys = tuple(dict.fromkeys((*COLLECTIVE_ARG_KEYS, *self.has_keys)))
-        struct_keys = tuple(k for k in self.keep_keys if k != "correlation")
-        self.event_type = _event_type(struct_keys)
-        self.kept_fields = [(f"k{i}", key) for i, key in enumerate(struct_keys)]
-        self.has_fields = [f"k{struct_keys.index(k)}" for k in self.has_keys if k in struct_keys]
+        self.struct_keys = tuple(k for k in self.keep_keys if k != "correlation")
+        self.event_type = _event_type(self.struct_keys)
+        self.kept_fields = [(f"k{i}", key) for i, key in enumerate(self.struct_keys)]
+        self.has_fields = [
+            f"k{self.struct_keys.index(k)}" for k in self.has_keys if k in self.struct_keys
+        ]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
+        self.tagged: _TaggedTypes | None = None
+        """Decoder by category (decided with ``relevant``); None: the untagged struct only."""
+        self.num_untagged = 0
+        """Chunks that the tagged decoder could not take (events without a category)."""
         self.ts_us, self.dur_us = array("d"), array("d")
         """ts and dur (float us) of the events not yet converted to ns (``_flush``)."""
         self.start_ns, self.end_ns = array("q"), array("q")
         self.cat_code, self.name_code = array("i"), array("i")
-        self.pair_code, self.correlation = array("i"), array("q")
+        self.pair_code, self.correlation = array("q"), array("q")
         self.cats: dict[Any, int] = {}
         self.names: dict[Any, int] = {}
         self.pids: dict[Any, int] = {}
         self.tids: dict[Any, int] = {}
-        self.pairs: dict[tuple[int, int], int] = {}
-        """(pid code, tid code) -> pair code, in order of first appearance."""
+        """pid and tid -> their codes, in order of first appearance (``pair_code``)."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
@@ -203,7 +292,20 @@ class ColumnBuilder:
         return len(self.start_ns) + len(self.ts_us)
 
     def decode(self, data: bytes) -> list[Any]:
-        """Decode a chunk of events: typed structs, else plain values (a :class:`_PlainChunk`)."""
+        """Decode a chunk of events: structs tagged by category, else one untagged struct for
+        every event, else plain values (a :class:`_PlainChunk`)."""
+        if not self.decided:
+            self._decide()
+        while self.tagged is not None:
+            try:
+                return self.tagged.decoder.decode(data)  # type: ignore[no-any-return]
+            except msgspec.ValidationError as exc:
+                if self.tagged.learn(exc):
+                    continue
+                self.num_untagged += 1
+                if self.num_untagged > 2:  # events without a category all through: stop trying
+                    self.tagged = None
+                break
         try:
             return self._decoder.decode(data)  # type: ignore[no-any-return]
         except msgspec.ValidationError:
@@ -211,17 +313,49 @@ class ColumnBuilder:
 
     def _codes(
         self, table: dict[Any, int], events: list[Any], field: str, bits: list[int] | None
-    ) -> list[int]:
-        """Codes of the events' ``field`` values in ``table``, adding the new ones."""
-        get, value = table.get, attrgetter(field)
+    ) -> npt.NDArray[np.int64]:
+        """Codes of the events' ``field`` values in ``table``, adding the new ones (in order of
+        first appearance)."""
+        values = list(map(_GET[field], events))
         try:
-            codes = [get(value(e), -1) for e in events]
+            codes = np.fromiter(map(table.get, values, _MISSING), np.int64, len(values))
         except TypeError:  # an unhashable key (a list where a string belongs): one at a time
-            return [self._new_code(table, value(e), bits) for e in events]
-        if -1 in codes:
-            for i in [i for i, c in enumerate(codes) if c < 0]:
-                codes[i] = self._new_code(table, value(events[i]), bits)
+            return np.array([self._new_code(table, v, bits) for v in values], np.int64)
+        new = np.flatnonzero(codes < 0)
+        for i in new.tolist():  # new values, coded in order of first appearance
+            codes[i] = self._code(table, values[i], bits)
         return codes
+
+    def _pair_codes(self, events: list[Any]) -> bytes:
+        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes."""
+        pids = self._codes(self.pids, events, "pid", None)
+        pids <<= 32
+        pids |= self._codes(self.tids, events, "tid", None)
+        return pids.tobytes()
+
+    def _pair(self, pid: Any, tid: Any) -> int:
+        """The code of one (pid, tid) pair."""
+        return (self._code(self.pids, pid, None) << 32) | self._code(self.tids, tid, None)
+
+    def _kept(self, chunk: list[Any]) -> list[Any]:
+        """The chunk's complete events that some rule, the windows or the launches use, and
+        those of other categories with a needed name: iterated in C (``map``,
+        ``itertools.compress``), no Python bytecode per event."""
+        if self.relevant is None:
+            return list(compress(chunk, map(_IS_X, map(_GET["ph"], chunk))))
+        n = len(chunk)
+        cats = map(_GET["cat"], chunk)
+        in_rel = np.fromiter(
+            map(self.relevant.__contains__, cats), bool, n
+        )  # TypeError: unhashable
+        others = np.flatnonzero(~in_rel)
+        if others.size:
+            names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
+            for name in set(names).difference(self.name_needed):
+                self.name_needed[name] = self._name_needed(name)
+            in_rel[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+        kept = list(compress(chunk, in_rel.tolist()))
+        return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
     def add_chunk(self, chunk: list[Any]) -> int:
         """Take one decoded chunk of ``traceEvents``; returns its number of items."""
@@ -229,58 +363,56 @@ class ColumnBuilder:
             for e in chunk:
                 self.add(e)
             return len(chunk)
-        # Column at a time over the chunk's complete events: list comprehensions and
-        # array appends, no per-event Python function call (but the name check of an
-        # event of a category not kept, cached by name).
+        # Column at a time over the chunk's complete events: map, compress and array
+        # appends, no per-event Python function call.
         if not self.decided:
             self._decide()
-        rel = self.relevant
-        if rel is None:
-            xs = [e for e in chunk if e.ph == "X"]
-        elif self.needed_names is None:  # only events some rule, the windows or launches use
-            xs = [e for e in chunk if e.ph == "X" and type(e.cat) is str and e.cat in rel]
-        else:  # and those of other categories with a needed name
-            by_name = self._name_needed
-            xs = [
-                e
-                for e in chunk
-                if e.ph == "X" and ((type(e.cat) is str and e.cat in rel) or by_name(e.name))
-            ]
-        if self.launch_only:  # launches as correlation ids only
-            is_launch = [type(e.cat) is str and e.cat in LAUNCH_CATS for e in xs]
-            launches = [e for e, launch in zip(xs, is_launch, strict=True) if launch]
+        try:
+            xs = self._kept(chunk)
+        except TypeError:  # an unhashable category or name: take the events one by one
+            for e in chunk:
+                self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
+            return len(chunk)
+        if self.launch_only:  # launches into the launch columns only
+            is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
+            launches = list(compress(xs, is_launch))
             if launches:
-                corr = [-1 if e.args is None else e.args.correlation for e in launches]
+                corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
                 self._append_corr(self.launch_corr, corr)
-                xs = [e for e, launch in zip(xs, is_launch, strict=True) if not launch]
+                self.launch_ts_us.fromlist(list(map(_GET["ts"], launches)))
+                self.launch_pair.frombytes(self._pair_codes(launches))
+                names = self._codes(self.names, launches, "name", self.name_bits)
+                self.launch_name.frombytes(names.astype(np.int32).tobytes())
+                xs = list(compress(xs, map(not_, is_launch)))
         if not xs:
             return len(chunk)
         base = len(self)
-        self.ts_us.fromlist([e.ts for e in xs])
-        self.dur_us.fromlist([e.dur for e in xs])
+        self.ts_us.fromlist(list(map(_GET["ts"], xs)))
+        self.dur_us.fromlist(list(map(_GET["dur"], xs)))
         cc = self._codes(self.cats, xs, "cat", self.cat_bits)
         nc = self._codes(self.names, xs, "name", self.name_bits)
-        self.cat_code.fromlist(cc)
-        self.name_code.fromlist(nc)
-        pids = self._codes(self.pids, xs, "pid", None)
-        tids = self._codes(self.tids, xs, "tid", None)
-        pairs = self.pairs
-        pair_codes = [pairs.setdefault(k, len(pairs)) for k in zip(pids, tids, strict=True)]
-        self.pair_code.fromlist(pair_codes)
-        args = [e.args for e in xs]
-        self._append_corr(self.correlation, [-1 if a is None else a.correlation for a in args])
+        self.cat_code.frombytes(cc.astype(np.int32).tobytes())
+        self.name_code.frombytes(nc.astype(np.int32).tobytes())
+        self.pair_code.frombytes(self._pair_codes(xs))
+        args = list(map(_GET["args"], xs))
+        self._append_corr(self.correlation, list(map(getattr, args, _CORR, _NO_CORR)))
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
         keep = set(np.flatnonzero(bits).tolist())
-        for field in self.has_fields:
-            value = attrgetter(field)
-            keep.update(i for i, a in enumerate(args) if a is not None and value(a) is not UNSET)
+        for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
+            has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
+            keep.update(compress(range(len(args)), has))
+        keys, num_keys, raw = self.struct_keys, len(self.struct_keys), RAW_ARG_KEYS
         for i in sorted(keep):
             a = args[i]
-            if a is None:
+            if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
                 continue
-            kept = {k: v for f, k in self.kept_fields if (v := getattr(a, f)) is not UNSET}
-            if kept:
-                self.args[base + i] = kept
+            values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
+            if values.count(UNSET) == num_keys:
+                continue
+            kept = {k: v for k, v in zip(keys, values, strict=True) if v is not UNSET}
+            for key in raw.intersection(kept):
+                kept[key] = _value(kept[key])
+            self.args[base + i] = kept
         self._flush()
         return len(chunk)
 
@@ -291,6 +423,9 @@ class ColumnBuilder:
         self.needed_names = needed_names(tables)
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
+        if self.relevant is not None:
+            self.skip_cats = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
+            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats)
         self.decided = True
 
     def _name_needed(self, name: Any) -> bool:
@@ -342,6 +477,12 @@ class ColumnBuilder:
             out |= ok << i
         return out
 
+    def _code(self, table: dict[Any, int], key: Any, bits: list[int] | None) -> int:
+        try:
+            return table[key]
+        except (KeyError, TypeError):
+            return self._new_code(table, key, bits)
+
     def add(self, e: Any) -> None:
         """Take one item of ``traceEvents``; anything but a complete ("X") event is skipped."""
         # The hot loop of a parse (once per event): dict lookups and array appends
@@ -354,14 +495,21 @@ class ColumnBuilder:
             self._decide()
         if self.relevant is not None:
             cat = e.get("cat")
-            if (type(cat) is not str or cat not in self.relevant) and not self._name_needed(
-                e.get("name", "")
-            ):
-                return
+            if type(cat) is not str or cat not in self.relevant:
+                skipped = type(cat) is str and cat in self.skip_cats
+                if skipped or not self._name_needed(e.get("name", "")):
+                    return
             if self.launch_only and _is_launch(cat):
                 a = e.get("args")
                 corr = a.get("correlation", -1) if type(a) is dict else -1
                 self.launch_corr.append(_int64_or_none(corr))
+                launch_ts: Any = e.get("ts")
+                try:
+                    self.launch_ts_us.append(launch_ts)
+                except (TypeError, OverflowError):
+                    self.launch_ts_us.append(self._number(launch_ts, "ts", e))
+                self.launch_pair.append(self._pair(e.get("pid"), e.get("tid")))
+                self.launch_name.append(self._code(self.names, e.get("name", ""), self.name_bits))
                 return
         ts: Any = e.get("ts")
         dur: Any = e.get("dur")
@@ -373,29 +521,11 @@ class ColumnBuilder:
             self.dur_us.append(dur)
         except (TypeError, OverflowError):
             self.dur_us.append(self._number(dur, "dur", e))
-        key = e.get("cat", "")
-        try:
-            cc = self.cats[key]
-        except (KeyError, TypeError):
-            cc = self._new_code(self.cats, key, self.cat_bits)
-        key = e.get("name", "")
-        try:
-            nc = self.names[key]
-        except (KeyError, TypeError):
-            nc = self._new_code(self.names, key, self.name_bits)
+        cc = self._code(self.cats, e.get("cat", ""), self.cat_bits)
+        nc = self._code(self.names, e.get("name", ""), self.name_bits)
         self.cat_code.append(cc)
         self.name_code.append(nc)
-        key = e.get("pid")
-        try:
-            pc = self.pids[key]
-        except (KeyError, TypeError):
-            pc = self._new_code(self.pids, key, None)
-        key = e.get("tid")
-        try:
-            tc = self.tids[key]
-        except (KeyError, TypeError):
-            tc = self._new_code(self.tids, key, None)
-        self.pair_code.append(self.pairs.setdefault((pc, tc), len(self.pairs)))
+        self.pair_code.append(self._pair(e.get("pid"), e.get("tid")))
         a = e.get("args")
         if type(a) is not dict or not a:
             self.correlation.append(-1)
@@ -479,16 +609,12 @@ class ColumnBuilder:
                 f"(first: {self.beyond[1]!r} ts={self.beyond[2]!r} "
                 f"dur={self.beyond[3]!r} us); the trace is corrupt, re-export it"
             )
-        # (pid, tid) pair code -> the thread code pid * (num tids + 1) + tid, through a
-        # lookup table of the few distinct pairs: one int64 column, no temporaries.
-        span = len(self.tids) + 1
-        lut = np.array([p * span + t for p, t in self.pairs], dtype=np.int64)
-        thread = lut[np.frombuffer(self.pair_code, dtype=np.int32)]
-        self.pair_code = array("i")
-        launch_correlation = np.frombuffer(self.launch_corr, dtype=np.int64)
-        launch_correlation.sort()  # in place: _unlaunched searches it
-        # The columns share the arrays' buffers: nothing appends to them any more.
-        return TraceColumns(
+        # The thread code: the rank of the (pid, tid) pair among the trace's pairs in a fixed
+        # order (not the order of first appearance, which differs between the chunked and the
+        # dict path once launches are kept apart): one int64 column.
+        thread = self._thread(self.pair_code)
+        self.pair_code = array("q")
+        cols = TraceColumns(
             source=self.source,
             meta=meta,
             start_ns=np.frombuffer(self.start_ns, dtype=np.int64),
@@ -499,9 +625,110 @@ class ColumnBuilder:
             names=list(self.names),
             thread=thread,
             correlation=np.frombuffer(self.correlation, dtype=np.int64),
-            launch_correlation=launch_correlation,
+            **self._launches(thread),
             args=self.args,
-        )
+        )  # the columns share the arrays' buffers: nothing appends to them any more
+        return drop_duplicates(cols)
+
+    def _thread(self, pair_code: array[int]) -> npt.NDArray[np.int64]:
+        """Pair codes -> thread codes: pid rank * (num tids + 1) + tid rank, each rank in the
+        order of the values' JSON text (not of first appearance, which differs between the
+        chunked and the dict path once launches are kept apart)."""
+        codes = np.frombuffer(pair_code, dtype=np.int64)
+        pid_rank, tid_rank = _canonical(self.pids), _canonical(self.tids)
+        return pid_rank[codes >> 32] * (len(self.tids) + 1) + tid_rank[codes & 0xFFFFFFFF]
+
+    def _launches(self, events_thread: npt.NDArray[np.int64]) -> dict[str, Any]:
+        """The launch columns, sorted by correlation id: those kept apart (``launch_only``)
+        and those kept as events."""
+        ts_us = np.frombuffer(self.launch_ts_us, dtype=np.float64)
+        corr = np.frombuffer(self.launch_corr, dtype=np.int64)
+        start = _to_ns(np.where(np.isfinite(ts_us), ts_us, 0.0))
+        thread = self._thread(self.launch_pair)
+        name = np.frombuffer(self.launch_name, dtype=np.int32)
+        as_events = [c in LAUNCH_CATS for c in self.cats]
+        if any(as_events):
+            sel = code_mask(np.frombuffer(self.cat_code, dtype=np.int32), as_events)
+            corr = np.concatenate([corr, np.frombuffer(self.correlation, np.int64)[sel]])
+            start = np.concatenate([start, np.frombuffer(self.start_ns, np.int64)[sel]])
+            thread = np.concatenate([thread, events_thread[sel]])
+            name = np.concatenate([name, np.frombuffer(self.name_code, np.int32)[sel]])
+        order = np.argsort(corr, kind="stable")
+        return {
+            "launch_correlation": corr[order],
+            "launch_start_ns": start[order],
+            "launch_thread": thread[order],
+            "launch_name_code": name[order].astype(np.int32),
+        }
+
+
+_HASH = tuple(np.uint64(k) for k in (
+    0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
+    0x85EBCA77C2B2AE63,
+))  # fmt: skip
+"""Odd 64-bit multipliers (xxHash's primes) of the duplicate check's key hash."""
+
+
+def _duplicated(columns: list[npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
+    """Rows equal to an earlier row in every column (the first of each group is kept).
+
+    A 64-bit hash of each row, sorted, finds in a few milliseconds a million rows without
+    a repeated hash (the usual case); only where hashes repeat are the rows compared exactly.
+    """
+    n = columns[0].size
+    if n < 2:
+        return np.zeros(n, bool)
+    key = np.zeros(n, np.uint64)
+    for col, mult in zip(columns, _HASH, strict=False):
+        key ^= col.astype(np.int64, copy=False).view(np.uint64) * mult
+    ordered = np.sort(key)
+    if not (ordered[1:] == ordered[:-1]).any():
+        return np.zeros(n, bool)
+    frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
+    return frame.duplicated(keep="first").to_numpy()
+
+
+def drop_duplicates(cols: TraceColumns) -> TraceColumns:
+    """``cols`` without the events (and launches) that repeat an earlier one exactly.
+
+    Events are duplicates where category, name, start, end and thread (pid and tid: the
+    CUDA stream of a kernel) are all equal: no two real events of one thread or stream
+    share all of them, and a trace whose events were written twice (a merge gone wrong)
+    would count each collective twice and move every cross-rank figure. Launches repeat
+    where correlation id, start and thread do. ``num_duplicates`` counts what was dropped.
+    """
+    dup = _duplicated([cols.start_ns, cols.end_ns, cols.thread, cols.name_code, cols.cat_code])
+    ldup = np.zeros(cols.launch_correlation.size, bool)
+    if ldup.size > 1:  # sorted by correlation id: a repeat is next to its original
+        lc, ls, lt = cols.launch_correlation, cols.launch_start_ns, cols.launch_thread
+        ldup[1:] = (lc[1:] == lc[:-1]) & (ls[1:] == ls[:-1]) & (lt[1:] == lt[:-1]) & (lc[1:] != -1)
+    num = int(dup.sum()) + int(ldup.sum())
+    if not num:
+        return cols
+    keep, lkeep = ~dup, ~ldup
+    new_index = np.cumsum(keep) - 1
+    args = {int(new_index[i]): a for i, a in cols.args.items() if keep[i]}
+    return dataclasses.replace(
+        cols,
+        start_ns=cols.start_ns[keep], end_ns=cols.end_ns[keep], cat_code=cols.cat_code[keep],
+        name_code=cols.name_code[keep], thread=cols.thread[keep],
+        correlation=cols.correlation[keep], launch_correlation=cols.launch_correlation[lkeep],
+        launch_start_ns=cols.launch_start_ns[lkeep], launch_thread=cols.launch_thread[lkeep],
+        launch_name_code=cols.launch_name_code[lkeep], args=args, num_duplicates=num,
+    )  # fmt: skip
+
+
+def _canonical(codes: dict[Any, int]) -> npt.NDArray[np.int64]:
+    """Code -> the value's rank in the order of its JSON text."""
+    keys = sorted(codes, key=lambda k: json.dumps(k, sort_keys=True, default=str))
+    out = np.zeros(max(len(codes), 1), np.int64)
+    out[[codes[k] for k in keys]] = np.arange(len(keys))
+    return out
+
+
+def _value(v: Any) -> Any:
+    """A kept arg's value: undecoded JSON (RAW_ARG_KEYS) decoded now."""
+    return msgspec.json.decode(v) if isinstance(v, msgspec.Raw) else v
 
 
 def code_mask(codes: npt.NDArray[np.int32], wanted: list[bool]) -> npt.NDArray[np.bool_]:

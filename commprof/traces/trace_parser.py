@@ -33,9 +33,12 @@ from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask,
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
 from commprof.traces.trace_rules import (
     CLASSES,
+    COMM_OP_PATTERN,
     DEVICE_CATS,
     DTYPE_BYTES,
+    GRAPH_LAUNCH_PATTERN,
     IGNORE,
+    LAUNCH_CALL_PATTERN,
     LAUNCH_CATS,
     LAUNCHED_CATS,
     MAX_EVENT_DURATION_US,
@@ -48,11 +51,19 @@ from commprof.traces.trace_rules import (
     collective_type,
     detect_regime,
 )
-from commprof.traces.windows import step_windows
+from commprof.traces.windows import (
+    LAUNCH_SOURCE,
+    cpu_step_windows,
+    launch_windows,
+    step_windows,
+)
+
+COMM_OP = re.compile(COMM_OP_PATTERN)
 
 __all__ = [
     "CLASSES",
     "IGNORE",
+    "LAUNCH_CATS",
     "MAX_EVENT_DURATION_US",
     "REGIMES",
     "RULES",
@@ -91,7 +102,10 @@ class ParsedTrace:
     """Interval set of each class in CLASSES."""
     collectives: pd.DataFrame = field(repr=False)
     """One row per collective: name, collective_type, start_ns, end_ns, duration_ns, step, seq,
-    num_bytes, process_group, thread."""
+    num_bytes, process_group, thread, group_size, type_source. ``step`` is the step whose
+    ProfilerStep launched it, else the window it starts in, else NA (outside every window);
+    type, group, size and sequence number come from the event's own args, else from its
+    launching op (``type_source``: "args", "launching op", "op name", "event name")."""
     unlaunched_rule: str = "keep"
     """What was done with device activities whose launch is not in the trace: "keep" or "drop"."""
     num_unlaunched: int = 0
@@ -100,6 +114,30 @@ class ParsedTrace:
     """Their summed duration (ns)."""
     unlaunched_comm_ns: int = 0
     """The part of it in communication kernels (ns)."""
+    num_duplicates: int = 0
+    """Events dropped as exact duplicates of another (same category, name, start, end, thread)."""
+    num_launch_calls: int = 0
+    """Runtime calls that launch device work (``cudaLaunchKernel``, ``cudaGraphLaunch``, ...)."""
+    num_graph_launches: int = 0
+    """Of them, graph replays (``cudaGraphLaunch``, ``hipGraphLaunch``)."""
+    num_device_events: int = 0
+    """Device activities in the trace (kernels, memcpy, memset)."""
+    num_launched: int = 0
+    """Device activities whose launch is in the trace."""
+    gpu_lag_ns: int | None = None
+    """Median of (device activity start - its launch's start): how far the GPU runs behind the
+    CPU (None without launched activities)."""
+    has_backward: bool = False
+    """A backward pass or an optimizer step shows in the kept names (training, not inference)."""
+    counted: pd.DataFrame | None = field(default=None, repr=False)
+    """What each class holds: per class its names with the most time (class, name,
+    num_events, time_ns), at most COUNTED_TOP of a class (:func:`counted_names`)."""
+
+    @property
+    def outside(self) -> pd.DataFrame:
+        """The collectives in no step (launched outside every step and running outside every
+        window)."""
+        return self.collectives[self.collectives["step"].isna()]
 
 
 def _rank_of(trace: dict[str, Any], source: str) -> int:
@@ -144,6 +182,49 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
     return None
 
 
+def _category(values: list[str]) -> pd.Categorical:
+    """A column of few distinct strings, from their codes: one string object per distinct
+    value (a string column of a million collectives costs a pyarrow string each)."""
+    distinct = list(dict.fromkeys(values))
+    code = {v: i for i, v in enumerate(distinct)}
+    codes = np.fromiter(map(code.__getitem__, values), np.int32, len(values))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
+
+
+def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
+    """An Int64 column of integer args, NA where a value is no integer or is past int64
+    (:func:`_int64`); the usual all-integer case in one numpy conversion."""
+    if values and set(map(type, values)) == {int}:
+        try:
+            return pd.array(np.array(values, dtype=np.int64), dtype="Int64")
+        except OverflowError:
+            pass
+    return pd.array([_int64(v) for v in values], dtype="Int64")
+
+
+def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionArray:
+    """The num_bytes column (:func:`_message_bytes` of each row): ``In msg nelems`` times the
+    size of ``dtype`` at once where both are known, each other row on its own."""
+    nelems = [a.get("In msg nelems") for a in merged]
+    dtypes = [a.get("dtype") for a in merged]
+    try:
+        size_of = {d: _dtype_bytes(d) for d in set(dtypes)}
+    except TypeError:  # an unhashable dtype
+        return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
+    sizes = list(map(size_of.__getitem__, dtypes))
+    ok = [
+        type(n) is int and z is not None and abs(n) < 2**40
+        for n, z in zip(nelems, sizes, strict=True)
+    ]
+    out: list[int | None] = [
+        n * z if good else None  # type: ignore[operator]  # good: both are ints
+        for n, z, good in zip(nelems, sizes, ok, strict=True)
+    ]
+    for i in [i for i, good in enumerate(ok) if not good]:
+        out[i] = _message_bytes(merged[i])
+    return pd.array(out, dtype="Int64")
+
+
 class _Events:
     """Rule predicates over the columns of a trace's complete ("X") events."""
 
@@ -177,23 +258,22 @@ class _Events:
         held[[i for i, kept in self.cols.args.items() if key in kept]] = True
         return held[idx]
 
+    def launch_of(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """Index in the launch columns of each event's launch (-1: none in the trace)."""
+        lc, corr = self.cols.launch_correlation, self.cols.correlation[idx]
+        if not lc.size:
+            return np.full(idx.size, -1, np.intp)
+        pos = np.minimum(np.searchsorted(lc, corr), lc.size - 1)
+        return np.where((lc[pos] == corr) & (corr != -1), pos, -1)
+
     def launch_thread(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         # Device events carry no thread of their own: map them through the CUPTI
         # correlation id to the runtime call that launched them (-1 if none).
         out = self.thread[idx].copy()
         device = self.cat_mask(DEVICE_CATS)[idx]
-        if not device.any():
-            return out
-        launch = np.flatnonzero(self.cat_mask(LAUNCH_CATS))
-        corr = self.cols.correlation
-        order = np.argsort(corr[launch], kind="stable")
-        lc, lthread = corr[launch][order], self.thread[launch][order]
-        dc = corr[idx[device]]
-        if not lc.size:
-            out[device] = -1
-            return out
-        pos = np.clip(np.searchsorted(lc, dc), 0, lc.size - 1)
-        out[device] = np.where((lc[pos] == dc) & (dc != -1), lthread[pos], -1)
+        if device.any():
+            pos = self.launch_of(idx[device])
+            out[device] = np.where(pos >= 0, self.cols.launch_thread[np.maximum(pos, 0)], -1)
         return out
 
 
@@ -204,11 +284,6 @@ def _unlaunched(evs: _Events) -> npt.NDArray[np.bool_]:
     """
     device = evs.cat_mask(LAUNCHED_CATS)
     launches = evs.cols.launch_correlation  # sorted
-    kept = evs.cols.correlation[evs.cat_mask(LAUNCH_CATS)]
-    if kept.size:
-        launches = np.concatenate([kept, launches])
-        launches.sort()
-    del kept
     out = np.zeros(len(evs), bool)
     if not launches.size:
         out[device] = True
@@ -251,30 +326,159 @@ def _classify(
     return targets, collective, not_compute
 
 
+_NO_ARGS: dict[str, Any] = {}
+OP_DEPTH = 4
+"""Enclosing ops searched for a collective's launching op, innermost first (record_param_comms >
+nccl:all_reduce, under ops of other names: a few deep in real traces)."""
+TRAINING_NAMES = re.compile(r"(?i).*(backward|autograd::engine|optimizer)")
+"""Names that show a training step (a backward pass or an optimizer step), not inference."""
+COUNTED_TOP = {"communication": 5, "compute": 3}
+"""Names listed per class in ``ParsedTrace.counted`` (other classes: COUNTED_TOP_OTHER)."""
+COUNTED_TOP_OTHER = 2
+LAUNCH_WINDOW_REGIMES = frozenset({"cuda-nccl", "cuda-single"})
+"""Regimes whose communication and compute are device activities: their step windows follow
+the GPU through the launches (in cuda-gloo the communication is host time, in CPU windows)."""
+
+
+def _step_index(
+    cpu: tuple[Int64Array, Int64Array, Int64Array] | None,
+    at_ns: Int64Array,
+    valid: npt.NDArray[np.bool_],
+) -> npt.NDArray[np.intp]:
+    """Index of the CPU window each time lies in (-1: none, or not ``valid``)."""
+    if cpu is None or not at_ns.size:
+        return np.full(at_ns.size, -1, np.intp)
+    _, lo, hi = cpu
+    win = np.searchsorted(lo, at_ns, side="right") - 1
+    inside = valid & (win >= 0) & (at_ns < hi[np.maximum(win, 0)])
+    return np.where(inside, win, -1)
+
+
+def _launching_ops(
+    evs: _Events, idx: npt.NDArray[np.intp], launch: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """For each collective: its launching op with metadata and its launching op with a typed
+    name (indices of events, -1 for none).
+
+    The launching ops enclose the launch (the runtime call the kernel's correlation id names)
+    on its thread: ``record_param_comms`` carries ``Collective name``, group, size and sequence
+    number; ``nccl:all_to_all`` names the collective. The innermost enclosing op of each kind
+    is taken, up to OP_DEPTH deep.
+    """
+    with_args = np.full(idx.size, -1, np.intp)
+    with_name = np.full(idx.size, -1, np.intp)
+    cols = evs.cols
+    op_code = [COMM_OP.match(str(n)) is not None for n in cols.names]
+    ops = np.flatnonzero(code_mask(cols.name_code, op_code) & ~evs.cat_mask(DEVICE_CATS))
+    has = np.flatnonzero(launch >= 0)
+    if not ops.size or not has.size:
+        return with_args, with_name
+    op_has_args = np.zeros(len(evs), bool)
+    op_has_args[[i for i, a in cols.args.items() if "Collective name" in a]] = True
+    typed_code = np.array(
+        [ok and collective_type(n) != "unknown" for ok, n in zip(op_code, cols.names, strict=True)]
+    )
+    lthread = cols.launch_thread[launch[has]]
+    lstart = cols.launch_start_ns[launch[has]]
+    for thread in np.unique(lthread):
+        o = ops[evs.thread[ops] == thread]
+        if not o.size:
+            continue
+        o = o[np.argsort(evs.start_ns[o], kind="stable")]
+        o_start, o_end = evs.start_ns[o], evs.end_ns[o]
+        sel = lthread == thread
+        at, who = lstart[sel], has[sel]
+        pos = np.searchsorted(o_start, at, side="right") - 1
+        for depth in range(OP_DEPTH):  # innermost first: fill only what is still missing
+            j = np.maximum(pos - depth, 0)
+            inside = (pos - depth >= 0) & (o_end[j] >= at)
+            cand = o[j]
+            take = inside & op_has_args[cand] & (with_args[who] < 0)
+            with_args[who[take]] = cand[take]
+            take = inside & typed_code[evs.name_code[cand]] & (with_name[who] < 0)
+            with_name[who[take]] = cand[take]
+    return with_args, with_name
+
+
 def _collectives(
-    evs: _Events, idx: npt.NDArray[np.intp], starts: Int64Array, ends: Int64Array, ids: Int64Array
+    evs: _Events,
+    idx: npt.NDArray[np.intp],
+    windows: tuple[Int64Array, Int64Array, Int64Array],
+    cpu: tuple[Int64Array, Int64Array, Int64Array] | None,
 ) -> pd.DataFrame:
-    args = [evs.args(int(i)) for i in idx]
+    """The collectives table (see ``ParsedTrace.collectives``)."""
+    ids, starts, ends = windows
     start, end = evs.start_ns[idx], evs.end_ns[idx]
+    launch = evs.launch_of(idx)
+    with_args, with_name = _launching_ops(evs, idx, launch)
+    lstarts = evs.cols.launch_start_ns
+    launch_start = lstarts[np.maximum(launch, 0)] if lstarts.size else start
+    by_launch = _step_index(cpu, launch_start, launch >= 0)
     win = np.searchsorted(starts, start, side="right") - 1
     inside = (win >= 0) & (start < ends[np.clip(win, 0, None)])
-    names = [
-        a.get("Collective name") or evs.names[c]
-        for a, c in zip(args, evs.name_code[idx].tolist(), strict=True)
-    ]
+    step = np.where(inside, ids[np.clip(win, 0, None)], 0)
+    if cpu is not None:
+        step = np.where(by_launch >= 0, cpu[0][np.maximum(by_launch, 0)], step)
+    known = inside | (by_launch >= 0)
+    kept = evs.cols.args
+    own = [kept.get(i, _NO_ARGS) for i in idx.tolist()]
+    ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
+    event_names = [evs.names[c] for c in evs.name_code[idx].tolist()]
+    op_names = [evs.names[evs.name_code[i]] if i >= 0 else None for i in with_name.tolist()]
+    names, kinds, sources = [], [], []
+    for a, o, event_name, op_name in zip(own, ops, event_names, op_names, strict=True):
+        if "Collective name" in a:
+            name, kind, how = a["Collective name"], None, "args"
+        elif "Collective name" in o:
+            name, kind, how = o["Collective name"], None, "launching op"
+        elif op_name is not None:
+            name, kind, how = event_name, op_name, "op name"
+        else:
+            name, kind, how = event_name, None, "event name"
+        names.append(name)
+        kinds.append(name if kind is None else kind)  # the name the type is read from
+        sources.append(how)
+    type_of = {k: collective_type(k) for k in set(map(str, kinds))}
+    types = [type_of[str(k)] for k in kinds]
+    merged = [{**o, **a} if o else a for a, o in zip(own, ops, strict=True)]
     frame = pd.DataFrame({
-        "name": names, "collective_type": [collective_type(n) for n in names],
+        "name": _category(list(map(str, names))), "collective_type": _category(types),
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
-        "step": pd.array(np.where(inside, ids[np.clip(win, 0, None)], 0), dtype="Int64"),
-        "seq": pd.array(
-            [_int64(a.get("Seq", a.get("seq_num"))) for a in args], dtype="Int64"
-        ),
-        "num_bytes": pd.array([_message_bytes(a) for a in args], dtype="Int64"),
-        "process_group": [str(a.get("Process Group Name", "")) for a in args],
+        "step": pd.array(step, dtype="Int64"),
+        "seq": _int_column([a.get("Seq", a.get("seq_num")) for a in merged]),
+        "num_bytes": _bytes_column(merged),
+        "process_group": _category([str(a.get("Process Group Name", "")) for a in merged]),
         "thread": evs.thread[idx],
+        "group_size": _int_column([a.get("Group size") for a in merged]),
+        "type_source": _category(sources),
     })  # fmt: skip
-    frame.loc[~inside, "step"] = pd.NA
+    frame.loc[~known, "step"] = pd.NA
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def counted_names(evs: _Events, targets: npt.NDArray[np.int8]) -> pd.DataFrame:
+    """What was counted in each class: its names with the most summed event time.
+
+    Returns:
+        class, name, num_events, time_ns (the events' summed durations, overlaps counted
+        twice), at most COUNTED_TOP of a class, most time first.
+    """
+    dur = evs.end_ns - evs.start_ns
+    rows = []
+    for k, cls in enumerate(CLASSES):
+        sel = targets == k
+        if not sel.any():
+            continue
+        codes = evs.name_code[sel]
+        time_ns = np.bincount(codes, weights=dur[sel], minlength=len(evs.names))
+        count = np.bincount(codes, minlength=len(evs.names))
+        top = np.argsort(-time_ns, kind="stable")[: COUNTED_TOP.get(cls, COUNTED_TOP_OTHER)]
+        rows += [
+            {"class": cls, "name": str(evs.names[c]), "num_events": int(count[c]),
+             "time_ns": int(time_ns[c])}
+            for c in top.tolist() if count[c]
+        ]  # fmt: skip
+    return pd.DataFrame(rows, columns=["class", "name", "num_events", "time_ns"])
 
 
 def _class_sets(
@@ -351,21 +555,45 @@ def parse_trace(
     if len(carve):
         classes["compute"] = difference(classes["compute"], carve)
     work = [classes["communication"], classes["compute"]]
-    ids, starts, ends, label = step_windows(cols, targets, work, source)
+    cpu = cpu_step_windows(cols)
+    device = np.flatnonzero(evs.cat_mask(LAUNCHED_CATS))
+    launch = evs.launch_of(device)
+    found = launch >= 0
+    launch_start = cols.launch_start_ns[launch[found]]
+    dev_step = np.full(device.size, -1, np.intp)
+    dev_step[found] = _step_index(cpu, launch_start, np.ones(launch_start.size, bool))
+    if cpu is not None and regime in LAUNCH_WINDOW_REGIMES and (dev_step >= 0).any():
+        ids, starts, ends = launch_windows(cpu, dev_step, evs.start_ns[device], evs.end_ns[device])
+        label = LAUNCH_SOURCE
+    else:
+        ids, starts, ends, label = step_windows(cols, targets, work, source)
+    lag = evs.start_ns[device[found]] - launch_start
+    names = cols.names
+    call = [LAUNCH_CALL_PATTERN.match(str(n)) is not None for n in names]
+    graph = [GRAPH_LAUNCH_PATTERN.match(str(n)) is not None for n in names]
     info = meta.get("distributedInfo") or {}
+    world_size = int(info["world_size"]) if isinstance(info.get("world_size"), int) else None
     return ParsedTrace(
         source=source,
         rank=_rank_of(meta, source),
-        world_size=int(info["world_size"]) if isinstance(info.get("world_size"), int) else None,
+        world_size=1 if world_size is None and regime == "cuda-single" else world_size,
         regime=regime,
         step_ids=ids.astype(np.int64),
         step_start_ns=starts.astype(np.int64),
         step_end_ns=ends.astype(np.int64),
         step_source=label,
         classes=classes,
-        collectives=_collectives(evs, np.flatnonzero(collective), starts, ends, ids),
+        collectives=_collectives(evs, np.flatnonzero(collective), (ids, starts, ends), cpu),
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
         unlaunched_ns=summed(orphan),
         unlaunched_comm_ns=summed(comm_orphans),
+        num_duplicates=cols.num_duplicates,
+        num_launch_calls=int(code_mask(cols.launch_name_code, call).sum()),
+        num_graph_launches=int(code_mask(cols.launch_name_code, graph).sum()),
+        num_device_events=int(device.size),
+        num_launched=int(found.sum()),
+        gpu_lag_ns=int(np.median(lag)) if lag.size else None,
+        has_backward=any(TRAINING_NAMES.match(str(n)) for n in names),
+        counted=counted_names(evs, targets),
     )

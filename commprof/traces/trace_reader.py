@@ -25,6 +25,7 @@ import gzip
 import itertools
 import json
 import re
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -241,6 +242,24 @@ def stream_chunks(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     p = Path(path)
+    try:
+        return _stream(p, decode, on_chunk, chunk_bytes, has_ph, meta)
+    except RecursionError:  # a value nested past the decoders' depth (json's, msgspec's)
+        raise ValueError(
+            f"{p}: JSON nested too deep to decode (past about {sys.getrecursionlimit()} "
+            "levels): not a Kineto trace (its events nest a few levels deep)"
+        ) from None
+
+
+def _stream(
+    p: Path,
+    decode: Callable[[bytes], T],
+    on_chunk: Callable[[T], int],
+    chunk_bytes: int,
+    has_ph: Callable[[T], bool] | None,
+    meta: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """:func:`stream_chunks` of an opened path (see there)."""
     fh, is_gzip = _open_bytes(p)
     with fh:
         st = _ByteStream(fh, str(p), chunk_bytes, is_gzip)

@@ -10,6 +10,7 @@ which events' ``args`` it must keep.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,26 @@ LAUNCHED_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 UNLAUNCHED_RULES = ("keep", "drop")
 """What the parser does with device activities whose launch is not in the trace."""
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
+"""Host runtime and driver calls: kernel launches among them (CUPTI / roctracer correlation)."""
+LAUNCH_CALL_PATTERN = re.compile(r"(?i).*launch")
+"""Names of the runtime calls that launch device work (``cudaLaunchKernel``, ``cuLaunchKernel``,
+``cudaLaunchKernelExC``, ``hipLaunchKernel``, ``hipExtLaunchKernel``, ``cudaGraphLaunch``, ...)."""
+GRAPH_LAUNCH_PATTERN = re.compile(r"(?i)(cuda|hip|cu)GraphLaunch")
+"""Runtime calls that replay a captured graph (its kernels are traced only with graph tracing)."""
+SKIP_CATS = frozenset({
+    "python_function", "ac2g", "fwdbwd", "Trace", "overhead", "cpu_instant_event",
+    "cuda_profiler_range", "external_correlation", "glow_runtime", "async_cpu_to_gpu",
+    "mtia_ccp_events", "mtia_insight", "gpu_pm_counter", "collective_comm",
+})  # fmt: skip
+"""Kineto categories that no built-in rule, window or launch check reads: decoded as a bare tag
+(no name, no args; docs/design.md, Reading traces) unless a rule table names one."""
+COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
+"""Names of the host ops that launch a collective (``record_param_comms`` with its metadata,
+``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
+type, group, size and sequence number from its launching op. (The dispatcher's
+``c10d::allreduce_`` around them says nothing more and is left out: fewer events kept.)"""
+STEP_NAME_PATTERN = r"ProfilerStep#"
+"""Names of the step annotations, kept in any category (CPU and device ``ProfilerStep#N``)."""
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
@@ -42,10 +63,12 @@ DTYPE_BYTES = {
 """Element sizes of the dtype spellings in Kineto args (``dtype`` and ``Input type``)."""
 COLLECTIVE_ARG_KEYS = (
     "Collective name", "Seq", "seq_num", "Process Group Name", "In msg nelems", "dtype",
-    "Input Dims", "Input type",
+    "Group size", "Input Dims", "Input type",
 )  # fmt: skip
 """The ``args`` keys a collective's row reads (name, sequence: ``Seq``, newer Kineto
-``seq_num``; group, message size)."""
+``seq_num``; group, message size), on the kernel or on its launching op."""
+RAW_ARG_KEYS = frozenset({"Input Dims", "Input type"})
+"""Arg keys decoded only for the events kept with args (lists, costly to build for every op)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,13 +153,30 @@ annotation name), first match wins; "unknown" where none matches (RCCL's
 
 def collective_type(name: Any) -> str:
     """The collective type of a collective's name (see COLLECTIVE_TYPES)."""
-    text = str(name)
+    return _collective_type(str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _collective_type(text: str) -> str:
     for kind, pattern in COLLECTIVE_TYPES:
         if pattern.search(text):
             return kind
     return "unknown"
 
 
+_CUDA_NCCL_RULES = (
+    Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
+         collective=True, why="kernel with collective metadata in its args"),
+    Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
+         collective=True, why="fallback: NCCL/RCCL kernel (ncclKernel*, ncclDevKernel*)"),
+    Rule(target="communication", cats=frozenset({"kernel"}), name=_OTHER_COMM_KERNEL,
+         collective=True,
+         why="fallback: symmetric-memory, vLLM, TensorRT-LLM or MSCCL all-reduce kernel"),
+    Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
+    Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
+    Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
+    Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
+)  # fmt: skip
 RULES: dict[str, RuleTable] = {
     "cpu-gloo": RuleTable(
         regime="cpu-gloo",
@@ -152,22 +192,7 @@ RULES: dict[str, RuleTable] = {
                  why="forward, backward and optimizer ops on the training threads"),
         ),
     ),
-    "cuda-nccl": RuleTable(
-        regime="cuda-nccl",
-        rules=(
-            Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
-                 collective=True, why="kernel with collective metadata in its args"),
-            Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
-                 collective=True, why="fallback: NCCL/RCCL kernel (ncclKernel*, ncclDevKernel*)"),
-            Rule(target="communication", cats=frozenset({"kernel"}), name=_OTHER_COMM_KERNEL,
-                 collective=True,
-                 why="fallback: symmetric-memory, vLLM, TensorRT-LLM or MSCCL all-reduce kernel"),
-            Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
-            Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
-            Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
-            Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
-        ),
-    ),
+    "cuda-nccl": RuleTable(regime="cuda-nccl", rules=_CUDA_NCCL_RULES),
     "cuda-gloo": RuleTable(
         regime="cuda-gloo",
         comm_thread_marker=_GLOO,
@@ -182,18 +207,25 @@ RULES: dict[str, RuleTable] = {
             Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
         ),
     ),
+    "cuda-single": RuleTable(regime="cuda-single", rules=_CUDA_NCCL_RULES),
 }  # fmt: skip
-"""The rule table of each regime; extend one with ``dataclasses.replace``."""
+"""The rule table of each regime; extend one with ``dataclasses.replace``. ``cuda-single`` is a
+trace-only regime (no matrix cell runs it): one GPU process with no communication backend in
+the trace (no distributedInfo, no collective; single-GPU inference or training), classified as
+cuda-nccl would be, so that a communication kernel still counts."""
+TRACE_REGIMES = tuple(RULES)
+"""Every regime a trace can be read in: the matrix's and ``cuda-single``."""
 
 
 def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
     """Categories of the events that ``tables`` can use (None: any may matter).
 
-    The rules' categories, the launches (correlation ids) and the annotations that carry
-    ``ProfilerStep#N``; a table with a rule on any category needs every event. Events of
-    other categories whose name :func:`needed_names` matches are needed too.
+    The rules' categories and the launches (correlation ids); a table with a rule on any
+    category needs every event. Events of other categories whose name :func:`needed_names`
+    matches are needed too (the ``ProfilerStep#N`` annotations, the launching ops): a
+    ``user_annotation`` of the user's own is read only where a rule reads the category.
     """
-    cats: set[str] = set(LAUNCH_CATS) | {"user_annotation", "gpu_user_annotation"}
+    cats: set[str] = set(LAUNCH_CATS)
     for table in tables:
         for rule in table.rules:
             if rule.cats is None:
@@ -202,15 +234,17 @@ def needed_cats(tables: Iterable[RuleTable]) -> frozenset[str] | None:
     return frozenset(cats)
 
 
-def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str] | None:
-    """Names of the events needed whatever their category (None: none): the tables'
-    communication-thread markers (a name in any category marks its thread) and, where more
+def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
+    """Names of the events needed whatever their category: the tables' communication-thread
+    markers (a name in any category marks its thread), the ops that launch collectives
+    (COMM_OP_PATTERN: their metadata types the kernels), the step annotations and, where more
     than one table may apply, the communication kernels (:func:`detect_regime` reads every
     name)."""
     names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
+    names += [COMM_OP_PATTERN, STEP_NAME_PATTERN]
     if len(tables) > 1:
         names.append(COMM_KERNEL_PATTERN.pattern)
-    return re.compile("|".join(f"(?:{n})" for n in names)) if names else None
+    return re.compile("|".join(f"(?:{n})" for n in names))
 
 
 def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tuple[RuleTable, ...]:
@@ -240,13 +274,16 @@ def candidate_tables(regime: str | None, rules: RuleTable | None) -> tuple[RuleT
 def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[Any]) -> str:
     """Guess the regime from distributedInfo's backend and the presence of device events.
 
+    A device trace without distributedInfo is cuda-nccl where a communication kernel ran,
+    cuda-gloo where gloo annotations are, else cuda-single (one GPU, nothing communicated).
+
     Args:
         trace: The trace's top-level keys (``distributedInfo`` is read).
         cats: The distinct event categories.
         names: The distinct event names.
 
     Returns:
-        One of REGIMES.
+        One of TRACE_REGIMES.
     """
     backend = str((trace.get("distributedInfo") or {}).get("backend", "")).lower()
     has_device = bool(set(cats) & {"kernel", "gpu_memcpy", "gpu_memset"})
@@ -255,6 +292,8 @@ def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[An
     if "gloo" in backend:
         return "cuda-gloo" if has_device else "cpu-gloo"
     if has_device:
-        comm = any(COMM_KERNEL_PATTERN.match(str(n)) for n in names)
-        return "cuda-nccl" if comm else "cuda-gloo"
+        names = [str(n) for n in names]
+        if any(COMM_KERNEL_PATTERN.match(n) for n in names):
+            return "cuda-nccl"
+        return "cuda-gloo" if any(n.startswith("gloo:") for n in names) else "cuda-single"
     return "cpu-gloo"

@@ -27,7 +27,9 @@ DEVICE_WINDOW_MIN_SHARE = 0.9
 """Device step windows are used where they hold at least this share of the kernel time
 that the CPU windows hold."""
 CPU_SOURCE, DEVICE_SOURCE, WHOLE_SOURCE = "ProfilerStep", "device ProfilerStep", "whole trace"
-"""The ``step_source`` labels: CPU-side annotations, device-side ones, one window."""
+LAUNCH_SOURCE = "ProfilerStep launches"
+"""The ``step_source`` labels: CPU-side annotations, device-side ones, one window, and the CPU
+steps followed onto the GPU through what each launched (:func:`launch_windows`)."""
 
 Windows = tuple[Int64Array, Int64Array, Int64Array]
 
@@ -73,6 +75,56 @@ def _choose(cpu: Windows | None, device: Windows, kernels: list[IntervalSet], so
         stacklevel=4,
     )
     return False
+
+
+def cpu_step_windows(cols: TraceColumns) -> Windows | None:
+    """Steps and [start, end) of the CPU-side ``ProfilerStep#N`` annotations (None: none)."""
+    step_names = [
+        (i, int(m.group(1))) for i, n in enumerate(cols.names) if (m := STEP_PATTERN.match(str(n)))
+    ]
+    if not step_names:
+        return None
+    step_of_code = dict(step_names)
+    is_step = [i in step_of_code for i in range(len(cols.names))]
+    sel = np.flatnonzero(code_mask(cols.name_code, is_step))
+    sel = sel[~_cat_mask(cols, "gpu_user_annotation")[sel]]
+    return _windows(cols, sel, step_of_code) if sel.size else None
+
+
+def launch_windows(
+    cpu: Windows, step_index: npt.NDArray[np.intp], start_ns: Int64Array, end_ns: Int64Array
+) -> Windows:
+    """The CPU steps followed onto the GPU: step k's window runs from the first to the last
+    device activity that step k launched (``step_index``: the CPU window each activity's
+    launch lies in, -1 for none), as Kineto projects ProfilerStep onto the device.
+
+    Where the GPU lags its CPU the windows lie later than the CPU's; where one step's
+    activities still run when the next step's first one starts, the window ends there (time
+    is counted in the window it runs in). A step that launched nothing keeps its CPU window,
+    moved past the previous window's end. Windows come out sorted and disjoint.
+
+    Args:
+        cpu: The CPU windows (step ids, starts, ends), sorted by step.
+        step_index: Per device activity, the index of its step in ``cpu`` (-1: none).
+        start_ns: The activities' starts.
+        end_ns: The activities' ends.
+    """
+    ids, lo, hi = cpu[0], cpu[1].copy(), cpu[2].copy()
+    inside = step_index >= 0
+    k = step_index[inside]
+    first = np.full(ids.size, np.iinfo(np.int64).max)
+    last = np.full(ids.size, np.iinfo(np.int64).min)
+    np.minimum.at(first, k, start_ns[inside])
+    np.maximum.at(last, k, end_ns[inside])
+    has = last >= first
+    lo[has], hi[has] = first[has], last[has]
+    for i in range(ids.size):  # steps are few: order them in time, each after the last
+        if i + 1 < ids.size and has[i + 1]:
+            hi[i] = min(hi[i], max(lo[i + 1], lo[i]))
+        if i:
+            lo[i] = max(lo[i], hi[i - 1])
+            hi[i] = max(hi[i], lo[i])
+    return ids, lo, hi
 
 
 def step_windows(

@@ -1,0 +1,72 @@
+"""What a trace tells a reader beyond its tables: one plain line per finding, naming the file.
+
+``commprof analyze`` prints these under "Notes" (and ``--json`` lists them): where events
+were duplicated, where collectives fell outside every step, where launches left no kernels
+(CUDA graphs), where there is no communication at all or the trace is one GPU's, and how far
+the GPU ran behind its CPU. Each note is a pure function of a parsed trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from commprof.traces.trace_parser import ParsedTrace
+from commprof.traces.windows import LAUNCH_SOURCE
+
+NS_PER_MS = 1_000_000
+MIN_LAUNCH_CALLS = 20
+"""Launch calls a trace needs before missing kernels are worth a note."""
+MAX_KERNEL_SHARE = 0.1
+"""Device events per launch call below which the kernels count as missing (graphs)."""
+LAG_NOTE_NS = 1_000_000
+"""GPU lag (median launch-to-start) past which the note on following the GPU is printed."""
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / NS_PER_MS:.3f} ms"
+
+
+def trace_notes(parsed: ParsedTrace) -> list[str]:
+    """The notes of one parsed trace, each one line that starts with the file's name."""
+    name = Path(parsed.source).name
+    out = []
+    if parsed.num_duplicates:
+        out.append(
+            f"{parsed.num_duplicates} duplicated events dropped (same category, name, start, "
+            "duration and thread or stream as another: the trace holds its events twice?)"
+        )
+    outside = parsed.outside
+    if len(outside):
+        out.append(
+            f"{len(outside)} collectives ({_ms(outside['duration_ns'].sum())} of communication) "
+            "launched and ran outside every step window (before the first ProfilerStep or "
+            "after the last): in no step's figures"
+        )
+    calls, events = parsed.num_launch_calls, parsed.num_device_events
+    if calls >= MIN_LAUNCH_CALLS and events < MAX_KERNEL_SHARE * calls:
+        graphs = (
+            f", {parsed.num_graph_launches} of them graph launches"
+            if parsed.num_graph_launches
+            else ""
+        )
+        out.append(
+            f"{calls} kernel launch calls but {events} kernel or copy events{graphs}: the "
+            "kernels ran where the profiler did not record them (CUDA graphs without graph "
+            "tracing), so the GPU reads as idle; profile with graphs off (eager mode) to see them"
+        )
+    comm = len(parsed.classes["communication"]) > 0 or len(parsed.collectives) > 0
+    if parsed.regime == "cuda-single":
+        what = "training" if parsed.has_backward else "inference (no backward pass, no optimizer)"
+        out.append(
+            f"one GPU and no communication (no distributedInfo, no collective): a single-GPU "
+            f"{what} trace, so overlap is n/a"
+        )
+    elif not comm:
+        out.append("no communication at all (no collective, no communication kernel): overlap n/a")
+    lag = parsed.gpu_lag_ns
+    if parsed.step_source == LAUNCH_SOURCE and lag is not None and lag >= LAG_NOTE_NS:
+        out.append(
+            f"the GPU ran {_ms(lag)} behind the CPU (median from launch to start); each step "
+            "window holds what its ProfilerStep launched"
+        )
+    return [f"{name}: {line}" for line in out]
