@@ -24,8 +24,9 @@ def test_the_commit_record_holds_every_files_checksum(tmp_path: Path) -> None:
     _commit(tmp_path, CELL)
     row = results.load(tmp_path)["cells"].iloc[0]
     sums = json.loads(row["checksums_json"])
-    assert sorted(sums) == [f"steps/{CELL.cell_id}-a1.parquet",
+    assert sorted(sums) == [f"cells/{CELL.cell_id}-a1.parquet", f"steps/{CELL.cell_id}-a1.parquet",
                             f"traces/{CELL.cell_id}-a1/rank0.json.gz"]  # fmt: skip
+    assert sums[f"cells/{CELL.cell_id}-a1.parquet"] == results.SIDECAR  # its bytes: beside it
     assert len(row["commit_sha256"]) == 64
     assert results.damaged_attempts(tmp_path) == {}
 
@@ -54,7 +55,7 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
     _commit(tmp_path, OTHER)
     cells_file = tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet"
     cells_file.write_bytes(cells_file.read_bytes()[:40])
-    with pytest.raises(results.DamagedDataset, match="cannot be read"):
+    with pytest.raises(results.DamagedDataset, match="changed since it was written"):
         results.load(tmp_path)
     moved = results.set_aside_damaged(tmp_path)
     assert list(moved) == [CELL.cell_id] and moved[CELL.cell_id][0] == 1
@@ -63,6 +64,10 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
     assert len(tables["steps"]) == len(STEPS)  # only the intact cell's rows
     (aside,) = (tmp_path / "damaged").iterdir()
     assert sorted(p.name for p in aside.iterdir()) == ["WHY.txt", "cells", "steps", "traces"]
+    assert sorted(p.name for p in (aside / "cells").iterdir()) == [
+        f"{CELL.cell_id}-a1.parquet",
+        f"{CELL.cell_id}-a1.sha256",  # the commit record's own checksum goes with it
+    ]
     assert results.latest_status(tmp_path) == {OTHER.cell_id: ("ok", 1, None)}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commprof.lock import LOCK_NAME, STALE_S, DatasetLock, DatasetLocked
+from commprof.lock import GUARD_NAME, LOCK_NAME, STALE_S, DatasetLock, DatasetLocked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,8 @@ def test_a_second_driver_exits_within_seconds_and_writes_nothing(tmp_path: Path)
     assert run.returncode == 3, run.stderr[-2000:]
     assert f"in use by another driver: pid {os.getpid()}" in run.stderr
     assert took < 30  # process start and imports; no Ray, no cell
-    assert sorted(p.name for p in out.iterdir()) == []  # nothing of a sweep was written
+    # nothing of a sweep was written (the guard file is the lock's own, and stays)
+    assert sorted(p.name for p in out.iterdir()) == [GUARD_NAME]
 
 
 def test_stale_locks_are_taken_over(tmp_path: Path) -> None:
