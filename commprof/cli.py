@@ -191,6 +191,12 @@ def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> Non
 
 
 def _check(args: argparse.Namespace) -> int:
+    matrix = None
+    if args.matrix is not None:  # first: a bad matrix is said before anything is probed
+        from commprof.matrix import load
+        from commprof.sweeps.run_matrix import matrix_path
+
+        matrix = load(matrix_path(args.matrix))
     report: dict[str, Any] = {"commprof": __version__, "python": platform.python_version()}
     for name in ("torch", "ray", "numpy", "pandas", "pyarrow", "scipy", "matplotlib", "yaml"):
         try:
@@ -199,12 +205,9 @@ def _check(args: argparse.Namespace) -> int:
             report[name] = None
     report["backends"], report["devices"] = _torch_devices()
     report["ray_cluster"], report["ray_nodes"] = _ray_resources() if report["ray"] else (None, [])
-    if args.matrix is not None:
-        from commprof.matrix import load
+    if matrix is not None:
         from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
-        from commprof.sweeps.run_matrix import matrix_path
 
-        matrix = load(matrix_path(args.matrix))
         guard = GuardPlan(matrix, local=_local_budgets())
         cells = []
         for cell in matrix.cells:

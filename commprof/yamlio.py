@@ -130,11 +130,20 @@ def load_yaml(text: str, source: str, *, max_values: int = MAX_VALUES) -> Any:
         _check_size(node, source, max_values)
         return loader.construct_document(node)
     except yaml.YAMLError as err:
-        raise ValueError(f"{source}: not valid YAML: {str(err)[:500]}") from None
+        raise ValueError(f"{source}: not valid YAML: {_one_line(err)}") from None
     except RecursionError:
         raise ValueError(f"{source}: not valid YAML: nested too deep") from None
     finally:
         loader.dispose()  # type: ignore[no-untyped-call]
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: where, then what (PyYAML's own text spans several lines and
+    quotes the document)."""
+    problem = getattr(err, "problem", None) or str(err)
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return (where + " ".join(str(problem).split()))[:300]
 
 
 def _check_size(root: yaml.Node, source: str, max_values: int) -> None:
