@@ -75,3 +75,30 @@ def test_datasets_from_before_checksums_still_load() -> None:
     data = Path(__file__).parent / "data" / "results_smoke"
     tables = results.load(data)  # rows without checksums are not verified, not refused
     assert tables["cells"]["commit_sha256"].isna().all() and len(tables["cells"]) > 0
+
+
+@pytest.mark.parametrize("table", ["cells", "steps"])
+def test_a_flipped_bit_anywhere_in_a_committed_file_is_found(tmp_path: Path, table: str) -> None:
+    """Every byte counts, not only the column chunks: a flip in the Parquet footer (schema,
+    key-value metadata) of the commit record passed `load` before its sidecar checksum."""
+    _commit(tmp_path, CELL)
+    path = tmp_path / table / f"{CELL.cell_id}-a1.parquet"
+    original = path.read_bytes()
+    positions = sorted({*range(0, len(original), 97), *range(len(original) - 400, len(original))})
+    for position in positions:  # every 97th byte, and every byte of the file's last 400 (footer)
+        data = bytearray(original)
+        data[position] ^= 0x01
+        path.write_bytes(bytes(data))
+        damaged = results.damaged_attempts(tmp_path, traces=False)
+        assert list(damaged) == [(CELL.cell_id, 1)], position
+        assert "changed since it was written" in damaged[(CELL.cell_id, 1)], position
+    path.write_bytes(original)
+    assert results.damaged_attempts(tmp_path) == {}
+
+
+def test_a_missing_sidecar_is_named(tmp_path: Path) -> None:
+    _commit(tmp_path, CELL)
+    sidecar = results.sidecar_path(tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet")
+    sidecar.unlink()
+    with pytest.raises(results.DamagedDataset, match=rf"{sidecar.name} \(its checksum\) is missing"):
+        results.load(tmp_path)
