@@ -100,5 +100,6 @@ def test_a_missing_sidecar_is_named(tmp_path: Path) -> None:
     _commit(tmp_path, CELL)
     sidecar = results.sidecar_path(tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet")
     sidecar.unlink()
-    with pytest.raises(results.DamagedDataset, match=rf"{sidecar.name} \(its checksum\) is missing"):
+    said = rf"{sidecar.name} \(its checksum\) is missing"
+    with pytest.raises(results.DamagedDataset, match=said):
         results.load(tmp_path)
