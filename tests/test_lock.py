@@ -235,3 +235,30 @@ def test_an_owner_that_lost_the_folder_stops_before_writing(tmp_path: Path) -> N
         if owner.poll() is None:
             owner.kill()
     assert json.loads(lock.read_text())["token"] == "theirs"  # the new owner's lock stays
+
+
+@pytest.mark.slow
+def test_commprof_run_that_lost_its_folder_exits_without_writing(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "4", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commprof", *argv],
+        env={**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = out / LOCK_NAME
+    deadline = time.monotonic() + 60
+    while not lock.exists():  # the run holds the folder; its ranks start
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    # a driver on another node presumed it dead and took the folder over
+    lock.write_text(json.dumps({"host": "another-node", "pid": 7, "token": "theirs"}))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert "no longer owns the folder: pid 7 on host another-node took it over" in line
+    assert "stopped before writing" in line and "Traceback" not in err
+    assert not (out / "cells").exists()  # nothing committed
+    assert json.loads(lock.read_text())["token"] == "theirs"  # and its lock left alone
