@@ -262,3 +262,37 @@ def test_commprof_run_that_lost_its_folder_exits_without_writing(tmp_path: Path)
     assert "stopped before writing" in line and "Traceback" not in err
     assert not (out / "cells").exists()  # nothing committed
     assert json.loads(lock.read_text())["token"] == "theirs"  # and its lock left alone
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_sweep_that_lost_its_folder_stops_without_writing(tmp_path: Path) -> None:
+    from commprof import results
+
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "name: lost\naxes:\n  model: [srn-100k]\n  world_size: [2]\n"
+        "  bucket_cap_mb: [0.5, 1, 2, 4, 8, 16]\ndefaults:\n  steps: 12\n"
+    )
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commprof", "sweep", "--matrix", str(path), "--out", str(out)],
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not results.latest_status(out):  # one cell committed: the sweep is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.1)
+    (out / LOCK_NAME).write_text(json.dumps({"host": "another-node", "pid": 7, "token": "x"}))
+    taken = time.monotonic()
+    before = set(results.latest_status(out))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err[-3000:]
+    assert "took it over" in err and "stopped before writing" in err and "Traceback" not in err
+    assert time.monotonic() - taken < 30  # the next heartbeat (5 s) or commit, and shutdown
+    # at most the commit that was under way when the lock was replaced; nothing after it
+    assert len(set(results.latest_status(out)) - before) <= 1
