@@ -82,10 +82,10 @@ def init_local(**kwargs: Any) -> Any:
     from commprof.extras import require
 
     ray = require("ray", needed_by="an embedded Ray")
-    constants = require("ray._private.ray_constants", needed_by="an embedded Ray")
+    constants: Any = require("ray._private.ray_constants", needed_by="an embedded Ray")
     saved_env, saved = os.environ.get(LOOPBACK_ENV), constants.ENABLE_RAY_CLUSTER
     os.environ[LOOPBACK_ENV] = "0"  # for the GCS, raylet and workers it starts (inherited)
-    constants.ENABLE_RAY_CLUSTER = False  # for this process, which read the variable at import
+    constants.ENABLE_RAY_CLUSTER = False  # this process read the variable at import
     try:
         return ray.init(address="local", **kwargs)
     finally:

@@ -84,6 +84,7 @@ def _typed(key: str, text: str, said: str) -> Any:
     if not isinstance(value, types) or isinstance(value, bool) != (bool in types):
         raise ValueError(f"{said}: {key} takes {expected}, and {short(text)} is not one")
     if key == "bucket_cap_mb":
+        assert value is None or isinstance(value, int | float)  # its types, checked above
         try:
             return check_cap_mb(value, key)
         except ValueError as err:
