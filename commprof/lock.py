@@ -208,7 +208,13 @@ class DatasetLock:
             with self._guarded(wait_s=max(GUARD_WAIT_S, self.wait_s)):
                 holder = self._holder()
                 if holder is None or self._stale(holder):
-                    self._write_record()
+                    try:
+                        self._write_record()
+                    except OSError as err:
+                        raise DatasetLocked(
+                            f"{self.path}: cannot write the lock file ({err.strerror or err}); "
+                            "free space on its filesystem or make the folder writable"
+                        ) from None
                     break
             if time.monotonic() >= deadline:
                 raise DatasetLocked(self._describe(holder))
@@ -255,11 +261,6 @@ class DatasetLock:
         if self.lost_to is not None:
             raise LockLost(self._describe_lost(self.lost_to or None))
 
-    def owned(self) -> bool:
-        """Whether the lock file still holds this lock's token (a look, without the guard)."""
-        holder = self._holder()
-        return holder is not None and holder.get("token") == self.token
-
     # -- the record -----------------------------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
@@ -278,11 +279,15 @@ class DatasetLock:
         """Replace the lock file with this lock's record (under the guard): a temporary file in
         the folder, then a rename, so a reader never sees half a record."""
         tmp = self.path.with_name(f"{LOCK_NAME}.{self.token[:8]}.tmp")
-        with open(tmp, "w") as handle:
-            json.dump(self.record(), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as handle:
+                json.dump(self.record(), handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _holder(self) -> dict[str, Any] | None:
         """The lock file's record (with its age), or None where there is no lock file."""

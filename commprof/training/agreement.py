@@ -207,10 +207,13 @@ class Board:
         self.store.add(self._key("ended"), 1)
         started = time.monotonic()
         while True:
+            # the count first: a rank writes its verdict before it counts itself ended, so once
+            # every rank is counted, every verdict of an ending rank is there to read
+            everyone = int(self.store.add(self._key("ended"), 0)) >= self.world_size
             verdict = self._read_verdict()
             if verdict is not None:
                 raise RanksDisagree(f"commprof.attach: {verdict}")
-            if int(self.store.add(self._key("ended"), 0)) >= self.world_size:
+            if everyone:
                 return
             waited = time.monotonic() - started
             if waited > wait_s:
