@@ -12,7 +12,7 @@ leftovers are overwritten when the cell runs again.
 
 The commit record carries the SHA-256 of every other file of its attempt (``checksums_json``)
 and of its own row (``commit_sha256``); the SHA-256 of every byte of the commit record's own
-file, which cannot hold its own digest, is in ``cells/<cell_id>-a<attempt>.sha256`` beside it,
+file, which cannot hold its own digest, is in ``cells/.<cell_id>-a<attempt>.sha256`` beside it,
 written before it (the row marks that it has one). :func:`load` verifies them and names a
 damaged file; :func:`set_aside_damaged` moves every file of a damaged attempt to
 ``DIR/damaged/`` so that a rerun runs the cell again (attempts committed before checksums
@@ -190,8 +190,10 @@ class CommitFailed(RuntimeError):
 
 
 def sidecar_path(cells_file: Path) -> Path:
-    """Where the SHA-256 of every byte of a committed ``cells`` file is kept."""
-    return cells_file.with_suffix(".sha256")
+    """Where the SHA-256 of every byte of a committed ``cells`` file is kept: a hidden file
+    beside it, which Parquet readers of the folder skip (``pd.read_parquet(DIR / "cells")``, Ray
+    Data and pyarrow datasets ignore names starting with ``.``)."""
+    return cells_file.with_name(f".{cells_file.stem}.sha256")
 
 
 def _to_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:

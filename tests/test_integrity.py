@@ -65,8 +65,8 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
     (aside,) = (tmp_path / "damaged").iterdir()
     assert sorted(p.name for p in aside.iterdir()) == ["WHY.txt", "cells", "steps", "traces"]
     assert sorted(p.name for p in (aside / "cells").iterdir()) == [
+        f".{CELL.cell_id}-a1.sha256",  # the commit record's own checksum goes with it
         f"{CELL.cell_id}-a1.parquet",
-        f"{CELL.cell_id}-a1.sha256",  # the commit record's own checksum goes with it
     ]
     assert results.latest_status(tmp_path) == {OTHER.cell_id: ("ok", 1, None)}
 
@@ -103,3 +103,13 @@ def test_a_missing_sidecar_is_named(tmp_path: Path) -> None:
     said = rf"{sidecar.name} \(its checksum\) is missing"
     with pytest.raises(results.DamagedDataset, match=said):
         results.load(tmp_path)
+
+
+def test_a_table_folder_still_reads_as_parquet(tmp_path: Path) -> None:
+    """The sidecar is hidden: readers of a whole table folder skip it."""
+    import pandas as pd
+
+    _commit(tmp_path, CELL)
+    _commit(tmp_path, OTHER)
+    cells = pd.read_parquet(tmp_path / "cells")
+    assert sorted(cells["cell_id"]) == sorted([CELL.cell_id, OTHER.cell_id])
