@@ -23,7 +23,8 @@ from commprof.training.microbench import MicrobenchConfig, run_allreduce_bench
 store = dist.FileStore(tempfile.mktemp(), 1)
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 torch.ones(8).sum()  # the allocator and torch's own start-up before the baseline
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# the resident size now, not the high-water mark: start-up may have peaked above it
+before = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 config = MicrobenchConfig(sizes_bytes=(int(sys.argv[1]),), warmup_iters=1, timed_iters=2)
 run_allreduce_bench(config, rank=0, world_size=1, device="cpu")
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
