@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from commprof.actors.gang import Gang
+from commprof.actors.rank_actor import LOOPBACK
 from commprof.matrix import Cell
 from commprof.outcomes import classify_error_texts, group_errors
 
@@ -153,7 +154,7 @@ class CellExecution:
 def rendezvous_host(gang: Gang) -> str:
     """Where the ranks meet: rank 0's node address (never the driver's), loopback on one node
     (gloo talks over ``lo`` there; docs/design.md, Measured facts)."""
-    return "127.0.0.1" if gang.single_node else gang.nodes[0][1]
+    return LOOPBACK if gang.single_node else gang.nodes[0][1]
 
 
 def _texts(errors: dict[int, BaseException | str]) -> dict[int, str]:

@@ -25,12 +25,17 @@ Ray):
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
 
 import ray
 
 from commprof.outcomes import inject_fault
+
+LOOPBACK = "127.0.0.1"
+"""Where the ranks of a gang on one node meet (``actors.execution``): the store listens there
+only."""
 
 SHOWN_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "RAY_EXPERIMENTAL_NOSET_")
 """The variables :meth:`RankActor.describe` reports."""
@@ -82,14 +87,27 @@ class RankActor:
         """
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(
-            host,
-            0,
-            world_size=world_size,
-            is_master=True,
-            timeout=_timedelta(timeout_s),
-            wait_for_workers=False,
-        )
+        port, listen_fd = 0, None
+        if host == LOOPBACK:  # a gang on one node: the store answers on loopback only (a
+            # TCPStore binds every interface itself; it takes a socket bound here instead)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((LOOPBACK, 0))
+                sock.listen(128)
+                port, listen_fd = sock.getsockname()[1], sock.detach()  # the store closes it
+        try:
+            self._store = dist.TCPStore(
+                host,
+                port,
+                world_size=world_size,
+                is_master=True,
+                timeout=_timedelta(timeout_s),
+                wait_for_workers=False,
+                master_listen_fd=listen_fd,
+            )
+        except BaseException:
+            if listen_fd is not None:
+                os.close(listen_fd)
+            raise
         return int(self._store.port)
 
     def run(

@@ -27,15 +27,23 @@ def resume_state(root: str | Path) -> Latest:
     """The latest attempt of every cell of the dataset folder ``root``, for deciding what runs.
 
     Damaged attempts (files missing, unreadable or changed since their commit) are moved to
-    ``DIR/damaged/`` first (:func:`commprof.results.set_aside_damaged`), each named in a warning;
-    a cell whose latest attempt was set aside reads ``damaged`` and runs again, numbered after it.
+    ``DIR/damaged/`` first (:func:`commprof.results.set_aside_damaged`), each named in a warning.
+    A cell with an ok attempt left stays complete, whatever was set aside (an older failed
+    attempt's file damaged does not make it run again); a cell whose latest attempt was set
+    aside reads ``damaged`` and runs again, numbered after it.
     """
     damaged = results.set_aside_damaged(root)  # before anything reads them
     latest = results.latest_status(root)
     for cell_id, (attempt, why) in damaged.items():
+        status, kept, _ = latest.get(cell_id, ("", 0, None))
+        if status == "ok":
+            log.warning("cell %s attempt %d is damaged (%s); set aside (its ok attempt %d "
+                        "stands)", cell_id, attempt, why, kept)  # fmt: skip
+            continue
         log.warning("cell %s attempt %d is damaged (%s); set aside, it runs again", cell_id,
                     attempt, why)  # fmt: skip
-        latest[cell_id] = ("damaged", max(attempt, latest.get(cell_id, ("", 0, None))[1]), None)
+        if attempt > kept:  # the latest attempt was set aside: the cell runs again after it
+            latest[cell_id] = ("damaged", attempt, None)
     return latest
 
 

@@ -16,6 +16,36 @@ DEFAULT_LABEL = "DDP default"
 """How a person reads the unset cap, everywhere (tables, figures, reports, the command line)."""
 DEFAULT_WORD = "default"
 """The unset cap on the command line (``--bucket-cap-mb default``) and in narrow columns."""
+MIN_CAP_MB = 2.0**-20
+"""Smallest cap: one byte. DDP keeps ``int(bucket_cap_mb * 2**20)`` bytes; below one byte that
+is 0 (and the guard's bucket count divides by it)."""
+MAX_CAP_MB = 2.0**20
+"""Largest cap: 1 TiB. Any cap past the model's size makes one bucket; past about 8.8e12 MiB
+DDP's byte count leaves int64 and the ranks fail (1e300, and 1e308 whose bytes overflow to
+infinity)."""
+
+
+def check_cap_mb(value: float | None, key: str = "bucket_cap_mb") -> float | None:
+    """A cap as DDP can take it: None (DDP's default), or MiB in [``MIN_CAP_MB``,
+    ``MAX_CAP_MB``] as a float.
+
+    Args:
+        value: the cap.
+        key: what to name in the error (a matrix key or a flag).
+
+    Raises:
+        ValueError: naming ``key``, the value and the range.
+    """
+    if value is None:
+        return None
+    number = float(value)
+    if not (math.isfinite(number) and MIN_CAP_MB <= number <= MAX_CAP_MB):
+        raise ValueError(
+            f"{key} must be between 1 byte ({MIN_CAP_MB:.3g} MiB) and 1 TiB "
+            f"({MAX_CAP_MB:.0f} MiB), or null for DDP's default ({DEFAULT_WORD!r} on the "
+            f"command line); got {number:g}"
+        )
+    return number
 
 
 def cap_mb(value: Any) -> float | None:
@@ -52,6 +82,7 @@ def parse_cap(text: str) -> float | None:
     if text.strip() == DEFAULT_WORD:
         return None
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not a number of MiB or {DEFAULT_WORD!r}") from None
+        raise ValueError(f"{text[:40]!r} is not a number of MiB or {DEFAULT_WORD!r}") from None
+    return check_cap_mb(number, "the cap")

@@ -202,6 +202,12 @@ def _optional(chosen: bool, module: str, parser: argparse.ArgumentParser) -> Non
 
 
 def _check(args: argparse.Namespace) -> int:
+    matrix = None
+    if args.matrix is not None:  # first: a bad matrix is said before anything is probed
+        from commprof.matrix import load
+        from commprof.sweeps.run_matrix import matrix_path
+
+        matrix = load(matrix_path(args.matrix))
     report: dict[str, Any] = {"commprof": __version__, "python": platform.python_version()}
     for name in ("torch", "ray", "numpy", "pandas", "pyarrow", "scipy", "matplotlib", "yaml"):
         try:
@@ -210,12 +216,9 @@ def _check(args: argparse.Namespace) -> int:
             report[name] = None
     report["backends"], report["devices"] = _torch_devices()
     report["ray_cluster"], report["ray_nodes"] = _ray_resources() if report["ray"] else (None, [])
-    if args.matrix is not None:
-        from commprof.matrix import load
+    if matrix is not None:
         from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
-        from commprof.sweeps.run_matrix import matrix_path
 
-        matrix = load(matrix_path(args.matrix))
         guard = GuardPlan(matrix, local=_local_budgets())
         cells = []
         for cell in matrix.cells:
@@ -378,15 +381,19 @@ def _run(args: argparse.Namespace) -> int:
         )
     results.check_writable(args.out)  # before any rank starts
     try:
-        with DatasetLock(args.out, wait_s=args.wait_lock):
-            return _run_cell(args, cell, decision)
-    except DatasetLocked as err:
+        with DatasetLock(args.out, wait_s=args.wait_lock) as lock:
+            return _run_cell(args, cell, decision, lock)
+    except DatasetLocked as err:  # LockLost too: taken over, stopped before writing
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except results.CommitFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
-def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
-    """Run one cell into the dataset folder this process owns now.
+def _run_cell(args: argparse.Namespace, cell: Any, decision: Any, lock: Any) -> int:
+    """Run one cell into the dataset folder this process owns now (every write under
+    ``lock.writing()``: a process that lost the folder stops before writing).
 
     What runs is decided as a sweep decides it (:mod:`commprof.attempts`): a complete cell is
     not run again, an earlier failure that would repeat or used its attempts stands unless
@@ -400,9 +407,9 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
     from commprof.training.launcher import run_local
 
     policy = FailurePolicy(max_attempts=args.max_attempts)
-    plan = plan_cells(
-        [cell], resume_state(args.out), lambda _: True, policy, retry_failed=args.retry_failed
-    )
+    with lock.writing():  # setting damaged attempts aside moves files
+        latest = resume_state(args.out)
+    plan = plan_cells([cell], latest, lambda _: True, policy, retry_failed=args.retry_failed)
     if cell.cell_id in plan.skipped:
         print(
             f"cell {cell.cell_id} is already complete in {args.out}; "
@@ -437,7 +444,10 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
             break
         except RankFailure as err:
             common["wall_s"] = time.monotonic() - t0
-            results.commit_attempt(args.out, cell, error=str(err), error_kind=err.kind, **common)
+            with lock.writing():
+                results.commit_attempt(
+                    args.out, cell, error=str(err), error_kind=err.kind, **common
+                )
             if not policy.retry(err.kind, attempt - base):
                 print(
                     f"error: cell {cell.cell_id} failed (attempt {attempt}, {err.kind}): {err}",
@@ -451,7 +461,8 @@ def _run_cell(args: argparse.Namespace, cell: Any, decision: Any) -> int:
             )
             attempt += 1
     wall_s = common["wall_s"] = time.monotonic() - t0
-    results.commit_attempt(args.out, cell, per_rank=per_rank, **common)
+    with lock.writing():
+        results.commit_attempt(args.out, cell, per_rank=per_rank, **common)
     from commprof.analysis.summary import summary_table
 
     print(summary_table(results.load(args.out), [cell.cell_id]))

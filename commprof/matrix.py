@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from commprof.caps import check_cap_mb
 from commprof.catalog import model_spec
-from commprof.yamlio import load_yaml, read_text
+from commprof.yamlio import SHORT_CHARS, load_yaml, read_text, short
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -127,6 +128,25 @@ MAX_TIMEOUT_S = 7 * 86_400.0
 """Longest timeout a matrix or flag may set (a week): past it, a typo, not a plan."""
 MAX_ATTEMPTS = 100
 """Most attempts ``run.max_attempts`` may allow a cell."""
+MAX_MATRIX_BYTES = 1 << 20
+"""Largest matrix file (1 MiB): a matrix names axes and their values, tens of lines."""
+MAX_CELLS = 10_000
+"""Most cells a matrix may expand to (axes' product times ``repeats``): past it, a typo, or a
+sweep of days to split into several matrices."""
+MAX_REPEATS = 1_000
+"""Most ``repeats`` of a matrix."""
+MAX_NAME_CHARS = 100
+"""Longest matrix ``name`` (it names the results folder)."""
+MAX_MICROBENCH_SIZES = 32
+"""Most microbenchmark sizes of a matrix (the guard bounds a rank's microbenchmark rows by
+``commprof.modeling.memory.MICROBENCH_ROWS_BOUND``, the model's bucket sizes included)."""
+MAX_MICROBENCH_BYTES = 1 << 40
+"""Largest microbenchmark size (1 TiB); the memory guard costs each cell's buffers too."""
+MIN_MICROBENCH_SIZES = 3
+"""Fewest distinct microbenchmark sizes a matrix may name: the ring fit of ``commprof report``
+and ``estimate --fit`` needs 3 points (``commprof.modeling.ring_fit.MIN_POINTS``)."""
+MAX_ENV_CHARS = 4096
+"""Longest value of a matrix's ``env`` section."""
 
 _YAML_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -260,8 +280,10 @@ class Cell:
 
     def __post_init__(self) -> None:
         # 25 and 25.0 MiB are one configuration: one id (frozen, so set through object).
-        if self.bucket_cap_mb is not None:
-            object.__setattr__(self, "bucket_cap_mb", float(self.bucket_cap_mb))
+        try:  # the one rule for caps (commprof.caps): within what DDP takes
+            object.__setattr__(self, "bucket_cap_mb", check_cap_mb(self.bucket_cap_mb))
+        except (TypeError, ValueError) as err:
+            raise MatrixError(str(err)) from None
         try:  # the one rule for model names (commprof.catalog.model_spec)
             model_spec(self.model)
         except (TypeError, ValueError) as err:
@@ -269,7 +291,7 @@ class Cell:
         for name, spec in CELL_FIELDS.items():
             value = getattr(self, name)
             if spec.choices and value not in spec.choices:
-                raise MatrixError(f"{name} {value!r} is not one of: {', '.join(spec.choices)}")
+                raise MatrixError(f"{name} {short(value)} is not one of: {', '.join(spec.choices)}")
             limit = _INT_LIMITS.get(spec.column or "int32", _INT_LIMITS["int32"])
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
                 raise MatrixError(f"{name}={value} is out of range: at most {limit:,}")
@@ -278,12 +300,6 @@ class Cell:
         for name in ("world_size", "steps", "batch_size", "microbench_iters", "microbench_passes"):
             if getattr(self, name) < 1:
                 raise MatrixError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        cap = self.bucket_cap_mb
-        if cap is not None and not (math.isfinite(cap) and cap > 0):
-            raise MatrixError(
-                "bucket_cap_mb must be > 0 (MiB) or null (DDP's default), "
-                f"got {self.bucket_cap_mb!r}"
-            )
         # Step 0 is never measured (one bucket, before DDP's rebuild): at least one step after
         # max(1, warmup_steps) must remain.
         if self.warmup_steps < 0 or max(1, self.warmup_steps) > self.steps - 1:
@@ -294,8 +310,12 @@ class Cell:
             )
         if self.interference_iters < 0:
             raise MatrixError(f"interference_iters must be >= 0, got {self.interference_iters!r}")
-        if any(n <= 0 for n in self.microbench_sizes_bytes):
-            raise MatrixError(f"microbench sizes must be > 0 bytes: {self.microbench_sizes_bytes}")
+        bad = [n for n in self.microbench_sizes_bytes if not 0 < n <= MAX_MICROBENCH_BYTES]
+        if bad:
+            raise MatrixError(
+                f"microbench sizes must be > 0 bytes and at most {MAX_MICROBENCH_BYTES:,} (1 TiB), "
+                f"got {short(bad)}"
+            )
 
     @property
     def cell_id(self) -> str:
@@ -453,7 +473,8 @@ _TOP = (
     "microbench",
     "env",
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A matrix name: a folder name on every filesystem (matched whole: no trailing newline)."""
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
 """Variables a matrix's ``env`` section may set in the ranks: the collective libraries' and
 PyTorch's own (``TORCH_NCCL_*``, ``TORCH_DISTRIBUTED_DEBUG``); nothing that moves devices or Ray."""
@@ -473,7 +494,7 @@ def load(path: str | Path) -> Matrix:
         MatrixError: naming the file and key to change.
     """
     try:
-        raw = load_yaml(read_text(path, "the matrix file"), str(path))
+        raw = load_yaml(read_text(path, "the matrix file", max_bytes=MAX_MATRIX_BYTES), str(path))
     except ValueError as err:
         raise MatrixError(str(err)) from None
     return parse(raw, source=str(path))
@@ -493,10 +514,11 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
         raise MatrixError(f"{source}: the matrix must be a mapping with keys {', '.join(_TOP)}")
     _check_keys(raw, _TOP, source, "")
     name = raw.get("name", Path(source).stem)
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not _NAME_RE.fullmatch(name):
         raise MatrixError(
-            f"{source}: key 'name': {name!r} must be letters, digits, '.', '_' or '-' "
-            "(it names the results folder)"
+            f"{source}: key 'name': {short(name)} must be up to {MAX_NAME_CHARS} letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit (it names the results folder; a "
+            "file without 'name' takes its file name)"
         )
     if name == RUN_SWEEP:
         raise MatrixError(
@@ -515,8 +537,16 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
         _check_type(value, _DEFAULTS[key], f"defaults.{key}", source)
     repeats = raw.get("repeats", 1)
     _check_type(repeats, (int,), "repeats", source)
-    if repeats < 1:
-        raise MatrixError(f"{source}: key 'repeats' must be >= 1, got {repeats}")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise MatrixError(f"{source}: key 'repeats' must be in [1, {MAX_REPEATS:,}], got {repeats}")
+    num_cells = math.prod(len(v) for v in axis_values.values()) * repeats
+    if num_cells > MAX_CELLS:
+        counts = " x ".join(f"{k} {len(v)}" for k, v in axis_values.items())
+        raise MatrixError(
+            f"{source}: the matrix expands to {num_cells:,} cells ({counts}, repeats {repeats}); "
+            f"at most {MAX_CELLS:,}: fewer values in 'axes' or fewer 'repeats', or split it into "
+            "several matrices"
+        )
     microbench = _microbench_sizes(raw.get("microbench"), source)
 
     run_raw = _section(raw, "run", source)
@@ -544,14 +574,15 @@ def parse(raw: Any, *, source: str = "<matrix>") -> Matrix:
             regime = values.pop("regime")
             if regime not in REGIMES:
                 raise MatrixError(
-                    f"{source}: key 'axes.regime': {regime!r} is not one of: {', '.join(REGIMES)}"
+                    f"{source}: key 'axes.regime': {short(regime)} is not one of: "
+                    f"{', '.join(REGIMES)}"
                 )
             values["backend"], values["device"] = REGIMES[regime]
         for repeat in range(repeats):
             try:
                 cells.append(Cell(**values, repeat=repeat, microbench_sizes_bytes=microbench))
             except MatrixError as err:
-                where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+                where = ", ".join(f"{k}={short(v)}" for k, v in zip(keys, combo, strict=True))
                 raise MatrixError(f"{source}: cell ({where}): {err}") from None
     try:
         run = RunPolicy(**run_raw)
@@ -573,15 +604,28 @@ def _env_section(value: Any, source: str) -> dict[str, str]:
             f"{type(value).__name__}"
         )
     for key, item in value.items():
-        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+            name = key if isinstance(key, str) and len(key) < SHORT_CHARS else short(key)
             raise MatrixError(
-                f"{source}: key 'env.{key}': only variables named {', '.join(ENV_PREFIXES)}"
-                "... (upper case, digits, '_') reach the ranks"
+                f"{source}: key 'env.{name}': only variables named {', '.join(ENV_PREFIXES)}... "
+                "(upper case, digits, '_') reach the ranks"
             )
         if not isinstance(item, str):
             raise MatrixError(
-                f"{source}: key 'env.{key}': {item!r} is a {type(item).__name__}; quote it "
-                f'(env.{key}: "{item}"): environment values are strings'
+                f"{source}: key 'env.{key}': {short(item)} is a {type(item).__name__}; quote it "
+                f'(env.{key}: "{short(item)}"): environment values are strings'
+            )
+        bad = next((i for i, c in enumerate(item) if ord(c) < 32 or 127 <= ord(c) < 160), None)
+        if bad is not None:
+            raise MatrixError(
+                f"{source}: key 'env.{key}': the value holds a control character "
+                f"({item[bad]!r} at position {bad}); an environment value is one line of "
+                "printable text"
+            )
+        if len(item) > MAX_ENV_CHARS:
+            raise MatrixError(
+                f"{source}: key 'env.{key}': the value is {len(item):,} characters long; at most "
+                f"{MAX_ENV_CHARS:,}"
             )
     return dict(value)
 
@@ -607,7 +651,7 @@ def _check_type(value: Any, types: tuple[type, ...], key: str, source: str) -> N
     if is_bool or not isinstance(value, types):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise MatrixError(
-            f"{source}: key '{key}': {value!r} is a {type(value).__name__}, expected {wanted}"
+            f"{source}: key '{key}': {short(value)} is a {type(value).__name__}, expected {wanted}"
         )
 
 
@@ -618,7 +662,7 @@ def _axis_list(value: Any, key: str, source: str) -> list[Any]:
     for item in values:
         _check_type(item, _AXES[key], f"axes.{key}", source)
     if len(set(values)) != len(values):
-        raise MatrixError(f"{source}: key 'axes.{key}' repeats a value: {values}")
+        raise MatrixError(f"{source}: key 'axes.{key}' repeats a value: {short(values)}")
     return values
 
 
@@ -630,20 +674,50 @@ def _microbench_sizes(value: Any, source: str) -> tuple[int, ...]:
         raise MatrixError(f"{source}: key 'microbench' must be a mapping")
     _check_keys(value, ("sizes_bytes", "min_bytes", "max_bytes", "factor"), source, "microbench.")
     if "sizes_bytes" in value:
+        key = "microbench.sizes_bytes"
         sizes = value["sizes_bytes"]
         if not isinstance(sizes, list):
-            raise MatrixError(f"{source}: key 'microbench.sizes_bytes' must be a list of ints")
+            raise MatrixError(f"{source}: key '{key}' must be a list of ints")
+        if len(sizes) > MAX_MICROBENCH_SIZES:
+            raise MatrixError(
+                f"{source}: key '{key}' lists {len(sizes):,} sizes; at most {MAX_MICROBENCH_SIZES}"
+            )
         for size in sizes:
-            _check_type(size, (int,), "microbench.sizes_bytes", source)
-        return tuple(sizes)
-    lo, hi, factor = value.get("min_bytes"), value.get("max_bytes"), value.get("factor", 2)
-    for key, item in (("min_bytes", lo), ("max_bytes", hi), ("factor", factor)):
-        _check_type(item, (int,), f"microbench.{key}", source)
-    assert isinstance(lo, int) and isinstance(hi, int) and isinstance(factor, int)
-    try:
-        return geometric_sizes(lo, hi, factor)
-    except ValueError as err:
-        raise MatrixError(f"{source}: key 'microbench': {err}") from None
+            _check_type(size, (int,), key, source)
+        found = tuple(sizes)
+    else:
+        key = "microbench"
+        lo, hi, factor = value.get("min_bytes"), value.get("max_bytes"), value.get("factor", 2)
+        for name, item in (("min_bytes", lo), ("max_bytes", hi), ("factor", factor)):
+            _check_type(item, (int,), f"microbench.{name}", source)
+        assert isinstance(lo, int) and isinstance(hi, int) and isinstance(factor, int)
+        if hi > MAX_MICROBENCH_BYTES:
+            raise MatrixError(
+                f"{source}: key 'microbench.max_bytes' is {hi:,}; at most {MAX_MICROBENCH_BYTES:,}"
+                " (1 TiB)"
+            )
+        try:
+            found = geometric_sizes(lo, hi, factor)
+        except ValueError as err:
+            raise MatrixError(f"{source}: key 'microbench': {err}") from None
+        if len(found) > MAX_MICROBENCH_SIZES:
+            raise MatrixError(
+                f"{source}: key 'microbench' makes {len(found)} sizes from {lo:,} to {hi:,} by "
+                f"{factor}; at most {MAX_MICROBENCH_SIZES}: a larger factor or a narrower range"
+            )
+    bad = [n for n in found if not 0 < n <= MAX_MICROBENCH_BYTES]
+    if bad:
+        raise MatrixError(
+            f"{source}: key '{key}': sizes must be > 0 bytes and at most "
+            f"{MAX_MICROBENCH_BYTES:,} (1 TiB), got {short(bad)}"
+        )
+    if len(set(found)) < MIN_MICROBENCH_SIZES:
+        raise MatrixError(
+            f"{source}: key '{key}' gives {len(set(found))} distinct size(s); the link fit of "
+            f"commprof report and estimate --fit needs at least {MIN_MICROBENCH_SIZES}: give more, "
+            "or leave out 'microbench' (16 KiB to 16 MiB by factor 4)"
+        )
+    return found
 
 
 def geometric_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> tuple[int, ...]:

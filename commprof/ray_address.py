@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 PROBE_TIMEOUT_S = 2.0
 """How long one TCP probe of a GCS may take (a refused connection answers at once)."""
@@ -55,3 +56,41 @@ def cluster_address(explicit: str | None = None) -> str | None:
         return address
     recorded = recorded_address()
     return recorded if recorded is not None and reachable(recorded) else None
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for its single-machine mode (its default on Windows and macOS): at ``0`` a new
+node takes 127.0.0.1 as its address (``ray._private.services.get_node_ip_address``), and its
+GCS, raylet, workers, agents and metrics endpoints listen there only."""
+
+
+def init_local(**kwargs: Any) -> Any:
+    """Start an embedded Ray of this process, reachable from this machine only.
+
+    Ray binds a node's servers to the node's address, which on Linux is the machine's outside
+    address (the GCS, raylet and workers on every interface, the metrics endpoints too). An
+    embedded Ray serves one driver on one machine, so it is started in Ray's single-machine mode
+    (:data:`LOOPBACK_ENV` at 0): its node address is 127.0.0.1 and everything it starts inherits
+    that. ``ray start`` clusters are not touched (they are Ray's own, started by the user).
+
+    Args:
+        kwargs: further ``ray.init`` arguments (``address`` is ``"local"``).
+
+    Returns:
+        What ``ray.init`` returns.
+    """
+    from commprof.extras import require
+
+    ray = require("ray", needed_by="an embedded Ray")
+    constants: Any = require("ray._private.ray_constants", needed_by="an embedded Ray")
+    saved_env, saved = os.environ.get(LOOPBACK_ENV), constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV] = "0"  # for the GCS, raylet and workers it starts (inherited)
+    constants.ENABLE_RAY_CLUSTER = False  # this process read the variable at import
+    try:
+        return ray.init(address="local", **kwargs)
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = saved_env

@@ -11,9 +11,15 @@ row, so an attempt the driver was killed in the middle of writing is invisible, 
 leftovers are overwritten when the cell runs again.
 
 The commit record carries the SHA-256 of every other file of its attempt (``checksums_json``)
-and of its own row (``commit_sha256``). :func:`load` verifies them and names a damaged file;
-:func:`set_aside_damaged` moves every file of a damaged attempt to ``DIR/damaged/`` so that a
-rerun runs the cell again (attempts committed before checksums existed are not verified).
+and of its own row (``commit_sha256``); the SHA-256 of every byte of the commit record's own
+file, which cannot hold its own digest, is in ``cells/.<cell_id>-a<attempt>.sha256`` beside it,
+written before it (the row marks that it has one). :func:`load` verifies them and names a
+damaged file; :func:`set_aside_damaged` moves every file of a damaged attempt to
+``DIR/damaged/`` so that a rerun runs the cell again (attempts committed before checksums
+existed are not verified; those committed before the sidecar only by their row).
+
+A write that fails (a full disk, a folder made read-only) raises :class:`CommitFailed` naming
+the path; the attempt is then not committed.
 
 This module imports no torch and no ray at module level.
 """
@@ -174,6 +180,20 @@ LATER_COLUMNS = frozenset({"load_avg_1m"})
 so attempts committed before the column existed still verify."""
 
 _FILE_RE = re.compile(r"^(?P<cell>[0-9a-f]{12})-a(?P<attempt>\d+)\.parquet$")
+SIDECAR = "sidecar"
+"""The value under the ``cells`` file's own name in ``checksums_json``: its digest is in its
+sidecar file (:func:`sidecar_path`), not in the row it holds."""
+
+
+class CommitFailed(RuntimeError):
+    """A file of an attempt could not be written; the message names it and what to do."""
+
+
+def sidecar_path(cells_file: Path) -> Path:
+    """Where the SHA-256 of every byte of a committed ``cells`` file is kept: a hidden file
+    beside it, which Parquet readers of the folder skip (``pd.read_parquet(DIR / "cells")``, Ray
+    Data and pyarrow datasets ignore names starting with ``.``)."""
+    return cells_file.with_name(f".{cells_file.stem}.sha256")
 
 
 def _to_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
@@ -198,17 +218,31 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
 
 
 def _atomic_write_bytes(data: bytes, path: Path) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    Raises:
+        CommitFailed: the folder or the file could not be written (a full disk, no
+            permission); it names the path, and no temporary file is left behind.
+    """
+    tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise CommitFailed(
+            f"cannot write {path} ({err.strerror or err}); free space on its filesystem or make "
+            "it writable, then rerun to resume (a cell counts only once its cells file is written)"
+        ) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -258,9 +292,14 @@ def write_attempt(
             data = _parquet_bytes(_to_table(name, keyed))
             _atomic_write_bytes(data, root / name / file_name)
             sums[f"{name}/{file_name}"] = hashlib.sha256(data).hexdigest()
+    sums[f"cells/{file_name}"] = SIDECAR  # its own bytes: in the sidecar, written first
     row = {**cell_row, "checksums_json": json.dumps(sums, sort_keys=True), "commit_sha256": None}
     row["commit_sha256"] = _row_digest(_to_table("cells", [row]).to_pylist()[0])
-    _atomic_write(_to_table("cells", [row]), root / "cells" / file_name)
+    commit = _parquet_bytes(_to_table("cells", [row]))
+    cells_file = root / "cells" / file_name
+    digest = hashlib.sha256(commit).hexdigest()
+    _atomic_write_bytes(f"{digest}\n".encode(), sidecar_path(cells_file))
+    _atomic_write_bytes(commit, cells_file)
 
 
 def _row_digest(row: Mapping[str, Any]) -> str:
@@ -301,6 +340,10 @@ def damaged_attempts(root: str | Path, *, traces: bool = True) -> dict[tuple[str
     damaged: dict[tuple[str, int], str] = {}
     for path in _committed_files(root, "cells", None):
         key = _key_of(path)
+        problem = _sidecar_problem(path)
+        if problem:
+            damaged[key] = problem
+            continue
         try:
             rows = pq.read_table(path, schema=SCHEMAS["cells"]).to_pylist()
         except (OSError, pa.ArrowException) as err:
@@ -318,11 +361,27 @@ def damaged_attempts(root: str | Path, *, traces: bool = True) -> dict[tuple[str
         for relative, digest in json.loads(row["checksums_json"] or "{}").items():
             if relative.startswith("traces/") and not traces:
                 continue
-            problem = _file_problem(root / relative, digest)
+            if digest == SIDECAR:  # checked above, where there is a sidecar; it must be there
+                sidecar = sidecar_path(root / relative)
+                problem = None if sidecar.exists() else f"{sidecar} (its checksum) is missing"
+            else:
+                problem = _file_problem(root / relative, digest)
             if problem:
                 damaged[key] = problem
                 break
     return damaged
+
+
+def _sidecar_problem(cells_file: Path) -> str | None:
+    """Where a ``cells`` file has a sidecar: whether every byte is as it was written."""
+    sidecar = sidecar_path(cells_file)
+    try:
+        digest = sidecar.read_text().strip()
+    except FileNotFoundError:
+        return None  # committed before sidecars, or the row says it is missing (checked later)
+    except (OSError, UnicodeDecodeError) as err:
+        return f"{sidecar} cannot be read ({err})"
+    return _file_problem(cells_file, digest)
 
 
 def _file_problem(path: Path, digest: str) -> str | None:
@@ -355,15 +414,23 @@ def set_aside_damaged(root: str | Path) -> dict[str, tuple[int, str]]:
     for (cell_id, attempt), why in damaged_attempts(root).items():
         stem = f"{cell_id}-a{attempt}"
         aside = root / "damaged" / f"{stem}-{int(time.time())}"
-        for name in TABLES:
-            source = root / name / f"{stem}.parquet"
-            if source.exists():
-                (aside / name).mkdir(parents=True, exist_ok=True)
-                os.replace(source, aside / name / source.name)
-        if (root / "traces" / stem).is_dir():
+        try:
             aside.mkdir(parents=True, exist_ok=True)
-            os.replace(root / "traces" / stem, aside / "traces")
-        (aside / "WHY.txt").write_text(why + "\n")
+            for name in TABLES:
+                source = root / name / f"{stem}.parquet"
+                others = (source, sidecar_path(source)) if name == "cells" else (source,)
+                for path in others:
+                    if os.path.lexists(path):  # a dangling symbolic link is moved too
+                        (aside / name).mkdir(exist_ok=True)
+                        os.replace(path, aside / name / path.name)
+            if os.path.lexists(root / "traces" / stem):
+                os.replace(root / "traces" / stem, aside / "traces")
+            (aside / "WHY.txt").write_text(why + "\n")
+        except OSError as err:
+            raise CommitFailed(
+                f"cannot set aside the damaged attempt {stem} into {aside} "
+                f"({err.strerror or err}): {why}"
+            ) from None
         moved[cell_id] = (max(attempt, moved.get(cell_id, (0, ""))[0]), why)
     return moved
 
@@ -451,15 +518,30 @@ def load_dataset(root: str | Path, table: str) -> ray.data.Dataset:
 
 
 def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:
-    """Per cell id, the status, attempt number and error kind of its latest committed attempt."""
+    """Per cell id, the status, attempt number and error kind of its latest committed attempt;
+    an ``ok`` attempt stands over any later one (a complete cell is never run again).
+
+    A ``cells`` file that cannot be read is left out here (:func:`damaged_attempts` names it,
+    and resuming sets it aside first).
+    """
     root = Path(root)
     if not root.is_dir():
         return {}
-    cells = _read(_committed_files(root, "cells", None), "cells")
+    parts = []
+    for path in _committed_files(root, "cells", None):
+        try:
+            parts.append(pq.read_table(path, schema=SCHEMAS["cells"]))
+        except (OSError, pa.ArrowException):
+            continue
+    if not parts:
+        return {}
+    cells = pa.concat_tables(parts).to_pandas()
     out: dict[str, tuple[str, int, str | None]] = {}
     for cell_id, status, attempt, kind in cells.sort_values("attempt")[
         ["cell_id", "status", "attempt", "error_kind"]
     ].itertuples(index=False):
+        if out.get(str(cell_id), ("",))[0] == "ok":
+            continue
         out[str(cell_id)] = (str(status), int(attempt), kind if isinstance(kind, str) else None)
     return out
 

@@ -9,15 +9,39 @@ A :class:`yaml.SafeLoader` (no Python objects are ever constructed) with two cha
   value winning silently.
 
 The float resolver is PyYAML's own pattern with the dot made optional before an exponent.
+
+Bounded before anything is built from a document: :func:`load_yaml` counts the values the
+document holds with every alias (``*name``) expanded, on the composed node graph (each node
+counted once, then reused: linear in the file), and refuses more than ``MAX_VALUES`` or an alias
+that refers to itself; a 500-byte document of nine aliases nine deep otherwise expands to
+9**9 values once anything walks it. :func:`read_text` reads at most the bytes its caller allows,
+and :func:`short` quotes a value in an error by a short prefix only.
 """
 
 from __future__ import annotations
 
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+MAX_VALUES = 100_000
+"""Most values (scalars, lists, mappings) a document may hold, aliases expanded."""
+SHORT_CHARS = 60
+"""Longest quote of a value in an error message."""
+_SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxtuple, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = SHORT_CHARS
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` cut to a short prefix (at most about ``SHORT_CHARS`` characters), without
+    walking more of the value than it shows: for error messages about what a user wrote."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHORT_CHARS + 10 else text[:SHORT_CHARS] + "...'"
+
 
 _FLOAT_12 = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -56,21 +80,28 @@ StrictSafeLoader.yaml_implicit_resolvers = {
 StrictSafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
 
 
-def read_text(path: str | Path, what: str) -> str:
+def read_text(path: str | Path, what: str, *, max_bytes: int | None = None) -> str:
     """A file's text as UTF-8, with errors that say which file and what to do.
 
     Args:
         path: the file.
         what: what the file is, for messages ("the matrix file").
+        max_bytes: refuse a file larger than this (read no further than one byte past it).
 
     Raises:
-        ValueError: the file cannot be read, or is not UTF-8.
+        ValueError: the file cannot be read, is larger than ``max_bytes``, or is not UTF-8.
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(-1 if max_bytes is None else max_bytes + 1)
     except OSError as err:
         raise ValueError(f"{path}: cannot read {what} ({err.strerror})") from err
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(
+            f"{path}: {what} is larger than {max_bytes:,} bytes, the most it may be; shorten it "
+            "or split it"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -80,13 +111,74 @@ def read_text(path: str | Path, what: str) -> str:
         ) from None
 
 
-def load_yaml(text: str, source: str) -> Any:
-    """Parse YAML text with :class:`StrictSafeLoader`.
+def load_yaml(text: str, source: str, *, max_values: int = MAX_VALUES) -> Any:
+    """Parse YAML text with :class:`StrictSafeLoader`, bounded (see the module docstring).
+
+    Args:
+        text: the document.
+        source: a name for messages, usually the file path.
+        max_values: most values the document may hold, aliases expanded.
 
     Raises:
         ValueError: naming ``source`` and what is wrong where.
     """
+    loader = StrictSafeLoader(text)  # a SafeLoader subclass: no Python objects are built
     try:
-        return yaml.load(text, Loader=StrictSafeLoader)  # a SafeLoader subclass
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, source, max_values)
+        return loader.construct_document(node)
     except yaml.YAMLError as err:
-        raise ValueError(f"{source}: not valid YAML: {err}") from err
+        raise ValueError(f"{source}: not valid YAML: {_one_line(err)}") from None
+    except RecursionError:
+        raise ValueError(f"{source}: not valid YAML: nested too deep") from None
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: where, then what (PyYAML's own text spans several lines and
+    quotes the document)."""
+    problem = getattr(err, "problem", None) or str(err)
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return (where + " ".join(str(problem).split()))[:300]
+
+
+def _check_size(root: yaml.Node, source: str, max_values: int) -> None:
+    """Refuse a document of more than ``max_values`` values with its aliases expanded, or with
+    an alias inside its own anchor. Post-order over the node graph without recursion; each node
+    is sized once (an alias is the same node object as its anchor)."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if not children_done:
+            if key in active:
+                mark = node.start_mark
+                raise ValueError(
+                    f"{source}: line {mark.line + 1}: an alias refers to the value that holds "
+                    "it (a recursive structure); write the value out"
+                )
+            active.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        active.discard(key)
+        sizes[key] = 1 + sum(sizes[id(child)] for child in children)
+        if sizes[key] > max_values:
+            mark = node.start_mark
+            raise ValueError(
+                f"{source}: line {mark.line + 1}: the document holds more than {max_values:,} "
+                "values with its aliases (*name) expanded; write the values out, or fewer"
+            )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def _load(results_dir: Path) -> Processed | None:
     """The processed dataset, or None (and the reason on stderr) where there is none.
 
     A folder without committed cells (the parent ``results/`` instead of ``results/<sweep>/``,
-    or any other folder) is refused rather than reported as empty placeholder figures.
+    or any other folder) is refused rather than reported as empty placeholder figures; so is a
+    dataset the processing cannot read (too few microbenchmark sizes to fit the link), in one
+    line naming the folder.
     """
     try:
         tables = load(results_dir)
@@ -64,7 +67,28 @@ def _load(results_dir: Path) -> Processed | None:
             file=sys.stderr,
         )
         return None
-    return process(tables)
+    try:
+        return process(tables)
+    except ValueError as err:
+        print(f"error: cannot process the dataset {results_dir}: {err}", file=sys.stderr)
+        return None
+
+
+def _writable(out: Path) -> bool:
+    """Whether the output folder can be written (made where missing), checked before any work;
+    where not, the reason and what to do on stderr."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".commprof-probe-"):
+            pass
+    except OSError as err:
+        print(
+            f"error: cannot write to {out} ({err.strerror or err}); pass --out DIR to write the "
+            "output elsewhere",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:
@@ -87,12 +111,14 @@ def figures_main(results_dir: Path, out_dir: Path | None = None) -> int:
         out_dir: output folder (default ``RESULTS/report/``).
 
     Returns:
-        Exit status: 0 done, 2 no dataset there (no folder, or no committed cells in it).
+        Exit status: 0 done, 2 no dataset there (no folder, or no committed cells in it), or
+        the output folder cannot be written.
     """
+    out = _out_dir(results_dir, out_dir)
     data = _load(Path(results_dir))
-    if data is None:
+    if data is None or not _writable(out):
         return 2
-    write_figures(data, _out_dir(results_dir, out_dir))
+    write_figures(data, out)
     return 0
 
 
@@ -190,13 +216,15 @@ def report_main(results_dir: Path, out_dir: Path | None = None) -> int:
 
     Returns:
         Exit status: 0 done (PDFs built, or LaTeX missing and said so), 1 a PDF failed to
-        build, 2 no dataset there (no folder, or no committed cells in it).
+        build, 2 no dataset there (no folder, or no committed cells in it), or the output
+        folder cannot be written.
     """
     results_dir = Path(results_dir)
+    out = _out_dir(results_dir, out_dir)
     data = _load(results_dir)
-    if data is None:
+    if data is None or not _writable(out):
         return 2
-    return build_reports(data, _out_dir(results_dir, out_dir), results_dir.resolve().name)
+    return build_reports(data, out, results_dir.resolve().name)
 
 
 def build_reports(data: Processed, out: Path, dataset_name: str) -> int:

@@ -13,6 +13,7 @@ attempts are abandoned, nothing is recorded for them, and a rerun resumes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import signal
 import sys
@@ -27,6 +28,7 @@ from commprof import results
 from commprof.actors.execution import CellExecution, Outcome
 from commprof.actors.gang import Gang, bundle_for
 from commprof.attempts import FailurePolicy, Plan, plan_cells, resume_state
+from commprof.lock import DatasetLock
 from commprof.matrix import Cell, Matrix
 from commprof.sweeps import placement
 from commprof.sweeps.cluster import ClusterLost, ClusterWatch
@@ -119,6 +121,9 @@ class Driver:
         stream: where progress goes (stderr by default).
         watch: the watch on the cluster's GCS (:func:`commprof.sweeps.cluster.ClusterWatch`);
             None trusts the cluster to stay.
+        lock: the dataset folder's lock this process holds; every write to the folder runs
+            under :meth:`~commprof.lock.DatasetLock.writing`, so a driver that lost the folder
+            stops before writing (None: the caller keeps the folder to itself).
     """
 
     def __init__(
@@ -128,9 +133,11 @@ class Driver:
         stream: TextIO | None = None,
         *,
         watch: ClusterWatch | None = None,
+        lock: DatasetLock | None = None,
     ):
         self.matrix = matrix
         self.watch = watch
+        self.lock = lock
         self.stop_signal: int | None = None
         self.options = options
         self.pool = GangPool(ready_timeout_s=options.gang_ready_timeout_s, env=matrix.env)
@@ -164,13 +171,19 @@ class Driver:
         Damaged attempts (files missing, unreadable or changed since their commit) are first
         moved to ``DIR/damaged/``; their cells run again.
         """
+        with self._writing():  # setting damaged attempts aside moves files
+            latest = resume_state(self.options.out)
         return plan_cells(
             select(self.matrix.cells, self.options.only, self.options.exclude),
-            resume_state(self.options.out),
+            latest,
             lambda cell: self.guard.decide(cell).feasible,
             self.policy,
             retry_failed=self.options.retry_failed,
         )
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        """One write to the dataset folder, refused (LockLost) where the folder was taken over."""
+        return self.lock.writing() if self.lock is not None else contextlib.nullcontext()
 
     # -- running -----------------------------------------------------------------------------
 
@@ -228,6 +241,8 @@ class Driver:
         while (queue or running) and self.stop_signal is None:
             if self.watch is not None:
                 self.watch.check()
+            if self.lock is not None:
+                self.lock.check()  # taken over (presumed dead): stop, start nothing more
             room = len(running) < self._limit()
             if changed or (queue and room and self._placement_due(idle=not running)):
                 self._start_ready(queue, running, attempts)
@@ -377,7 +392,8 @@ class Driver:
             guard=guard,
             load_avg_1m=results.host_load_avg_1m(),
         )
-        results.write_attempt(self.options.out, row, {})
+        with self._writing():
+            results.write_attempt(self.options.out, row, {})
         self.summary.rejected += 1
         self.summary.statuses[cell.cell_id] = "rejected"
 
@@ -402,15 +418,17 @@ class Driver:
         }
         if outcome.status == "ok":
             self.pool.release(gang)
-            results.commit_attempt(self.options.out, cell, per_rank=outcome.results, **common)
+            with self._writing():
+                results.commit_attempt(self.options.out, cell, per_rank=outcome.results, **common)
             self.summary.ok += 1
             self.summary.statuses[cell.cell_id] = "ok"
             self.progress.cell_done(outcome.wall_s)
             return
         self.pool.drop(gang)
-        results.commit_attempt(
-            self.options.out, cell, error=outcome.error, error_kind=outcome.error_kind, **common
-        )
+        with self._writing():
+            results.commit_attempt(
+                self.options.out, cell, error=outcome.error, error_kind=outcome.error_kind, **common
+            )
         used = attempt - self._budget_base.get(cell.cell_id, 0)
         retry = self.policy.retry(outcome.error_kind, used)
         log.warning(

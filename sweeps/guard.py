@@ -89,6 +89,9 @@ class GuardPlan:
                 **{name: getattr(cell, name) for name in _SHARED_FIELDS},
                 ranks_per_node=self.ranks_per_node(cell),
                 num_steps=cell.steps,
+                microbench_max_bytes=max(
+                    cell.microbench_sizes_bytes or (memory.DEFAULT_MICROBENCH_MAX_BYTES,)
+                ),
             )
             budgets = self.budgets_by_device[cell.device]
             decision = memory.evaluate(shape, budgets, _footprint(cell.model))

@@ -106,13 +106,16 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
     import ray
 
     from commprof.actors.gang import ACTOR_NAMESPACE
-    from commprof.ray_address import cluster_address
+    from commprof.ray_address import cluster_address, init_local
 
     address = cluster_address(address)
     if address is None:
-        log.info("no running Ray cluster found; starting an embedded one (%d CPUs)", num_cpus)
-        ray.init(
-            address="local",  # never attach to a cluster found by scanning processes
+        log.info(
+            "no running Ray cluster found; starting an embedded one (%d CPUs, listening on "
+            "127.0.0.1 only)",
+            num_cpus,
+        )
+        init_local(  # never attaches to a cluster found by scanning processes
             num_cpus=num_cpus,
             namespace=ACTOR_NAMESPACE,
             include_dashboard=False,
@@ -193,9 +196,9 @@ def run(args: argparse.Namespace) -> int:
     max_ws = max((c.world_size for c in selected), default=1)
     num_cpus = args.num_cpus or max(os.cpu_count() or 1, max_ws)
     try:
-        with DatasetLock(out, wait_s=args.wait_lock):  # one driver per dataset folder
-            return _run_locked(args, matrix, selected, out, num_cpus)
-    except DatasetLocked as err:
+        with DatasetLock(out, wait_s=args.wait_lock) as lock:  # one driver per dataset folder
+            return _run_locked(args, matrix, selected, out, num_cpus, lock)
+    except DatasetLocked as err:  # LockLost too: taken over, stopped before writing
         print(f"error: {err}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
@@ -207,11 +210,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_locked(
-    args: argparse.Namespace, matrix: Any, selected: list[Any], out: Path, num_cpus: int
+    args: argparse.Namespace,
+    matrix: Any,
+    selected: list[Any],
+    out: Path,
+    num_cpus: int,
+    lock: Any,
 ) -> int:
     """The sweep itself, run while this process owns the dataset folder."""
     import ray
 
+    from commprof.lock import DatasetLocked
     from commprof.results import load
     from commprof.sweeps.cluster import EXIT_CLUSTER_LOST, ClusterLost, ClusterWatch
     from commprof.sweeps.driver import Driver, DriverOptions
@@ -234,13 +243,15 @@ def _run_locked(
     with ClusterWatch(gcs_address) as watch:
         lost = False
         try:
-            driver = Driver(matrix, options, watch=watch)
+            driver = Driver(matrix, options, watch=watch, lock=lock)
             install_stop_handlers(driver)  # after ray.init, which sets its own SIGTERM handler
             summary = driver.run()
         except ClusterLost as err:
             lost = True
             print(f"error: {err}", file=sys.stderr)
             return EXIT_CLUSTER_LOST
+        except DatasetLocked:
+            raise  # LockLost: the caller says it and exits 3
         except (ValueError, RuntimeError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

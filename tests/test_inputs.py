@@ -45,8 +45,8 @@ def test_a_file_that_is_not_utf8(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        (BASE.replace("[1]", "[.nan]"), "bucket_cap_mb must be > 0"),
-        (BASE.replace("[1]", "[.inf]"), "bucket_cap_mb must be > 0"),
+        (BASE.replace("[1]", "[.nan]"), "bucket_cap_mb must be between 1 byte"),
+        (BASE.replace("[1]", "[.inf]"), "bucket_cap_mb must be between 1 byte"),
         (BASE + "run:\n  cell_timeout_s: .nan\n", "run.cell_timeout_s must be a number"),
         (BASE + "run:\n  pg_timeout_s: .inf\n", "run.pg_timeout_s must be a number"),
         (BASE + "run:\n  pg_timeout_s: -1\n", "run.pg_timeout_s must be a number"),

@@ -24,8 +24,9 @@ def test_the_commit_record_holds_every_files_checksum(tmp_path: Path) -> None:
     _commit(tmp_path, CELL)
     row = results.load(tmp_path)["cells"].iloc[0]
     sums = json.loads(row["checksums_json"])
-    assert sorted(sums) == [f"steps/{CELL.cell_id}-a1.parquet",
+    assert sorted(sums) == [f"cells/{CELL.cell_id}-a1.parquet", f"steps/{CELL.cell_id}-a1.parquet",
                             f"traces/{CELL.cell_id}-a1/rank0.json.gz"]  # fmt: skip
+    assert sums[f"cells/{CELL.cell_id}-a1.parquet"] == results.SIDECAR  # its bytes: beside it
     assert len(row["commit_sha256"]) == 64
     assert results.damaged_attempts(tmp_path) == {}
 
@@ -54,7 +55,7 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
     _commit(tmp_path, OTHER)
     cells_file = tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet"
     cells_file.write_bytes(cells_file.read_bytes()[:40])
-    with pytest.raises(results.DamagedDataset, match="cannot be read"):
+    with pytest.raises(results.DamagedDataset, match="changed since it was written"):
         results.load(tmp_path)
     moved = results.set_aside_damaged(tmp_path)
     assert list(moved) == [CELL.cell_id] and moved[CELL.cell_id][0] == 1
@@ -63,6 +64,10 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
     assert len(tables["steps"]) == len(STEPS)  # only the intact cell's rows
     (aside,) = (tmp_path / "damaged").iterdir()
     assert sorted(p.name for p in aside.iterdir()) == ["WHY.txt", "cells", "steps", "traces"]
+    assert sorted(p.name for p in (aside / "cells").iterdir()) == [
+        f".{CELL.cell_id}-a1.sha256",  # the commit record's own checksum goes with it
+        f"{CELL.cell_id}-a1.parquet",
+    ]
     assert results.latest_status(tmp_path) == {OTHER.cell_id: ("ok", 1, None)}
 
 
@@ -70,3 +75,41 @@ def test_datasets_from_before_checksums_still_load() -> None:
     data = Path(__file__).parent / "data" / "results_smoke"
     tables = results.load(data)  # rows without checksums are not verified, not refused
     assert tables["cells"]["commit_sha256"].isna().all() and len(tables["cells"]) > 0
+
+
+@pytest.mark.parametrize("table", ["cells", "steps"])
+def test_a_flipped_bit_anywhere_in_a_committed_file_is_found(tmp_path: Path, table: str) -> None:
+    """Every byte counts, not only the column chunks: a flip in the Parquet footer (schema,
+    key-value metadata) of the commit record passed `load` before its sidecar checksum."""
+    _commit(tmp_path, CELL)
+    path = tmp_path / table / f"{CELL.cell_id}-a1.parquet"
+    original = path.read_bytes()
+    positions = sorted({*range(0, len(original), 97), *range(len(original) - 400, len(original))})
+    for position in positions:  # every 97th byte, and every byte of the file's last 400 (footer)
+        data = bytearray(original)
+        data[position] ^= 0x01
+        path.write_bytes(bytes(data))
+        damaged = results.damaged_attempts(tmp_path, traces=False)
+        assert list(damaged) == [(CELL.cell_id, 1)], position
+        assert "changed since it was written" in damaged[(CELL.cell_id, 1)], position
+    path.write_bytes(original)
+    assert results.damaged_attempts(tmp_path) == {}
+
+
+def test_a_missing_sidecar_is_named(tmp_path: Path) -> None:
+    _commit(tmp_path, CELL)
+    sidecar = results.sidecar_path(tmp_path / "cells" / f"{CELL.cell_id}-a1.parquet")
+    sidecar.unlink()
+    said = rf"{sidecar.name} \(its checksum\) is missing"
+    with pytest.raises(results.DamagedDataset, match=said):
+        results.load(tmp_path)
+
+
+def test_a_table_folder_still_reads_as_parquet(tmp_path: Path) -> None:
+    """The sidecar is hidden: readers of a whole table folder skip it."""
+    import pandas as pd
+
+    _commit(tmp_path, CELL)
+    _commit(tmp_path, OTHER)
+    cells = pd.read_parquet(tmp_path / "cells")
+    assert sorted(cells["cell_id"]) == sorted([CELL.cell_id, OTHER.cell_id])

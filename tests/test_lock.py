@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from commprof.lock import LOCK_NAME, STALE_S, DatasetLock, DatasetLocked
+from commprof.lock import GUARD_NAME, LOCK_NAME, STALE_S, DatasetLock, DatasetLocked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +51,8 @@ def test_a_second_driver_exits_within_seconds_and_writes_nothing(tmp_path: Path)
     assert run.returncode == 3, run.stderr[-2000:]
     assert f"in use by another driver: pid {os.getpid()}" in run.stderr
     assert took < 30  # process start and imports; no Ray, no cell
-    assert sorted(p.name for p in out.iterdir()) == []  # nothing of a sweep was written
+    # nothing of a sweep was written (the guard file is the lock's own, and stays)
+    assert sorted(p.name for p in out.iterdir()) == [GUARD_NAME]
 
 
 def test_stale_locks_are_taken_over(tmp_path: Path) -> None:
@@ -79,3 +82,217 @@ def test_waiting_for_the_owner(tmp_path: Path) -> None:
     with DatasetLock(tmp_path, wait_s=20):
         waited = time.monotonic() - started
     assert 0.5 < waited < 10
+
+
+# -- the takeover race, with real processes ---------------------------------------------------
+
+RACERS = 6
+"""Processes that find the same dead owner's lock at once (the issue's case)."""
+RACE_TRIALS = {"plain": 100, "dawdling": 40}
+"""Trials per run of the race test: each has every racer try once, the holders hold until all
+have tried, so a second holder at any moment shows as two successes in the trial. The lock
+before the guard had two holders in 5 of 200 plain trials and 200 of 200 dawdling ones."""
+
+
+class _SlowLook(DatasetLock):
+    """A lock that dawdles between finding the owner dead and taking over: the interleaving
+    where two racers both decide on the same stale record (without the guard, 100 % overlap)."""
+
+    def _stale(self, holder: dict[str, object]) -> bool:
+        stale = super()._stale(holder)  # type: ignore[arg-type]
+        time.sleep(0.003)
+        return stale
+
+
+def _racer(
+    index: int, root: str, trials: int, start: Any, tried: Any, wins: Any, slow: bool
+) -> None:  # pragma: no cover - child
+    kind = _SlowLook if slow else DatasetLock
+    for trial in range(trials):
+        folder = Path(root) / f"t{trial}"
+        start.wait()
+        lock = kind(folder)
+        try:
+            lock.acquire()
+        except DatasetLocked:
+            lock = None  # type: ignore[assignment]
+        if lock is not None:
+            with wins.get_lock():
+                wins[trial] += 1
+        tried.wait()  # everyone has tried while the holder still holds
+        if lock is not None:
+            lock.release()
+
+
+@pytest.mark.parametrize("kind", ["plain", "dawdling"])
+def test_racing_takeovers_of_a_dead_owner_leave_one_holder(tmp_path: Path, kind: str) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    dead, trials, slow = _dead_pid(), RACE_TRIALS[kind], kind == "dawdling"
+    for trial in range(trials):
+        folder = tmp_path / f"t{trial}"
+        folder.mkdir()
+        (folder / LOCK_NAME).write_text(json.dumps({"host": os.uname().nodename, "pid": dead}))
+    start, tried = ctx.Barrier(RACERS), ctx.Barrier(RACERS)
+    wins = ctx.Array("i", trials)
+    procs = [
+        ctx.Process(target=_racer, args=(i, str(tmp_path), trials, start, tried, wins, slow))
+        for i in range(RACERS)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    # exactly one holder per trial: the dead owner's lock went to one racer, and the others
+    # found that racer's lock, live
+    assert list(wins) == [1] * trials
+
+
+def _owner(root: Path, *commands: str) -> subprocess.Popen[str]:
+    """A process that takes the folder, says so, then runs what stdin tells it."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from commprof import results
+from commprof.lock import DatasetLock
+from commprof.matrix import Cell
+lock = DatasetLock({str(root)!r})
+lock.acquire()
+print("held", flush=True)
+for line in sys.stdin:
+    if line.strip() == "commit":
+        cell = Cell(model="srn-100k", world_size=2, bucket_cap_mb=1)
+        row = results.cell_row(cell, sweep="t", attempt=1, status="ok")
+        try:
+            with lock.writing():
+                results.write_attempt({str(root)!r}, row, {{}})
+            print("committed", flush=True)
+        except Exception as err:
+            print(type(err).__name__, err, flush=True)
+    if line.strip() == "release":
+        lock.release()
+        print("released", flush=True)
+        break
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _tell(proc: subprocess.Popen[str], command: str) -> str:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def test_an_owner_alive_on_this_host_keeps_the_folder_while_stopped(tmp_path: Path) -> None:
+    owner = _owner(tmp_path)
+    try:
+        os.kill(owner.pid, signal.SIGSTOP)  # stopped: its heartbeat stops too
+        lock = tmp_path / LOCK_NAME
+        old = time.time() - 10 * STALE_S  # what a heartbeat stopped ten minutes looks like
+        os.utime(lock, (old, old))
+        contender = DatasetLock(tmp_path, stale_s=1.0)
+        with pytest.raises(DatasetLocked, match=rf"pid {owner.pid} on host"):
+            contender.acquire()
+        time.sleep(1.5)  # and past a short stale_s in real time
+        with pytest.raises(DatasetLocked, match=rf"pid {owner.pid} on host"):
+            contender.acquire()
+        os.kill(owner.pid, signal.SIGCONT)
+        assert _tell(owner, "commit") == "committed"  # it still owns the folder
+        assert _tell(owner, "release") == "released"
+        assert owner.wait(timeout=30) == 0
+    finally:
+        if owner.poll() is None:
+            os.kill(owner.pid, signal.SIGCONT)
+            owner.kill()
+    with DatasetLock(tmp_path):  # free once its owner let go
+        pass
+
+
+def test_an_owner_that_lost_the_folder_stops_before_writing(tmp_path: Path) -> None:
+    owner = _owner(tmp_path)
+    try:
+        # another node presumed it dead (its heartbeat looked old there) and took the folder
+        lock = tmp_path / LOCK_NAME
+        lock.write_text(json.dumps({"host": "another-node", "pid": 7, "token": "theirs"}))
+        said = _tell(owner, "commit")
+        assert said.startswith("LockLost") and "pid 7 on host another-node took it over" in said
+        assert "stopped before writing" in said
+        assert not (tmp_path / "cells").exists()  # nothing written
+        assert _tell(owner, "release") == "released"
+        assert owner.wait(timeout=30) == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+    assert json.loads(lock.read_text())["token"] == "theirs"  # the new owner's lock stays
+
+
+@pytest.mark.slow
+def test_commprof_run_that_lost_its_folder_exits_without_writing(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "4", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commprof", *argv],
+        env={**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = out / LOCK_NAME
+    deadline = time.monotonic() + 60
+    while not lock.exists():  # the run holds the folder; its ranks start
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    # a driver on another node presumed it dead and took the folder over
+    lock.write_text(json.dumps({"host": "another-node", "pid": 7, "token": "theirs"}))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert "no longer owns the folder: pid 7 on host another-node took it over" in line
+    assert "stopped before writing" in line and "Traceback" not in err
+    assert not (out / "cells").exists()  # nothing committed
+    assert json.loads(lock.read_text())["token"] == "theirs"  # and its lock left alone
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_sweep_that_lost_its_folder_stops_without_writing(tmp_path: Path) -> None:
+    from commprof import results
+
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "name: lost\naxes:\n  model: [srn-100k]\n  world_size: [2]\n"
+        "  bucket_cap_mb: [0.5, 1, 2, 4, 8, 16]\ndefaults:\n  steps: 12\n"
+    )
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commprof", "sweep", "--matrix", str(path), "--out", str(out)],
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not results.latest_status(out):  # one cell committed: the sweep is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.1)
+    (out / LOCK_NAME).write_text(json.dumps({"host": "another-node", "pid": 7, "token": "x"}))
+    taken = time.monotonic()
+    before = set(results.latest_status(out))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err[-3000:]
+    assert "took it over" in err and "stopped before writing" in err and "Traceback" not in err
+    assert time.monotonic() - taken < 30  # the next heartbeat (5 s) or commit, and shutdown
+    # at most the commit that was under way when the lock was replaced; nothing after it
+    assert len(set(results.latest_status(out)) - before) <= 1

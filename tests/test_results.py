@@ -121,13 +121,18 @@ def test_load_average_is_recorded_and_older_rows_still_verify(tmp_path: Path) ->
     row = results.cell_row(CELL, sweep="t", attempt=1, status="ok", load_avg_1m=1.25)
     results.write_attempt(tmp_path, row, {"steps": _steps(2)})
     assert results.load(tmp_path)["cells"].loc[0, "load_avg_1m"] == 1.25
-    # A cells file written before the column existed: no load_avg_1m column at all, and a
-    # digest over the row without it. It loads (null load) and verifies.
+    # A cells file written before the column existed (and before the file's sidecar checksum):
+    # no load_avg_1m column at all, and a digest over the row without it. It loads (null load)
+    # and verifies.
     old = tmp_path / "old"
     row = results.cell_row(CELL, sweep="t", attempt=1, status="ok")
     results.write_attempt(old, row, {})
     path = old / "cells" / f"{CELL.cell_id}-a1.parquet"
+    results.sidecar_path(path).unlink()
     table = pq.read_table(path).drop(["load_avg_1m"])
+    table = table.set_column(
+        table.schema.get_field_index("checksums_json"), "checksums_json", pa.array(["{}"])
+    )
     fields = {k: v for k, v in table.to_pylist()[0].items() if k != "commit_sha256"}
     digest = results.hashlib.sha256(
         results.json.dumps(fields, sort_keys=True, default=str).encode()

@@ -21,6 +21,10 @@ parameters, ``r`` = ranks on one node, ``k`` = optimizer state copies):
   lives in /dev/shm) plus NCCL's shared-memory segments on NCCL cells.
 - ``object_store`` (the driver's node): the records of all ``world_size`` ranks.
 
+After training each rank runs the all-reduce microbenchmark over the matrix's sizes and the
+model's bucket sizes, with the model still held: ``MICROBENCH_PEAK_FACTOR`` times its largest
+size ``S`` more (on the device for CUDA cells, per rank on the host for CPU cells).
+
 Everything here is integer arithmetic, with no torch. Parameter counts come
 from :class:`ModelFootprint`, built by :func:`model_footprint` (from the torch-free
 :mod:`commprof.catalog`) or by the caller.
@@ -35,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from commprof.caps import check_cap_mb
 from commprof.catalog import GPTConfig, ResNetGeometry, model_spec
 from commprof.modeling.buckets import bucket_cap_bytes
 
@@ -85,6 +90,15 @@ RECORD_BYTES = 256
 """Bytes of one returned record row (a pickled bucket row measured 217 B)."""
 MICROBENCH_ROWS_BOUND = 64
 """Upper bound on microbenchmark rows per rank."""
+MICROBENCH_PEAK_FACTOR = 9
+"""Peak bytes of one rank's all-reduce microbenchmark per byte of its largest message size S
+(``commprof.training.microbench``, float32): the source and the reduced buffer (2 S), then the
+correctness check's int64 pattern, float64 expected values and float64 copy of the result (6 S)
+and its bool mask (S / 4): 8.25 S; measured 8.27 S as peak RSS at S = 256 MiB (torch 2.13 CPU);
+9 S with the allocator's headroom (tests/test_guard_microbench.py measures it)."""
+DEFAULT_MICROBENCH_MAX_BYTES = 16 * MIB
+"""Largest microbenchmark size of a cell whose matrix names none (16 KiB to 16 MiB:
+``commprof.training.trainer.CALIBRATION_SIZES_BYTES``; a test keeps the two equal)."""
 PINNED_FRACTION_OF_RAM = 0.5
 """Default pinned budget: page-locking more than half of RAM starves the OS (policy)."""
 OBJECT_STORE_FRACTION_OF_RAM = 0.3
@@ -161,8 +175,13 @@ class ModelFootprint:
     """Parameter tensors (bounds the number of DDP buckets)."""
     activation_elements_per_sample: int
     """Estimated saved activation elements per sample (see the per-family functions)."""
+    largest_param_elements: int = 0
+    """Elements of the largest parameter tensor (a DDP bucket exceeds its cap by less than
+    one); 0: unknown, the whole model bounds a bucket."""
 
     def __post_init__(self) -> None:
+        if self.largest_param_elements < 0:
+            raise ValueError(f"ModelFootprint.largest_param_elements={self.largest_param_elements}")
         for name in ("num_parameters", "num_param_tensors", "activation_elements_per_sample"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelFootprint.{name}={getattr(self, name)!r}: must be >= 1")
@@ -208,6 +227,7 @@ def model_footprint(model: str, *, image_size: int = 224, seq_len: int = 128) ->
         num_parameters=sum(n for _, n in sizes),
         num_param_tensors=len(sizes),
         activation_elements_per_sample=act,
+        largest_param_elements=max((n for _, n in sizes), default=0),
     )
 
 
@@ -235,6 +255,8 @@ class CellShape:
     """Bytes per parameter, gradient and activation element (fp32: 4)."""
     num_steps: int = 6
     """Training steps (scales the returned records)."""
+    microbench_max_bytes: int = DEFAULT_MICROBENCH_MAX_BYTES
+    """The largest all-reduce microbenchmark size the matrix names (its buffers are costed)."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "ranks_per_node", "batch_size", "dtype_bytes", "num_steps"):
@@ -257,9 +279,11 @@ class CellShape:
                 f"CellShape.optimizer={self.optimizer!r}: "
                 f"use one of {sorted(OPTIMIZER_STATE_COPIES)}"
             )
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+        check_cap_mb(self.bucket_cap_mb, "CellShape.bucket_cap_mb")
+        if not isinstance(self.microbench_max_bytes, int) or self.microbench_max_bytes < 1:
             raise ValueError(
-                f"CellShape.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (MiB) or None"
+                f"CellShape.microbench_max_bytes={self.microbench_max_bytes!r}: must be a "
+                "positive int"
             )
 
 
@@ -423,6 +447,16 @@ def record_rows_per_rank(cell: CellShape, fp: ModelFootprint) -> int:
     return cell.num_steps * (2 + buckets) + fp.num_param_tensors + MICROBENCH_ROWS_BOUND
 
 
+def microbench_largest_bytes(cell: CellShape, fp: ModelFootprint) -> int:
+    """The largest message the cell's microbenchmark all-reduces: the matrix's largest size or
+    the largest bucket, which holds at most ``cap + largest parameter`` (DDP closes a bucket once
+    it reaches the cap) and at most the model."""
+    _, cap_bytes = bucket_cap_bytes(cell.bucket_cap_mb)
+    largest = fp.largest_param_elements or fp.num_parameters
+    bucket = min(fp.num_parameters * cell.dtype_bytes, cap_bytes + largest * cell.dtype_bytes)
+    return max(cell.microbench_max_bytes, bucket)
+
+
 def evaluate(
     cell: CellShape, budgets: Budgets, footprint: ModelFootprint | None = None
 ) -> GuardDecision:
@@ -454,6 +488,11 @@ def evaluate(
         (f"activations ({cell.batch_size} x {fp.activation_elements_per_sample:,} el)", act),
     ]
     records = record_rows_per_rank(cell, fp) * RECORD_BYTES
+    largest = microbench_largest_bytes(cell, fp)
+    microbench = (
+        f"microbench buffers ({MICROBENCH_PEAK_FACTOR} x largest size {largest:,} B)",
+        MICROBENCH_PEAK_FACTOR * largest,
+    )
 
     def per_node(label: str, b: int) -> tuple[str, int]:
         return (f"{label} [{r} ranks x {b:,} B]", r * b)
@@ -462,7 +501,7 @@ def evaluate(
     host.append(("ray node overhead", RAY_NODE_OVERHEAD_BYTES))
     pools: list[PoolCost] = []
     if cell.device == "cuda":
-        device_terms = [("cuda context", CUDA_CONTEXT_BYTES), *state]
+        device_terms = [("cuda context", CUDA_CONTEXT_BYTES), *state, microbench]
         pools.append(
             PoolCost(pool="device", terms=tuple(device_terms), budget_bytes=budgets.device_bytes)
         )
@@ -470,7 +509,7 @@ def evaluate(
         if cell.backend == "gloo":
             host.append(per_node("pinned staging", p_bytes))
     else:
-        host += [per_node(label, b) for label, b in state]
+        host += [per_node(label, b) for label, b in (*state, microbench)]
     pools.append(PoolCost(pool="host", terms=tuple(host), budget_bytes=budgets.host_ram_bytes))
     if cell.device == "cuda" and cell.backend == "gloo":
         pinned = (per_node("gloo staging of all buckets", p_bytes),)

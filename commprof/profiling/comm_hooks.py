@@ -107,6 +107,9 @@ class TimingState:
         it off when its session ends; DDP cannot unregister a hook)."""
         self.raw: list[list[Any]] = []
         self.composition: list[BucketParam] = []
+        self.num_buckets = 0
+        """Buckets handed to the hook, timed or not: equal on every rank of a sound run
+        (``commprof.attach`` compares them at its end)."""
 
     def last_done_ns(self, step: int) -> int | None:
         """Host clock when the last collective of ``step`` completed (None: no bucket yet).
@@ -247,6 +250,7 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
     """
 
     def hook(state: TimingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        state.num_buckets += 1
         if not state.recording:
             return inner(state.inner_state, bucket)
         ready_ns = time.perf_counter_ns()

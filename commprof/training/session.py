@@ -27,14 +27,24 @@ returns from ``backward()`` right after it), its optimizer phase at ``step()``. 
 before the first forward is not part of a step. On CUDA, without a sync in the user's step,
 host times are enqueue times; the bucket rows carry device times (CUDA events) there.
 
-How the ranks' rows reach the dataset: when the block ends, every rank resolves its records,
-derives its trace metrics, runs the short all-reduce microbenchmark over the model's bucket
-sizes (what ``estimate --fit`` fits; ``microbench_iters=0`` skips it), then one
-``gather_object`` on the DDP model's process group brings every rank's records to its rank 0,
-which commits them under the folder's lock (``commprof.lock``) and broadcasts the outcome: every
-rank returns from the block after the commit, or raises its error. All of it runs after the last
+How the ranks' rows reach the dataset: when the block ends, the ranks first agree through the
+process group's store, without a collective, that they all made the same number of
+``run.step()`` calls and handed their comm hooks the same number of buckets
+(:mod:`commprof.training.agreement`); ranks that disagree (one ran more steps, one calls
+``run.step()`` every other iteration) raise :class:`~commprof.training.agreement.RanksDisagree`
+naming the ranks and their counts within a second or so, instead of waiting in mismatched
+collectives until the process group's timeout. A run that recorded no measured step raises
+``ValueError``. Then every rank resolves its records, derives its trace metrics, runs the short
+all-reduce microbenchmark over the model's bucket sizes (what ``estimate --fit`` fits;
+``microbench_iters=0`` skips it), and one ``gather_object`` on the DDP model's process group
+brings every rank's records to its rank 0, which commits them under the folder's lock
+(``commprof.lock``, waiting up to ``wait_lock`` seconds for another writer) and tells the others
+the outcome through the store: every rank returns from the block after the commit, or raises
+:class:`RunNotCommitted`. Where the folder cannot take the run (still in use after
+``wait_lock``, a full disk), rank 0 keeps the rows in a side folder beside it (a dataset folder
+of its own) and every rank's error names it: no run is lost. All of it runs after the last
 step, outside the hot path. A block left by an exception writes nothing and starts no
-collective (a peer may be gone).
+collective (a peer may be gone); it tells the other ranks, which then raise at their end.
 
 The run is described by a ``cells`` row like a sweep cell's: model class name and parameter
 count, world size, backend, device, bucket cap (None: DDP's default), hook, steps, versions
@@ -52,6 +62,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -59,11 +70,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel
 
 from commprof.matrix import ID_FIELDS, config_hash, regime_of
 from commprof.profiling.comm_hooks import Hook, TimingState, timing_wrapper
 from commprof.profiling.harness import HarnessConfig, ProfilerHarness
+from commprof.training.agreement import Board, Counts, RanksDisagree
 
 DEFAULT_MAX_STEPS = 1000
 """Steps whose rows a session keeps by default; later steps run with the hook passing through."""
@@ -73,7 +86,23 @@ DEFAULT_MICROBENCH_SIZES_BYTES = (2**10, 2**14, 2**18, 2**20, 2**22)
 """Message sizes of the end-of-session all-reduce microbenchmark besides the model's bucket
 sizes: 1 KiB (latency) to 4 MiB (bandwidth), enough points for ``estimate --fit``."""
 LOCK_WAIT_S = 60.0
-"""How long rank 0 waits for another writer of the same folder before it gives up."""
+"""How long rank 0 waits by default for another writer of the same folder (``wait_lock``)
+before it keeps the run in a side folder."""
+END_WAIT_S = default_pg_timeout.total_seconds()
+"""How long a rank that ended its block waits for the others to end theirs (they may do their
+own work inside the block): the process group's default timeout, 30 minutes. A rank that went
+past the others' end, or died, is found within seconds instead."""
+
+
+class RunNotCommitted(RuntimeError):
+    """Rank 0 could not commit the run into its folder; the message says why and where the
+    run's rows are kept instead (``side``, None where even that failed)."""
+
+    def __init__(self, message: str, side: str | None) -> None:
+        super().__init__(message)
+        self.side = side
+
+
 SOURCE = "attach"
 """The ``config_json`` mark of a run recorded by :func:`attach` (a sweep's cells have none)."""
 
@@ -98,8 +127,14 @@ class AttachConfig:
     """Per-rank batch size, for the ``cells`` row only (commprof cannot see it)."""
     name: str = SOURCE
     """The ``sweep`` column of the run's row (reports list it as the sweep)."""
+    wait_lock: float = LOCK_WAIT_S
+    """Seconds rank 0 waits for another writer of ``out`` (a sweep on the same folder) before it
+    keeps the run in a side folder instead; 0: do not wait."""
 
     def __post_init__(self) -> None:
+        wait = self.wait_lock
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e7:
+            raise ValueError(f"wait_lock must be seconds in [0, 1e7), got {wait!r}")
         if not isinstance(self.max_steps, int) or self.max_steps < 2:
             raise ValueError(f"max_steps must be an int >= 2, got {self.max_steps!r}")
         if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.max_steps:
@@ -244,6 +279,16 @@ class Session:
                 "hook yourself: pass it as commprof.attach(model, comm_hook=..., comm_state=...)"
             ) from None
         self.hook_name = getattr(inner, "__name__", type(inner).__name__)
+        self.num_step_calls = 0
+        """``step()`` calls, recorded or not (the ranks compare them at the end)."""
+        self.board: Board | None = None
+        if self.world_size > 1:
+            self.board = Board(
+                _group_store(self.group),
+                rank=self.rank,
+                world_size=self.world_size,
+                counts=self._counts,
+            )
         self.steps: list[dict[str, Any]] = []
         self.buckets: list[dict[str, Any]] = []
         self._forward_start: int | None = None
@@ -271,6 +316,7 @@ class Session:
     def step(self) -> None:
         """Mark the end of a training step (after the optimizer step)."""
         end_ns = time.perf_counter_ns()
+        self.num_step_calls += 1
         state = self.state
         index = state.step
         if not state.recording:
@@ -318,9 +364,14 @@ class Session:
             self._harness.__exit__(None, None, None)
             self._harness = None
 
+    def _counts(self) -> Counts:
+        return Counts(steps=self.num_step_calls, buckets=self.state.num_buckets)
+
     # -- start and end --------------------------------------------------------------------------
 
     def __enter__(self) -> Session:
+        if self.board is not None:
+            self.board.start()
         self._started = time.time()
         self._last_end_ns = time.perf_counter_ns()
         steps = self.config.profile_steps
@@ -351,22 +402,41 @@ class Session:
         if self._harness is not None:
             self._harness.__exit__(kind, err, tb)
             self._harness = None
-        if kind is not None:  # no collective: a peer may be gone; nothing is written
-            if self._trace_dir is not None:
-                shutil.rmtree(self._trace_dir, ignore_errors=True)
-            return
-        self._finish()
-        # Keep no reference to the process group past the block: gloo's worker threads hold
-        # work with tensors in it, and where its last reference goes only at interpreter exit,
-        # releasing them there aborts the process ("terminate called without an active
-        # exception"; docs/design.md, Measured facts). The user's DDP model holds the group too.
-        self.group = None
-        gc.collect()
+        try:
+            if kind is not None:  # no collective: a peer may be gone; nothing is written
+                if self._trace_dir is not None:
+                    shutil.rmtree(self._trace_dir, ignore_errors=True)
+                if self.board is not None:
+                    cause = self.board.abandon(f"{kind.__name__}: {str(err)[:200]}")
+                    if cause is not None:  # a peer's doing: say what, not only the symptom
+                        raise RanksDisagree(f"commprof.attach: {cause}") from err
+                return
+            self._finish()
+        finally:
+            if self.board is not None:
+                self.board.stop()
+            # Keep no reference to the process group past the block: gloo's worker threads hold
+            # work with tensors in it, and where its last reference goes only at interpreter
+            # exit, releasing them there aborts the process ("terminate called without an active
+            # exception"; docs/design.md, Measured facts). The user's DDP model holds it too.
+            self.group = None
+            gc.collect()
 
     def _finish(self) -> None:
-        """Gather every rank's records on rank 0, commit them, share the outcome."""
+        """Agree on the end, gather every rank's records on rank 0, commit them, share the
+        outcome."""
         from commprof.training.launcher import fingerprint
 
+        if self.board is not None:  # before any collective: ranks that disagree would hang in it
+            self.board.agree(self._counts(), wait_s=END_WAIT_S)
+        measured = [row for row in self.steps if row["measured"]]
+        if not measured:  # the same on every rank, which agree on their step() calls
+            raise ValueError(
+                f"commprof.attach: the run recorded {len(self.steps)} step(s) and none measured "
+                f"(step 0 and the first warmup_steps={self.config.warmup_steps} are not); call "
+                "run.step() at the end of every training step, inside the block, and train at "
+                "least two steps"
+            )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sync point: after the last step, once
         self._keep(self.state.resolve())
@@ -392,11 +462,16 @@ class Session:
         gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
         root = dist.get_global_rank(self.group, 0)
         dist.gather_object(mine, gathered, dst=root, group=self.group)
-        outcome: list[Any] = [self._commit(gathered) if gathered is not None else None]
-        dist.broadcast_object_list(outcome, src=root, group=self.group)  # rank 0 has written
-        error, self.cell_id = outcome[0]
-        if error is not None:
-            raise RuntimeError(f"commprof.attach: rank 0 could not write the dataset: {error}")
+        if gathered is not None:
+            outcome = self._commit(gathered)
+            if self.board is not None:
+                self.board.post_outcome(outcome)
+        else:  # through the store, not a collective: rank 0 may wait for the lock for long
+            assert self.board is not None
+            outcome = self.board.outcome(source=0)
+        self.cell_id = outcome["cell_id"]
+        if outcome["error"] is not None:
+            raise RunNotCommitted(f"commprof.attach: {outcome['error']}", outcome.get("side"))
 
     def _microbench(self) -> list[dict[str, Any]]:
         """The all-reduce microbenchmark over the configured sizes and the model's bucket sizes
@@ -419,31 +494,57 @@ class Session:
             rows.extend({**row, "source": source} for row in results)
         return rows
 
-    def _commit(self, per_rank: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-        """Rank 0: commit the run under the folder's lock; (error text or None, cell id)."""
+    def _commit(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Rank 0: commit the run under the folder's lock, else keep it in a side folder.
+
+        Returns:
+            The outcome every rank learns: ``error`` (None: committed), ``cell_id``, ``side``
+            (the side folder that holds the run, where it is not in ``out``).
+        """
         from commprof import results
         from commprof.lock import DatasetLock
 
+        out = self.config.out
+        fields = {
+            "per_rank": per_rank,
+            "sweep": self.config.name,
+            "attempt": 1,
+            "num_params": self.num_params,
+            "nodes": sorted({str(r["node"]) for r in per_rank}),
+            "started_unix_s": self._started,
+        }
+        cell = self._cell()
+        hint = "pass commprof.attach(..., wait_lock=SECONDS) to wait longer, or another out="
         try:
-            with DatasetLock(self.config.out, wait_s=LOCK_WAIT_S):
-                taken = results.latest_status(self.config.out)
-                cell = self._cell()
+            lock = DatasetLock(out, wait_s=self.config.wait_lock, hint=hint)
+            with lock, lock.writing():
+                taken = results.latest_status(out)
                 while cell.cell_id in taken:
                     cell = cell.with_repeat(cell.settings["repeat"] + 1)
-                results.commit_attempt(
-                    self.config.out,
-                    cell,
-                    per_rank=per_rank,
-                    sweep=self.config.name,
-                    attempt=1,
-                    num_params=self.num_params,
-                    nodes=sorted({str(r["node"]) for r in per_rank}),
-                    started_unix_s=self._started,
-                    wall_s=time.time() - self._started,
-                )
+                results.commit_attempt(out, cell, wall_s=time.time() - self._started, **fields)
+            return {"error": None, "cell_id": cell.cell_id}
         except Exception as err:  # every rank must learn it, or the others wait forever
-            return f"{type(err).__name__}: {err}", None
-        return None, cell.cell_id
+            reason = f"{type(err).__name__}: {err}"
+        cell = self._cell()  # repeat 0 in a folder of its own
+        try:
+            side = _keep_aside(
+                out,
+                lambda folder: results.commit_attempt(
+                    folder, cell, wall_s=time.time() - self._started, **fields
+                ),
+            )
+        except Exception as err:
+            return {
+                "error": f"{out} did not take the run ({reason}), and keeping it in a side "
+                f"folder failed too ({type(err).__name__}: {err}): its rows are lost",
+                "cell_id": None,
+            }
+        return {
+            "error": f"{out} did not take the run ({reason}); its rows are kept in {side}, a "
+            "dataset folder of its own (commprof report, analyze and estimate --fit read it)",
+            "cell_id": cell.cell_id,
+            "side": str(side),
+        }
 
     def _cell(self) -> RunCell:
         """This run's configuration, in the identity fields of a sweep cell."""
@@ -470,3 +571,32 @@ class Session:
         )
         json.dumps(settings)  # plain values only: it is hashed and stored as JSON
         return RunCell(settings=settings)
+
+
+def _group_store(group: Any) -> Any:
+    """The key-value store the ranks of ``group`` met through (no collective reaches it)."""
+    get = getattr(group, "get_group_store", None)
+    if get is not None:
+        return get()
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()  # torch before ProcessGroup.get_group_store
+
+
+def _keep_aside(out: Path, commit: Callable[[Path], Any]) -> Path:
+    """Commit a run that ``out`` did not take into a new folder beside it, else (a full or
+    read-only filesystem) in the temporary folder; returns the folder that holds it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    prefix = f"{out.name or 'commprof-run'}.unsaved-{stamp}-"
+    errors = []
+    for parent in (out.resolve().parent, Path(tempfile.gettempdir())):
+        side: Path | None = None
+        try:
+            side = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            commit(side)
+            return side
+        except (OSError, RuntimeError) as err:  # CommitFailed is a RuntimeError
+            errors.append(f"{side or parent}: {err}")
+            if side is not None:
+                shutil.rmtree(side, ignore_errors=True)
+    raise OSError("; ".join(errors))
