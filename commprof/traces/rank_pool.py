@@ -192,17 +192,18 @@ def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) ->
 
 def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
     from commprof.extras import require
-    from commprof.ray_address import cluster_address
+    from commprof.ray_address import cluster_address, init_local
 
     ray = require("ray", needed_by="commprof analyze --ray")  # only on this path
 
     started = not ray.is_initialized()
     if started:  # a cluster the user named or `ray start` recorded, else a Ray of our own
-        ray.init(
-            address=cluster_address(address) or "local",
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+        found = cluster_address(address)
+        options = {"include_dashboard": False, "logging_level": logging.WARNING}
+        if found is None:
+            init_local(**options)  # an embedded Ray listens on loopback only
+        else:
+            ray.init(address=found, **options)
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
         refs = [task.remote(p, dict(options)) for p in paths]
