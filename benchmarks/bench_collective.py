@@ -1,32 +1,42 @@
 """Collective model against public nccl-tests results (issue #27), beside today's single-link ring.
 
 For every system of ``benchmarks/collective_split.yaml`` (its development / held-out roles and
-calibration world sizes were committed before any error was computed), the median absolute
+calibration world sizes were committed before any error on it was computed), the median absolute
 relative error of the all-reduce time over sizes >= 1 MiB (out-of-place times):
 
 - (a) the bundled cluster description alone, over every world size of the system;
 - (b) calibrated on the system's ``calibrate`` world sizes, scored on its ``predict`` ones;
 - baselines: today's ring on one published link (``commprof estimate --interconnect``: the
   NVLink / fabric rate inside one node, one NIC's rate across nodes, alpha 10 us), and that ring
-  with alpha and beta fitted on the same calibration logs as (b).
+  with alpha and beta fitted on the same calibration logs as (b);
+- ablations: (a) and (b) with each correction of ``collectives.Corrections`` off, and with all
+  off (NCCL's tuning model alone), and (b) with the optional NVLS scale fitted.
 
-Usage: python benchmarks/bench_collective.py [--only development|held_out] [--out FILE]
-Torch-free; runs in about a second.
+Logs published under a licence are kept in ``tests/data/nccl_tests``; logs published without one
+(the split's ``licence: none`` systems) are not redistributed with the project: their sources are
+named in that folder's SOURCES.md, and the benchmark reads a local copy from ``--external-logs
+DIR`` (the same relative paths), leaving them out, with a note, where none is given.
+
+Usage: python benchmarks/bench_collective.py [--only development|held_out] [--external-logs DIR]
+[--out FILE] [--change TEXT]. Torch-free; runs in a few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+import ledger
 import numpy as np
 
 from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import predict
+from commprof.modeling.collectives import CORRECTIONS, NO_CORRECTIONS, Corrections, predict
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.nccl_tests import FIT_MIN_BYTES, calibrate, read_log
@@ -35,6 +45,10 @@ from commprof.yamlio import load_yaml, read_text
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SPLIT = ROOT / "benchmarks" / "collective_split.yaml"
+ABLATIONS: dict[str, Corrections] = {
+    "no_corrections": NO_CORRECTIONS,
+}
+"""The model with corrections taken off, each scored as (a) and (b) are."""
 
 
 def _errors(pred_us: np.ndarray, meas_us: np.ndarray) -> np.ndarray:
@@ -62,87 +76,142 @@ def _ring_fit(points: list[tuple[int, np.ndarray, np.ndarray]]) -> LinkParams:
     return LinkParams(alpha_ns=alpha_us * 1e3, beta_ns_per_byte=beta_us * 1e3)
 
 
-def evaluate(system: dict) -> dict:
-    """Every figure of one system."""
+def _times(cluster, p: int, sizes: np.ndarray, **kwargs) -> np.ndarray:
+    return np.array([r.time_us for r in predict(cluster, p, sizes.tolist(), **kwargs)])
+
+
+def _median(parts: list[np.ndarray]) -> float:
+    return float(np.median(np.concatenate(parts)))
+
+
+def log_folder(system: dict, external: Path | None) -> Path | None:
+    """Where a system's logs are: the project's test data, or (no licence) the local copy."""
+    return DATA if system.get("licence", "none") != "none" else external
+
+
+def evaluate(system: dict, folder: Path) -> dict:
+    """Every figure of one system, its logs read from ``folder``."""
     cluster = load_cluster(system["cluster"])
-    logs = {int(p): read_log(DATA / path) for p, path in system["logs"].items()}
+    logs = {int(p): read_log(folder / path) for p, path in system["logs"].items()}
     out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
-                 "world_sizes": sorted(logs), "per_world_size": {}}  # fmt: skip
-    errs_a, errs_base = [], []
+                 "licence": system.get("licence", "unstated"), "world_sizes": sorted(logs),
+                 "per_world_size": {}}  # fmt: skip
+    errs_a: list[np.ndarray] = []
+    errs_base: list[np.ndarray] = []
+    errs_abl: dict[str, list[np.ndarray]] = {k: [] for k in ABLATIONS}
     for p, log in sorted(logs.items()):
         sizes, meas = _rows(log)
-        pred = np.array([r.time_us for r in predict(cluster, p, sizes.tolist())])
+        rows = predict(cluster, p, sizes.tolist())
+        pred = np.array([r.time_us for r in rows])
         base = ring_allreduce_ns(sizes, p, _baseline_link(cluster, p)) / 1e3
-        chosen = [(r.algorithm, r.protocol) for r in predict(cluster, p, sizes.tolist())]
+        for name, corr in ABLATIONS.items():
+            errs_abl[name].append(_errors(_times(cluster, p, sizes, corrections=corr), meas))
         out["per_world_size"][p] = {
             "a_median_error": float(np.median(_errors(pred, meas))),
             "baseline_median_error": float(np.median(_errors(base, meas))),
             "rows": [
                 {"bytes": int(s), "measured_us": float(m), "a_us": float(x), "baseline_us": float(y),  # noqa: E501
-                 "algorithm": c[0], "protocol": c[1]}
-                for s, m, x, y, c in zip(sizes, meas, pred, base, chosen, strict=True)
+                 "algorithm": r.algorithm, "protocol": r.protocol}
+                for s, m, x, y, r in zip(sizes, meas, pred, base, rows, strict=True)
             ],
         }  # fmt: skip
         errs_a.append(_errors(pred, meas))
         errs_base.append(_errors(base, meas))
-    out["a_median_error"] = float(np.median(np.concatenate(errs_a)))
-    out["baseline_median_error"] = float(np.median(np.concatenate(errs_base)))
+    out["a_median_error"] = _median(errs_a)
+    out["a_ablation_median_error"] = {k: _median(v) for k, v in errs_abl.items()}
+    out["baseline_median_error"] = _median(errs_base)
     cal_ps, pred_ps = system["calibrate"], system["predict"]
     if cal_ps:
-        cal = calibrate(cluster, [logs[p] for p in cal_ps])  # the declared model: no NVLS scale
-        cal_off = calibrate(cluster, [logs[p] for p in cal_ps], nvls_correction=True)
+        cal_logs = [logs[p] for p in cal_ps]
+        cal = calibrate(cluster, cal_logs)  # the declared model: no NVLS scale
+        cal_nvls = calibrate(cluster, cal_logs, nvls_correction=True)
+        cal_abl = {k: calibrate(cluster, cal_logs, corrections=c) for k, c in ABLATIONS.items()}
         ring = _ring_fit([(p, *_rows(logs[p])) for p in cal_ps])
-        errs_b, errs_rb, errs_ap, errs_off = [], [], [], []
+        errs_b, errs_rb, errs_ap, errs_nvls = [], [], [], []
+        errs_b_abl: dict[str, list[np.ndarray]] = {k: [] for k in ABLATIONS}
         for p in pred_ps:
             sizes, meas = _rows(logs[p])
-            pred_b = np.array(
-                [r.time_us for r in predict(cluster, p, sizes.tolist(), calibration=cal)]
-            )
-            pred_a = np.array([r.time_us for r in predict(cluster, p, sizes.tolist())])
-            errs_b.append(_errors(pred_b, meas))
-            pred_off = predict(cluster, p, sizes.tolist(), calibration=cal_off)
-            errs_off.append(_errors(np.array([r.time_us for r in pred_off]), meas))
-            errs_ap.append(_errors(pred_a, meas))
+            errs_b.append(_errors(_times(cluster, p, sizes, calibration=cal), meas))
+            errs_nvls.append(_errors(_times(cluster, p, sizes, calibration=cal_nvls), meas))
+            errs_ap.append(_errors(_times(cluster, p, sizes), meas))
             errs_rb.append(_errors(ring_allreduce_ns(sizes, p, ring) / 1e3, meas))
-        out["calibration"] = {"intra_scale": cal.intra_scale, "net_scale": cal.net_scale,
-                              "latency_scale": cal.latency_scale, "nvls_scale": cal.nvls_scale}  # fmt: skip  # noqa: E501
-        out["b_median_error"] = float(np.median(np.concatenate(errs_b)))
-        out["b_with_nvls_correction_median_error"] = float(np.median(np.concatenate(errs_off)))
-        out["a_on_predicted_median_error"] = float(np.median(np.concatenate(errs_ap)))
-        out["baseline_fitted_ring_median_error"] = float(np.median(np.concatenate(errs_rb)))
+            for name, corr in ABLATIONS.items():
+                t = _times(cluster, p, sizes, calibration=cal_abl[name], corrections=corr)
+                errs_b_abl[name].append(_errors(t, meas))
+        out["calibration"] = asdict(cal)
+        out["b_median_error"] = _median(errs_b)
+        out["b_ablation_median_error"] = {k: _median(v) for k, v in errs_b_abl.items()}
+        out["b_with_nvls_correction_median_error"] = _median(errs_nvls)
+        out["a_on_predicted_median_error"] = _median(errs_ap)
+        out["baseline_fitted_ring_median_error"] = _median(errs_rb)
         out["fitted_ring"] = {"alpha_us": ring.alpha_ns / 1e3,
                               "bandwidth_gbps": 1.0 / ring.beta_ns_per_byte if ring.beta_ns_per_byte else None}  # fmt: skip  # noqa: E501
     return out
 
 
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _figures(results: list[dict], load: str) -> str:
+    """The ledger's headline: per system (role, world sizes) (a), (b) and the one-link ring."""
+    parts = []
+    for r in results:
+        ps = ",".join(map(str, r["world_sizes"]))
+        role = "dev" if r["role"] == "development" else "held out"
+        parts.append(
+            f"{r['system']} ({role}, {ps}): (a) {_pct(r['a_median_error'])}, (b) "
+            f"{_pct(r.get('b_median_error'))}, one-link ring {_pct(r['baseline_median_error'])}"
+        )
+    return "; ".join(parts) + f"; load {load}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--only", choices=("development", "held_out"))
     parser.add_argument("--out", type=Path, help="write the JSON here")
+    parser.add_argument(
+        "--external-logs",
+        type=Path,
+        help="a local copy of the logs published without a licence (SOURCES.md names them)",
+    )
+    ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))
     systems = [s for s in split["systems"] if args.only in (None, s["role"])]
-    results = [evaluate(s) for s in systems]
+    results = []
+    for system in systems:
+        folder = log_folder(system, args.external_logs)
+        if folder is None:
+            print(f"{system['name']}: left out (no licence: give --external-logs DIR)")
+            continue
+        results.append(evaluate(system, folder))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective", "commit": commit, "python": platform.python_version(),
-           "min_bytes": FIT_MIN_BYTES, "systems": results}  # fmt: skip
+           "load_avg": load, "external_logs": args.external_logs is not None,
+           "min_bytes": FIT_MIN_BYTES, "corrections": asdict(CORRECTIONS),
+           "systems": results}  # fmt: skip
     print(
-        f"{'system':<14} {'role':<11} {'p':<12} {'(a)':>7} {'(b)':>7} {'ring':>7} {'ring fit':>8} {'(b)+nvls':>9}"  # noqa: E501
+        f"{'system':<14} {'role':<11} {'p':<10} {'(a)':>7} {'(b)':>7} {'ring':>8} {'ring fit':>8}"
+        f" | ablation (a)/(b): no corrections (no fill); (b)+nvls"
     )
     for r in results:
-        b = r.get("b_median_error")
-        rb = r.get("baseline_fitted_ring_median_error")
-        off = r.get("b_with_nvls_correction_median_error", 0.0)
+        abl_a = r["a_ablation_median_error"]
+        abl_b = r.get("b_ablation_median_error", {})
+        ablation = ", ".join(f"{_pct(abl_a[k])}/{_pct(abl_b.get(k))}" for k in ABLATIONS)
         print(
-            f"{r['system']:<14} {r['role']:<11} {','.join(map(str, r['world_sizes'])):<12} "
-            f"{100 * r['a_median_error']:>6.1f}% "
-            f"{'n/a' if b is None else f'{100 * b:.1f}%':>7} "
-            f"{100 * r['baseline_median_error']:>6.1f}% {'n/a' if rb is None else f'{100 * rb:.1f}%':>8} "  # noqa: E501
-            f"{'n/a' if b is None else f'{100 * off:.1f}%':>9}"
+            f"{r['system']:<14} {r['role']:<11} {','.join(map(str, r['world_sizes'])):<10} "
+            f"{_pct(r['a_median_error']):>7} {_pct(r.get('b_median_error')):>7} "
+            f"{_pct(r['baseline_median_error']):>8} "
+            f"{_pct(r.get('baseline_fitted_ring_median_error')):>8} | {ablation}; "
+            f"{_pct(r.get('b_with_nvls_correction_median_error'))}"
         )
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        ledger.print_row("collective", change=args.change, figures=_figures(results, load),
+                         files=[args.out])  # fmt: skip
     return 0
 
 

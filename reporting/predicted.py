@@ -9,8 +9,9 @@ can recompute every number the section prints with the same calls. Three tables:
 - :func:`out_of_sample`: per configuration of the same model and world size run at another cap
   than the calibration cell's (unprofiled, repeats pooled), the predicted against the measured
   median step. The calibration configuration itself is never scored (that would be in sample);
-- :func:`what_if`: the cap advice with the link swapped for a published interconnect, the
-  measured compute timeline kept (a prediction only: nothing here ran on that link).
+- :func:`what_if`: the cap advice on bundled clusters (:data:`WHAT_IF_CLUSTERS`) at their
+  GPU counts, each all-reduce from the collective model (``modeling.cluster_link``), the
+  measured compute timeline kept (a prediction only: nothing here ran on those clusters).
 
 This module imports no torch and no ray.
 """
@@ -26,9 +27,8 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.caps import cap_mb, same_cap
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.interconnects import Interconnect, builtin_interconnects
+from commprof.modeling.cluster_link import ClusterLink
+from commprof.modeling.clusters import builtin_clusters
 from commprof.modeling.step_advice import (
     CAP_GRID_MB,
     CapPrediction,
@@ -41,8 +41,9 @@ from commprof.modeling.step_advice import (
     select_calibration_cell,
 )
 
-WHAT_IF_LINKS = ("nvlink4", "ib-ndr")
-"""Published interconnects of the what-if table (names in ``interconnects.yaml``)."""
+WHAT_IF_CLUSTERS: tuple[tuple[str, int], ...] = (("dgx-h100", 16), ("a100-ethernet", 16))
+"""Bundled clusters of the what-if table (names in ``clusters.yaml``) and the GPUs each runs: two
+nodes of H100s on NDR InfiniBand (a NIC a GPU), and two of A100s on one 100 GbE NIC a node."""
 
 
 def measured_steps(data: Processed) -> pd.DataFrame:
@@ -109,13 +110,15 @@ def _cap_key(point: CapPrediction) -> float:
 
 def _advice(
     model: StepModel, sizes: Sequence[ParamSize], caps: list[float | None],
-    cal_cap: float | None, link: LinkParams | None = None,
+    cal_cap: float | None, link: ClusterLink | None = None, world_size: int | None = None,
 ) -> tuple[CapPrediction, CapPrediction, float]:  # fmt: skip
     """The point recommended, the point at the calibration cell's cap and :func:`tie_from` of
     the recommended step. The calibration cap is the cap in use: where it is predicted within
     ``step_advice.TIE_TOLERANCE`` of the cap the search would name, it is the one recommended
     (``step_advice.best_of``)."""
-    advice = recommend_cap(model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap)
+    advice = recommend_cap(
+        model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap, world_size=world_size
+    )
     chosen = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, advice.best_cap_mb))
     at_cal = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, cal_cap))
     return chosen, at_cal, tie_from(advice.curve, chosen.step_ns)
@@ -214,37 +217,38 @@ def out_of_sample(data: Processed) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def what_if_links() -> list[Interconnect]:
-    """The published interconnects of the what-if table, from the shipped registry."""
-    links = builtin_interconnects()
-    return [links[n] for n in WHAT_IF_LINKS]
+def what_if_clusters() -> list[tuple[ClusterLink, int]]:
+    """The clusters of the what-if table (description alone) and their GPU counts."""
+    clusters = builtin_clusters()
+    return [(ClusterLink(cluster=clusters[name]), gpus) for name, gpus in WHAT_IF_CLUSTERS]
 
 
 def what_if(data: Processed) -> pd.DataFrame:
-    """The cap advice with each of :data:`WHAT_IF_LINKS` as the link (alpha assumed
-    ``DEFAULT_ALPHA_NS``, the calibration's compute timeline and interference kept).
+    """The cap advice on each of :data:`WHAT_IF_CLUSTERS` at its GPU count (each all-reduce
+    NCCL's on that cluster by the collective model, the calibration's compute timeline and
+    interference kept).
 
     Returns:
-        Columns ``model, world_size, link, best_cap_mb, best_step_ns, best_exposed_ns,
-        cal_cap_mb, cal_step_ns, predicted_gain``, one row per (model, world size, link).
+        Columns ``model, world_size`` (the calibration's), ``cluster, cluster_world_size,
+        best_cap_mb, best_step_ns, best_exposed_ns, cal_cap_mb, cal_step_ns, predicted_gain``,
+        one row per (model, world size, cluster).
     """
     measured = measured_steps(data)
     rows = []
     for name, ws, fitted, cal_cap in calibrated(data):
         mine = measured[(measured["model"] == name) & (measured["world_size"] == ws)]
         caps = _caps(mine, cal_cap)
-        for link in what_if_links():
-            params = LinkParams.from_bandwidth(
-                bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=DEFAULT_ALPHA_NS
-            )
+        for link, gpus in what_if_clusters():
             best, at_cal, _ = _advice(
-                fitted, param_sizes_for(data.tables, name), caps, cal_cap, link=params
-            )
+                fitted, param_sizes_for(data.tables, name), caps, cal_cap, link=link,
+                world_size=gpus,
+            )  # fmt: skip
             rows.append(
                 {
                     "model": name,
                     "world_size": ws,
-                    "link": link.name,
+                    "cluster": link.cluster.name,
+                    "cluster_world_size": gpus,
                     "best_cap_mb": best.bucket_cap_mb,
                     "best_step_ns": best.step_ns,
                     "best_exposed_ns": best.exposed_ns,

@@ -2,8 +2,9 @@
 
 Renders the tables of ``reporting.predicted``: the predicted cap per (model, world size) beside
 the measured step where that cap ran, the model's out-of-sample error on the caps it was not
-calibrated on, and the advice on two published interconnects. Every number in the prose goes
-through ``prose.Quotes``; every prediction is called one. This module imports no torch and no ray.
+calibrated on, and the advice on two bundled clusters (the collective model). Every number in
+the prose goes through ``prose.Quotes``; every prediction is called one. This module imports no
+torch and no ray.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
 from commprof.caps import cap_label
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import TIE_TOLERANCE
 from commprof.reporting import predicted, prose
 from commprof.reporting.report_tables import MISSING, booktabs, fmt
@@ -92,13 +92,14 @@ def _oos_table(oos: pd.DataFrame) -> str:
 
 
 def _what_if_table(frame: pd.DataFrame) -> str:
-    columns = [("model", "l"), ("$p$", "r"), ("link", "l"), ("predicted cap", "l")]
-    columns += [("step (ms)", "r"), ("exposed (ms)", "r")]
+    columns = [("model", "l"), ("$p$", "r"), ("cluster", "l"), ("GPUs", "r")]
+    columns += [("predicted cap", "l"), ("step (ms)", "r"), ("exposed (ms)", "r")]
     rows = [
         [
             prose.escape(r.model),
             str(int(r.world_size)),
-            prose.escape(r.link),
+            prose.escape(r.cluster),
+            str(int(r.cluster_world_size)),
             _cap(r.best_cap_mb),
             _ms(r.best_step_ns),
             _ms(r.best_exposed_ns),
@@ -202,23 +203,26 @@ def _oos_sentences(oos: pd.DataFrame, q: prose.Quotes) -> list[str]:
 
 
 def _what_if_sentences(frame: pd.DataFrame, q: prose.Quotes) -> list[str]:
-    links = predicted.what_if_links()
-    names = [prose.escape(lk.name) for lk in links]
+    clusters = predicted.what_if_clusters()
+    names = [f"{prose.escape(c.cluster.name)} at {gpus} GPUs" for c, gpus in clusters]
     out = [
-        f"Table~\\ref{{tab:what_if}} is a what-if, predicted only: the same cap search with the "
-        f"link replaced by {prose.words(names)} at their published bandwidth, the measured "
-        "compute timeline and interference kept (nothing here ran on those links)."
+        f"Table~\\ref{{tab:what_if}} is a what-if, predicted only: the same cap search on "
+        f"{prose.words(names)}, each all-reduce the time the collective model gives for NCCL on "
+        "that cluster's description (algorithm and protocol by size and scale, across its "
+        "nodes), the measured compute timeline and interference kept (nothing here ran on those "
+        "clusters)."
     ]
     if (frame["best_exposed_ns"] == 0).all():
         out.append(
-            "On both it predicts no exposed communication at any model and world size here: at "
-            "those bandwidths the compute measured here would hide every all-reduce."
+            "On both it predicts no exposed communication at any model and world size here: on "
+            "those clusters the compute measured here would hide every all-reduce."
         )
     else:
         exposed = [
-            f"{q.ms(f'whatif_exposed_max_ms[{lk.name}]', worst)}~ms on {prose.escape(lk.name)}"
-            for lk in links
-            for worst in [float(frame.loc[frame["link"] == lk.name, "best_exposed_ns"].max())]
+            f"{q.ms(f'whatif_exposed_max_ms[{name}]', worst)}~ms on {prose.escape(name)}"
+            for c, _ in clusters
+            for name in [c.cluster.name]
+            for worst in [float(frame.loc[frame["cluster"] == name, "best_exposed_ns"].max())]
         ]
         out.append(f"The largest exposed communication it predicts is {prose.words(exposed)}.")
     return out
@@ -241,11 +245,10 @@ def step_paragraphs(
     if not oos.empty:
         floats.append(prose.table("step_oos", _OOS_CAPTION, _oos_table(oos), here=True))
     described = "; ".join(
-        f"{prose.escape(lk.name)}: {prose.escape(lk.description)}, "
-        f"{fmt(lk.per_direction_bytes_per_s / 1e9, 0)}~GB/s per direction"
-        for lk in predicted.what_if_links()
+        f"{prose.escape(c.cluster.name)}: {prose.escape(c.cluster.description)}"
+        for c, _ in predicted.what_if_clusters()
     )
-    caption = _WHAT_IF_CAPTION.format(alpha_us=fmt(DEFAULT_ALPHA_NS / 1e3, 0), links=described)
+    caption = _WHAT_IF_CAPTION.format(clusters=described)
     floats.append(prose.table("what_if", caption, _what_if_table(frame), here=True))
     return paragraphs, floats
 
@@ -288,7 +291,8 @@ _OOS_CAPTION = (
     "$100\\,(\\mathrm{predicted} - \\mathrm{measured})/\\mathrm{measured}$."
 )
 _WHAT_IF_CAPTION = (
-    "What-if, predicted only: the step model's cap and median step with the link replaced by a "
-    "published interconnect (per-direction bandwidth, latency assumed {alpha_us}~$\\mu$s, not "
-    "scaled), the calibration's compute timeline and interference kept ({links})."
+    "What-if, predicted only: the step model's cap and median step on a bundled cluster at the "
+    "GPUs named, each all-reduce the collective model's for NCCL on the cluster's description "
+    "(not calibrated; its error against public nccl-tests results is in the project's "
+    "benchmarks), the calibration's compute timeline and interference kept ({clusters})."
 )

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import (
     BASE_LAT_US,
+    CORRECTIONS,
     HW_LAT_US,
+    NCCL_BUFFSIZE_BYTES,
     NET_OVERHEAD_US,
+    NO_CORRECTIONS,
     RING_PLATEAU,
     Calibration,
     bus_factor,
     predict,
     table,
 )
+from commprof.modeling.nccl_search import Graph, search
 
 A100 = load_cluster("dgx-a100")
 H100 = load_cluster("dgx-h100")
@@ -41,8 +46,8 @@ def test_one_node_ring_simple_in_closed_form() -> None:
 def test_multi_node_ring_is_bounded_by_the_nodes_nics() -> None:
     p, nodes = 32, 4
     lat, algbw = table(A100, p)[("ring", "Simple")]
-    b_net = 8 * 25.0 * 0.96  # 8 HDR NICs of a node, NCCL's 24 GB/s step each
-    assert algbw == pytest.approx(min(240.0, b_net) * p / (2 * (p - 1)))
+    # NCCL's search: 8 ring channels, one an HDR NIC at its 24 GB/s step (nccl_search)
+    assert algbw == pytest.approx(8 * 24.0 * p / (2 * (p - 1)))
     nsteps, ninter = 2 * (p - 1), 2 * nodes
     intra = max(HW_LAT_US["nvlink"]["ring"][2], 3 * NET_OVERHEAD_US)
     expected = (
@@ -105,3 +110,115 @@ def test_calibration_scales_bandwidth_and_latency() -> None:
     assert slower.time_us == pytest.approx(2 * base.time_us, rel=0.01)
     with pytest.raises(ValueError, match="intra_scale must be finite and > 0"):
         Calibration(intra_scale=0.0)
+
+
+GH200 = load_cluster("gh200-slingshot")
+OCI = load_cluster("oci-bm-gpu4.8")
+
+
+def test_search_gives_one_ring_channel_a_nic_at_the_speed_step_under_its_rate() -> None:
+    # 8 HDR NICs of 25 GB/s: speedArrayInter's 24 GB/s step, one channel a NIC (2 x 24 > 25);
+    # not doubled (ncclTopoDupChannels needs bwIntra >= 25); the tree then raises bwIntra while
+    # below 2 x 24 and 8 channels x bwIntra x 7/8 (each GPU forwards 7 of 8) fit 240 GB/s: 30
+    graphs = search(A100, 2)
+    assert graphs.ring == Graph(num_channels=8, bw_intra_gbps=24.0, bw_inter_gbps=24.0)
+    assert graphs.tree == Graph(num_channels=8, bw_intra_gbps=30.0, bw_inter_gbps=24.0)
+    assert 8 * 48.0 * 7 / 8 > 300 * 0.8 >= 8 * 30.0 * 7 / 8
+    assert graphs.runtime_channels == 16  # ncclTopoPostset doubles them
+    # 16 NICs of 12.5 GB/s: 16 channels of 12 (MAXCHANNELS / 2), tree bwIntra 15 (16 x 18 x 7/8
+    # = 252 > 240)
+    oci = search(OCI, 2)
+    assert oci.ring == Graph(num_channels=16, bw_intra_gbps=12.0, bw_inter_gbps=12.0)
+    assert oci.tree == Graph(num_channels=16, bw_intra_gbps=15.0, bw_inter_gbps=12.0)
+    # one A100 node: 6 channels of 40 fill 240 GB/s, doubled to 12 of 20
+    assert search(A100, 1).ring == Graph(num_channels=12, bw_intra_gbps=20.0, bw_inter_gbps=20.0)
+
+
+def test_per_channel_caps_bind_on_eight_channels_not_on_sixteen() -> None:
+    ring_ll128 = table(A100, 16)[("ring", "LL128")][1]
+    assert ring_ll128 == pytest.approx(min(8 * 24 * 0.92, 8 * 20.0) * 16 / 30)  # cap: 160
+    tree_simple = table(A100, 16)[("tree", "Simple")][1]
+    assert tree_simple == pytest.approx(min(8 * 30 * 0.92, 8 * 23.6) * 0.5)  # cap: 188.8
+    tree_ll128 = table(A100, 16)[("tree", "LL128")][1]
+    assert tree_ll128 == pytest.approx(min(8 * 23.6 * 120 / 128, 8 * 20.0) * 0.5)
+    # past two nodes a tree runs at bwInter, capped at 8 x 17.8
+    assert table(A100, 32)[("tree", "Simple")][1] == pytest.approx(8 * 17.8 * 0.5)
+    # OCI's 16 channels: no cap binds
+    oci_tree = table(OCI, 16)[("tree", "LL128")][1]
+    assert oci_tree == pytest.approx(16 * 15 * 0.92 * 120 / 128 * 0.5)
+
+
+def test_two_node_choice_follows_the_channels() -> None:
+    # DGX A100 pair: LL128 capped at 160 GB/s, ring Simple (192 GB/s) takes over by 128 MiB;
+    # OCI's 16 channels keep tree LL128 (207 GB/s) to 512 MiB, tree Simple from 1 GiB
+    a100 = predict(A100, 16, [1 << 27, 1 << 30])
+    assert [(r.algorithm, r.protocol) for r in a100] == [("ring", "Simple")] * 2
+    oci = predict(OCI, 16, [1 << 26, 1 << 29, 1 << 30])
+    assert [(r.algorithm, r.protocol) for r in oci] == [
+        ("tree", "LL128"),
+        ("tree", "LL128"),
+        ("tree", "Simple"),
+    ]
+
+
+def test_two_node_tree_stays_under_twice_the_network() -> None:
+    # GH200: 4 NICs, 4 channels of 24; tree bwIntra raised to 48 = 2 x 24 (the search's
+    # bwIntra < 2 bwInter), then tuning.cc's per-channel tree cap 4 x 41.4 binds
+    graphs = search(GH200, 2)
+    assert graphs.tree == Graph(num_channels=4, bw_intra_gbps=48.0, bw_inter_gbps=24.0)
+    _, algbw = table(GH200, 8)[("tree", "Simple")]
+    assert algbw == pytest.approx(min(4 * 48 * 0.92, 4 * 41.4) * 0.5)
+
+
+def test_nvls_heads_count_twice_on_their_links() -> None:
+    # 8 heads of bwIntra s need (8 + 1) s <= 18 x 20.6 GB/s: s = 40 (sm90 steps 60, 50, 40)
+    one = search(H100, 1).nvls
+    assert one == Graph(num_channels=8, bw_intra_gbps=40.0, bw_inter_gbps=40.0)
+    assert table(H100, 8)[("nvls", "Simple")][1] == pytest.approx(8 * 40 * 5 / 6)
+    # two nodes: bwInter raised to the NIC's 48; NVLSTree busBw 8 x min(40, 48)
+    two = search(H100, 2).nvls
+    assert two == Graph(num_channels=8, bw_intra_gbps=40.0, bw_inter_gbps=48.0)
+    algbw = table(H100, 16)[("nvls_tree", "Simple")][1]
+    assert algbw == pytest.approx(8 * 40 * 5 / 6)
+    assert algbw * bus_factor("all_reduce", 16) == pytest.approx(500.0)  # not 578
+    # past two nodes the network's half: 8 x min(40, 48 / 2)
+    assert table(H100, 32)[("nvls_tree", "Simple")][1] == pytest.approx(8 * 24 * 5 / 6)
+
+
+def test_broadcast_pays_one_hop_and_one_node_ll_a_third() -> None:
+    lat, _ = table(A100, 8, "broadcast")[("ring", "Simple")]
+    assert lat == pytest.approx(BASE_LAT_US["ring"][2] + HW_LAT_US["nvlink"]["ring"][2])
+    lat, _ = table(A100, 16, "broadcast")[("ring", "LL")]
+    assert lat == pytest.approx(BASE_LAT_US["ring"][0] + HW_LAT_US["net"]["ring"][0])
+    _, ag_ll = table(A100, 8, "all_gather")[("ring", "LL")]
+    assert ag_ll == pytest.approx(min(87.7, 12 * 20 / 3.0) * 8 / 7)
+    _, ar_ll = table(A100, 8)[("ring", "LL")]
+    assert ar_ll == pytest.approx(min(87.7, 12 * 20 / 4.0) * 8 / 14)
+
+
+def test_pinned_channels_override_the_search() -> None:
+    pinned = replace(A100, num_channels=4)
+    graphs = search(pinned, 2)
+    assert graphs.ring.num_channels == graphs.tree.num_channels == 4
+    assert table(pinned, 16)[("ring", "Simple")][1] == pytest.approx(4 * 24 * 16 / 30)
+
+
+def test_two_node_all_reduce_pays_its_channels_buffer_fill() -> None:
+    fill_bytes = search(A100, 2).runtime_channels * NCCL_BUFFSIZE_BYTES  # 16 x 4 MiB
+    assert fill_bytes == 64 << 20
+    no_fill = replace(CORRECTIONS, two_node_fill=False)
+    for n in (1 << 20, 1 << 30):
+        with_fill = predict(A100, 16, [n])[0]
+        without = predict(A100, 16, [n], corrections=no_fill)[0]
+        assert (with_fill.algorithm, with_fill.protocol) == (without.algorithm, without.protocol)
+        _, algbw = table(A100, 16)[(with_fill.algorithm, with_fill.protocol)]
+        assert with_fill.time_us - without.time_us == pytest.approx(
+            min(n, fill_bytes) / (1000.0 * algbw)
+        )
+    for p in (8, 32):  # one node, four nodes: no fill
+        assert predict(A100, p, [1 << 30])[0] == predict(A100, p, [1 << 30], corrections=no_fill)[0]
+    assert (
+        predict(A100, 16, [1 << 30], "all_gather")[0]
+        == predict(A100, 16, [1 << 30], "all_gather", corrections=no_fill)[0]
+    )  # all-reduce only: the logs that chose it are all-reduce logs
+    assert no_fill == NO_CORRECTIONS

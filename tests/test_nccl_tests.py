@@ -18,22 +18,23 @@ DATA = Path(__file__).parent / "data" / "nccl_tests"
 def test_reads_every_kept_log() -> None:
     expected = {
         "oci-bm-gpu4.8/all_reduce_p16_oke.txt": (16, 2, 31),
-        "mi300x/all_reduce_p8_aac8.txt": (8, 1, 31),
-        "mi300x/all_reduce_p16_aac10.txt": (16, 2, 32),  # rccl-tests: no Group column
-        "h100-xe9680/all_reduce_p32.txt": (32, 4, 32),
-        "h100-ib400/all_reduce_p64.txt": (64, 8, 14),
+        "gh200-alps/all_reduce_p8.txt": (8, 2, 25),  # indented in its page, as kept
+        "gh200-olivia/all_reduce_p8_int8.txt": (8, 2, 28),
+        "aws-p5/all_reduce_p16.txt": (None, None, 32),  # indented mpirun prefixes, no rank lines
     }
     for name, (ranks, hosts, rows) in expected.items():
         log = read_log(DATA / name)
         assert (log.world_size, log.num_hosts, len(log.rows)) == (ranks, hosts, rows), name
-    last = read_log(DATA / "mi300x/all_reduce_p8_aac8.txt").rows[-1]
-    assert (last.num_bytes, last.time_us, last.busbw_gbps) == (8589934592, 47617.0, 315.69)
-    assert last.inplace_time_us == 47584.0
+    last = read_log(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt").rows[-1]
+    assert (last.num_bytes, last.time_us, last.busbw_gbps) == (8589934592, 67689.0, 237.94)
+    assert last.inplace_time_us == 67811.0
 
 
 HEADER = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"  # noqa: E501
 ROW = "     1048576        262144     float     sum      -1    85.58   12.25   22.97      0    84.50   12.41   23.27      0"  # noqa: E501
 RANKS = "#  Rank  0 Group  0 Pid     43 on a device  0 [0x0f] GPU\n#  Rank  1 Group  0 Pid     44 on b device  0 [0x0f] GPU"  # noqa: E501
+RCCL_RANKS = "#   Rank  0 Pid 3844613 on     gpu-53 device  0 [0000:05:00.0] AMD Instinct MI300X\n#   Rank  1 Pid 366643 on     gpu-56 device  0 [0000:05:00.0] AMD Instinct MI300X"  # noqa: E501
+"""rccl-tests' rank lines: no Group column (the layout of public MI300X logs)."""
 
 
 def test_mpirun_prefixes_and_an_old_layout_without_root() -> None:
@@ -58,6 +59,8 @@ def test_mpirun_prefixes_and_an_old_layout_without_root() -> None:
     )
     row = parse_text(old, "old.txt").rows[0]
     assert (row.time_us, row.busbw_gbps, row.inplace_time_us) == (90.0, 20.39, 91.0)
+    rccl = parse_text(f"{RCCL_RANKS}\n{HEADER}\n{ROW}\n# Avg bus bandwidth : 1\n", "rccl.txt")
+    assert (rccl.world_size, rccl.num_hosts) == (2, 2)
 
 
 @pytest.mark.parametrize(
@@ -83,18 +86,17 @@ def test_bad_or_partial_logs_are_refused_with_file_and_line(text: str, message: 
 
 
 def test_calibration_lowers_the_error_it_fits() -> None:
-    cluster = load_cluster("mi300x-roce")
-    log = read_log(DATA / "mi300x/all_reduce_p8_aac8.txt")
+    cluster = load_cluster("oci-bm-gpu4.8")
+    log = read_log(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt")
     rows = [r for r in log.rows if r.num_bytes >= 1 << 20]
     sizes = [r.num_bytes for r in rows]
 
     def error(cal=None) -> float:
         kw = {} if cal is None else {"calibration": cal}
-        pred = predict(cluster, 8, sizes, **kw)
+        pred = predict(cluster, 16, sizes, **kw)
         return sum(abs(p.time_us - r.time_us) / r.time_us for p, r in zip(pred, rows, strict=True))
 
     cal = calibrate(cluster, [log])
-    assert cal.net_scale == 1.0  # one node says nothing of the network
     assert error(cal) < error()
 
 
@@ -105,8 +107,9 @@ def test_collective_command_json_and_errors(capsys: pytest.CaptureFixture[str]) 
     assert all(r["time_us"] > 0 for r in rows)
     assert main(["collective", "--cluster", "dgx-a100", "--world-size", "12"]) == 2
     assert "multiple of its 8 GPUs" in capsys.readouterr().err
-    fit = str(DATA / "h100-xe9680/all_reduce_p16.txt")
-    assert main(["collective", "--cluster", "dgx-h100", "--world-size", "32", "--fit", fit]) == 0
+    fit = str(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt")
+    argv = ["collective", "--cluster", "oci-bm-gpu4.8", "--world-size", "32", "--fit", fit]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "calibrated on 1 log(s)" in out and "busbw" in out
     with pytest.raises(SystemExit):

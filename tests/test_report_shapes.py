@@ -26,9 +26,8 @@ import pytest
 from commprof.analysis.dataset import Processed, process
 from commprof.catalog import parameter_sizes
 from commprof.modeling import step_advice
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.interconnects import builtin_interconnects
+from commprof.modeling.cluster_link import ClusterLink
+from commprof.modeling.clusters import builtin_clusters
 from commprof.reporting import build, predicted, prose, report_tables
 from commprof.results import load
 from commprof.units import format_bytes
@@ -40,8 +39,8 @@ pytestmark = [needs(tool="latexmk"), needs(tool="pdftotext"), pytest.mark.slow] 
 
 ONE_CELL = "d0edd4383678"  # srn-100k, p=2, cap 0.25 MiB: ok on its only attempt
 LOAD_CPUS = 2  # the host the smoke dataset ran on reported 2 CPUs (env_json)
-WHAT_IF = ("nvlink4", "ib-ndr")  # the published links the Recommendations what-if names
-LINKS = builtin_interconnects()
+WHAT_IF = {"dgx-h100": 16, "a100-ethernet": 16}  # the clusters the what-if names, their GPUs
+CLUSTERS = builtin_clusters()
 
 GLOO_ERROR = (
     "2 rank(s) failed; ranks [0]: RuntimeError: [pair.cc:553] Connection closed by peer "
@@ -348,12 +347,11 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
                 expected[f"step_meas_gain{key}"] = 100 * gain
         sizes = parameter_sizes(model)
         fitted = step_advice.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
-        for name in WHAT_IF:  # published bandwidth, the CLI's assumed latency
-            link = LinkParams.from_bandwidth(
-                bandwidth_bytes_per_s=LINKS[name].per_direction_bytes_per_s,
-                alpha_ns=DEFAULT_ALPHA_NS,
-            )
-            curve = step_advice.recommend_cap(fitted, sizes, caps_mb=caps, link=link).curve
+        for name, gpus in WHAT_IF.items():  # the collective model on the description alone
+            link = ClusterLink(cluster=CLUSTERS[name])
+            curve = step_advice.recommend_cap(
+                fitted, sizes, caps_mb=caps, link=link, world_size=gpus
+            ).curve
             cal = next(c for c in curve if c.bucket_cap_mb == cal_cap)
             chosen = cal if any(c is cal for c in step_advice.tied(curve)) else None
             worst = (chosen or step_advice.best_of(curve)).exposed_ns / 1e6

@@ -66,8 +66,10 @@ class Cluster:
     gpu_generation: str
     """``volta``, ``ampere``, ``hopper``, ``blackwell`` or ``other``: picks NCCL's per-generation
     caps (``collectives.PER_CHANNEL_CAPS_GBPS``)."""
-    num_channels: int
-    """Channels (rings) NCCL runs; only the LL and LL128 per-channel caps use it."""
+    num_channels: int | None
+    """Ring and tree channels, where a run pins them (``NCCL_MIN_NCHANNELS`` /
+    ``NCCL_MAX_NCHANNELS``); None (the default): what NCCL's topology search finds
+    (``commprof.modeling.nccl_search``)."""
     sources: tuple[dict[str, str], ...]
     """Where each figure comes from: ``figure``, ``source``, ``url``, ``accessed``,
     ``conversion``."""
@@ -100,7 +102,7 @@ class Cluster:
             raise ValueError(f"{where}: num_nodes {self.num_nodes} > 1 needs nics_per_node > 0")
         if self.gpu_generation not in ("volta", "ampere", "hopper", "blackwell", "other"):
             raise ValueError(f"{where}: gpu_generation {self.gpu_generation!r} is not known")
-        if self.num_channels < 1:
+        if self.num_channels is not None and self.num_channels < 1:
             raise ValueError(f"{where}: num_channels must be >= 1, got {self.num_channels}")
 
     @property
@@ -153,7 +155,7 @@ _DEFAULTS: dict[str, Any] = {
     "nvls": False,
     "ll128": True,
     "gpu_generation": "other",
-    "num_channels": 16,
+    "num_channels": None,
     "sources": (),
 }
 _TYPES: dict[str, tuple[type, ...]] = {

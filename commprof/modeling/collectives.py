@@ -3,47 +3,59 @@
 NCCL picks, for every call, the algorithm and protocol with the least predicted time
 ``lat + bytes / (1000 * algbw)`` (microseconds, GB/s), from a table it fills at start-up
 (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in NVIDIA/nccl src/graph/tuning.cc; the
-constants below are those of commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2, NCCL 2.19/2.20).
-This module fills the same table from a :class:`~commprof.modeling.clusters.Cluster` instead of
-NCCL's topology search, and makes the same choice. Pure functions, no state.
+constants and line numbers below are those of commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2,
+v2.20.3, whose rules hold from 2.19 to 2.22). This module fills the same table from the graphs
+NCCL's topology search finds on a :class:`~commprof.modeling.clusters.Cluster`
+(:func:`commprof.modeling.nccl_search.search`: channels and each channel's bandwidth inside a
+node, ``bwIntra``, and on the network, ``bwInter``) and makes the same choice. Pure functions.
 
-Hierarchy. ``p`` ranks fill ``N = p / g`` nodes of ``g`` GPUs. Two bandwidths bound everything
-(bytes/s per GPU, per direction):
+Bus bandwidth (tuning.cc lines 175 to 178), ``nCh`` the graph's channels, ``p`` ranks on ``N``
+nodes of ``g`` GPUs:
 
-    B_intra = intra_bytes_per_s * intra_efficiency        (NVSwitch / mesh / PCIe of one GPU)
-    B_net   = nics_per_node * nic_bytes_per_s * net_efficiency   (all NICs of one node)
+    ring, tree:  nCh * (bwIntra if N <= 2 else bwInter)
+                 (a two-node tree's bwIntra is raised by the search to at most 2 bwInter: a
+                 tree sends half a ring's bytes between two nodes)
+    NVLS:        nCh * min(bwIntra, bwInter)           (one node; nCh = g heads)
+    NVLSTree:    nCh * min(bwIntra, bwInter if N <= 2 else bwInter / 2)
 
-``B_net`` is a node's: NCCL runs one ring (channel) or more per NIC, each ring leaving the node
-through its own NIC, so a ring's inter-node hop carries ``1/nics`` of the data on each NIC.
-NCCL's "bus bandwidth" of each algorithm (busBw) is then:
-
-    ring:      min(B_intra, B_net)                     (B_intra on one node)
-    tree:      0.92 * (B_intra if N <= 2 else min(B_intra, B_net)), capped at nCh * perChMaxTree
-    NVLS:      B_intra (one node, NVLink SHARP switch)
-    NVLSTree:  min(B_intra, B_net if N <= 2 else B_net / 2)
-
-and per protocol: LL divides the ring's by 4 and the tree's by 3.8 (capped at ``LL_MAX_BW``),
-LL128 takes 0.92 of the ring's (0.7 with one rank a node) and 7/9 (one node) or 120/128 of the
-tree's, capped per channel. The algorithm bandwidth is ``busBw * p / nsteps`` for a ring
-(``nsteps`` = 2(p-1) for all-reduce, p-1 for all-gather and reduce-scatter, p for broadcast),
-``busBw / 2`` for a tree and ``busBw * 5/6`` for NVLS.
+then per protocol (lines 181 to 186): ring LL / 4 (/ 3 on one node for all but all-reduce),
+capped at ``LL_MAX_BW``; ring LL128 0.92 (0.7 with one rank a node), capped at ``nCh *
+perChMaxRingLL128Bw``; tree 0.92 capped at ``nCh * perChMaxTreeBw``, LL / 3.8, LL128 7/9 (one
+node) or 120/128 capped at ``nCh * perChMaxTreeLL128Bw``; 0.85 for a tree of one GPU a node. The
+algorithm bandwidth is ``busBw * p / nsteps`` for a ring (``nsteps`` = 2(p-1) for all-reduce,
+p-1 for all-gather and reduce-scatter, p for broadcast), ``busBw / 2`` for a tree and ``busBw *
+5/6`` for NVLS. The per-channel caps are why the channel count matters: 8 channels (8 HDR NICs)
+cap LL128 at 160 GB/s, 16 (16 NICs of 100 Gb/s) do not.
 
 Latency (us) per algorithm, with ``intra``/``inter`` the hardware latencies ``HW_LAT_US`` of the
 link kind inside a node and of the network:
 
     ring:      base + (nsteps - nInter) * intra + nInter * inter,  nInter = 2N (all-reduce, N>1)
+    broadcast: base + one hop (a ring broadcast pipelines; lines 234 to 236)
     tree:      base + 2 ((g - 1) intra + log2(N) inter)            (latency grows with log N)
     NVLS:      intra (+ inter on several nodes);  NVLSTree: base + intra + 2 log2(N) inter
 
 On several nodes a ring step costs at least the network post overhead (1 us, 3 us for Simple),
-and the multi-node Simple ring all-reduce pays NCCL's "plateau" factor 1.4. Tree bandwidths at
-mid sizes take NCCL's ``TREE_CORRECTION`` factors.
+and the multi-node Simple ring all-reduce pays NCCL's "plateau" factor 1.4 (line 442). Tree
+bandwidths at mid sizes take NCCL's ``TREE_CORRECTION`` factors.
 
-What it leaves out (limits): NCCL's search may find fewer channels or slower rings than the
-description allows (a misconfigured NIC, PCIe switches shared by two GPUs); CollNet (SHARP in the
-IB switches) is not modelled (it needs the switch plugin, which a description cannot tell);
-NVLS for all-gather and reduce-scatter is left out (ring only); RCCL's tuning differs from NCCL's
-and is approximated by the same table.
+Correction (:class:`Corrections`, with an ablation row in benchmarks/README.md; off is NCCL's
+tuning model):
+
+- ``two_node_fill``: an all-reduce spanning exactly two nodes takes ``min(S, nCh * BUFFSIZE) /
+  algbw`` longer than NCCL's model (``BUFFSIZE`` = ``NCCL_BUFFSIZE_BYTES``, NCCL's default
+  network buffer of a channel; ``nCh`` the communicator's channels, ``comm->nChannels``): the
+  transfer reaches its rate only once every channel's buffer has filled. Not NCCL's: chosen on
+  development logs (every two-node log but OCI's ramps up this way over 1 MiB to 1 GiB; the one
+  log past two nodes does not), the constant NCCL's own, not fitted.
+
+What it leaves out (limits): NCCL releases from 2.23 lower the tree's Simple latencies (NVLink
+28 -> 4 us a hop), halve ring LL's discount and count 2(N - 1) inter-node ring steps, and from
+2.28 scale NVLS by an efficiency: a cluster on those releases picks Simple trees earlier than
+this table; a network plugin's own latency (``latencyInter``) is not in a description (IB
+reports 0); CollNet (SHARP in the IB switches) is not modelled (it needs the switch plugin,
+which a description cannot tell); NVLS for all-gather and reduce-scatter is left out (ring
+only); RCCL's tuning and search differ from NCCL's and are approximated by them.
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from commprof.modeling.clusters import Cluster
+from commprof.modeling.nccl_search import Graphs, search
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """Collectives the model predicts (nccl-tests' names without ``_perf``)."""
@@ -121,6 +134,23 @@ TREE_CORRECTION: dict[str, tuple[float, ...]] = {
 }  # fmt: skip
 """``treeCorrectionFactor`` by protocol, indexed by log2(bytes / 64) (64 B to 256 MiB):
 tuning.cc."""
+NCCL_BUFFSIZE_BYTES = 4 << 20
+"""NCCL's default buffer of one channel's connection (``NCCL_BUFFSIZE``, 4 MiB: NCCL
+documentation, environment variables)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Corrections:
+    """The model's corrections to NCCL's tuning model (module docstring); all off is that model."""
+
+    two_node_fill: bool = True
+    """Two-node all-reduce pays its channels' buffer fill (``min(S, nCh BUFFSIZE) / algbw``)."""
+
+
+CORRECTIONS = Corrections()
+"""The declared model: every correction on."""
+NO_CORRECTIONS = Corrections(two_node_fill=False)
+"""NCCL's tuning model alone (the ablation's baseline)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -213,14 +243,54 @@ def _algorithms(collective: str, cluster: Cluster, num_nodes: int) -> list[str]:
     return algos
 
 
+def _bus_bw(
+    algo: str, graphs: Graphs, cluster: Cluster, num_nodes: int, calibration: Calibration
+) -> float:
+    """``graphs[a]->nChannels * bw`` (tuning.cc lines 175 to 178), the calibration's scales on
+    the intra-node and network sides of each channel.
+
+    One node: ``nChannels * bwIntra``. Two nodes: NCCL reads ``bwIntra`` of every graph (a
+    tree's raised to at most twice ``bwInter`` by the search, so its network side, twice
+    ``nChannels * bwInter``, bounds it once scaled). Past two: ``bwInter``. On several nodes a
+    ring or tree is also bounded by the NVLink its channels cross (``B_intra * g / (g - 1)``),
+    which only binds once ``intra_scale`` is below 1.
+    """
+    g = cluster.gpus_per_node
+    si, sn = calibration.intra_scale, calibration.net_scale
+    b_intra = cluster.intra_bytes_per_s * cluster.intra_efficiency / 1e9 * si
+    intra_room = b_intra * g / (g - 1) if g > 1 else math.inf
+    if algo in ("ring", "tree"):
+        graph = graphs.ring if algo == "ring" else graphs.tree
+        n = graph.num_channels
+        if num_nodes == 1:
+            return n * graph.bw_intra_gbps * si
+        net = n * graph.bw_inter_gbps * sn
+        if num_nodes == 2:
+            intra = n * graph.bw_intra_gbps * si
+            return min(intra, 2.0 * net if algo == "tree" else net, intra_room)
+        return min(net, intra_room)
+    nvls = graphs.nvls
+    assert nvls is not None  # _algorithms offers NVLS only where the search found it
+    # NVLink SHARP's own rate: nvls_scale, not the links' intra_scale (Calibration).
+    intra = nvls.bw_intra_gbps * calibration.nvls_scale
+    if algo == "nvls":  # tuning.cc line 176: min(bwIntra, bwInter), bwInter >= bwIntra here
+        return nvls.num_channels * intra
+    inter = nvls.bw_inter_gbps * sn * (1.0 if num_nodes <= 2 else 0.5)  # line 177
+    return nvls.num_channels * min(intra, inter)
+
+
 def table(
     cluster: Cluster,
     world_size: int,
     collective: str = "all_reduce",
     calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
+    corrections: Corrections = CORRECTIONS,
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """NCCL's tuning table for one communicator: (algorithm, protocol) -> (latency us, algbw GB/s).
+
+    ``ncclTopoTuneModel`` (tuning.cc lines 120 to 340) over the graphs of
+    :func:`~commprof.modeling.nccl_search.search`.
 
     Args:
         cluster: The topology.
@@ -228,10 +298,12 @@ def table(
         collective: One of ``COLLECTIVES``.
         calibration: Scales on the two bandwidths and on latency.
         algorithms: Restrict the choice (as ``NCCL_ALGO`` does); None: every one enabled.
+        corrections: Which corrections apply (none acts on the table today).
 
     Returns:
         The entries enabled on this hardware.
     """
+    del corrections  # the table is NCCL's; the corrections act on predict's times
     _check_collective(collective)
     n = cluster.nodes_for(world_size)
     p = world_size
@@ -240,15 +312,10 @@ def table(
         bad = sorted(set(algorithms) - set(ALGORITHMS))
         if bad:
             raise ValueError(f"unknown algorithms {bad}; choose from {list(ALGORITHMS)}")
-    b_intra = cluster.intra_bytes_per_s * cluster.intra_efficiency * calibration.intra_scale / 1e9
-    b_net = (
-        cluster.nics_per_node * cluster.nic_bytes_per_s * cluster.net_efficiency / 1e9
-        * calibration.net_scale
-    )  # fmt: skip
+    graphs = search(cluster, n)
     ni = _node_index(n)
     gen = _generation_row(cluster)
     caps = PER_CHANNEL_CAPS_GBPS[gen]
-    nch = cluster.num_channels
     if n == 1:
         ll_max = LL_MAX_BW_GBPS["one_node"][0 if gen == "volta" else 1]
     else:
@@ -259,37 +326,38 @@ def table(
     for algo in _algorithms(collective, cluster, n):
         if algorithms is not None and algo not in algorithms:
             continue
+        if algo.startswith("nvls") and graphs.nvls is None:
+            continue
+        nch = graphs.ring.num_channels if algo == "ring" else graphs.tree.num_channels
         for pi, proto in enumerate(PROTOCOLS):
             if algo.startswith("nvls") and proto != "Simple":
                 continue
             if proto == "LL128" and not cluster.ll128:
                 continue
-            if algo == "ring":
-                bus = b_intra if n == 1 else min(b_intra, b_net)
-            elif algo == "tree":
-                bus = b_intra if n <= 2 else min(b_intra, b_net)
-            elif algo == "nvls":  # the switch reduces: its own scale, not the links' intra_scale
-                bus = b_intra / calibration.intra_scale * calibration.nvls_scale
-            else:  # nvls_tree
-                bus = min(b_intra / calibration.intra_scale, b_net if n <= 2 else b_net / 2.0)
-                bus *= calibration.nvls_scale
-            if algo == "ring" and proto == "LL":
-                bus = min(ll_max, bus / 4.0)
-            if algo == "ring" and proto == "LL128":
+            bus = _bus_bw(algo, graphs, cluster, n, calibration)
+            if algo == "ring" and proto == "LL":  # line 181: 1/3 on one node but all-reduce
+                third = n == 1 and collective != "all_reduce"
+                bus = min(ll_max, bus / (3.0 if third else 4.0))
+            if algo == "ring" and proto == "LL128":  # line 182
                 bus = min(bus * (0.7 if g < 2 else 0.92), nch * caps["ring_ll128"][ni])
             if algo == "tree":
-                bus = min(bus * 0.92, nch * caps["tree"][ni])
+                bus = min(bus * 0.92, nch * caps["tree"][ni])  # line 183
                 if proto == "LL":
                     bus = min(bus / 3.8, ll_max)
                 if proto == "LL128":
                     factor = 7.0 / 9.0 if n == 1 else 120.0 / 128.0
                     bus = min(bus * factor, nch * caps["tree_ll128"][ni])
+                if g == 1:  # line 186: one GPU a node searches NCCL_TOPO_PATTERN_TREE
+                    bus *= 0.85
             ratio = p / nsteps if algo == "ring" else 5.0 / 6.0 if algo.startswith("nvls") else 0.5
             algbw = bus * ratio
             intra_lat = HW_LAT_US[intra_kind][algo][pi]
             inter_lat = HW_LAT_US["net"][algo][pi]
             lat = BASE_LAT_US[algo][pi]
-            if algo == "ring":
+            if algo == "ring" and collective == "broadcast":
+                # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
+                lat += HW_LAT_US["net" if n > 1 else intra_kind][algo][pi]
+            elif algo == "ring":
                 if n > 1:
                     intra_lat = max(
                         intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0)
@@ -332,7 +400,8 @@ def algo_time_us(
         collective: The collective.
         num_nodes: Nodes spanned.
         world_size: Ranks.
-        num_channels: Channels (for the plateau's per-channel size).
+        num_channels: The communicator's channels (``comm->nChannels``, for the plateau's
+            per-channel size).
 
     Returns:
         Time in microseconds.
@@ -359,6 +428,7 @@ def predict(
     collective: str = "all_reduce",
     calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
+    corrections: Corrections = CORRECTIONS,
 ) -> list[Prediction]:
     """Predicted time of each message size, with the algorithm and protocol NCCL would pick.
 
@@ -369,14 +439,19 @@ def predict(
         collective: One of ``COLLECTIVES``.
         calibration: Fitted scales (default: the description alone).
         algorithms: Restrict the algorithms (``NCCL_ALGO``); None: NCCL's choice.
+        corrections: Which corrections apply (default: all, the declared model).
 
     Returns:
-        One prediction per size, in order.
+        One prediction per size, in order. The algorithm and protocol are NCCL's choice by its
+        own model; the time adds the corrections that NCCL's model does not know.
     """
     if world_size < 2:
         raise ValueError(f"--world-size {world_size}: a collective needs >= 2 ranks")
-    entries = table(cluster, world_size, collective, calibration, algorithms)
+    entries = table(cluster, world_size, collective, calibration, algorithms, corrections)
     n = cluster.nodes_for(world_size)
+    channels = search(cluster, n).runtime_channels
+    fill_bytes = channels * NCCL_BUFFSIZE_BYTES
+    fill = corrections.two_node_fill and n == 2 and collective == "all_reduce"
     factor = bus_factor(collective, world_size)
     out = []
     for size in sizes_bytes:
@@ -385,17 +460,20 @@ def predict(
         best = min(
             (
                 algo_time_us(e, a, pr, int(size), collective=collective, num_nodes=n,
-                             world_size=world_size, num_channels=cluster.num_channels),
+                             world_size=world_size, num_channels=channels),
                 a,
                 pr,
             )
             for (a, pr), e in entries.items()
         )  # fmt: skip
-        algbw = int(size) / best[0] / 1e3
+        time_us = best[0]
+        if fill:  # NCCL chose by its model; the buffers' fill is paid on top of it
+            time_us += min(int(size), fill_bytes) / (1000.0 * entries[(best[1], best[2])][1])
+        algbw = int(size) / time_us / 1e3
         out.append(
             Prediction(
                 num_bytes=int(size),
-                time_us=best[0],
+                time_us=time_us,
                 algorithm=best[1],
                 protocol=best[2],
                 algbw_gbps=algbw,

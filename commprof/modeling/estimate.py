@@ -33,6 +33,7 @@ import numpy as np
 
 from commprof.caps import cap_label
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
+from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.estimate_step import add_step_arguments, run_step
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
@@ -164,7 +165,7 @@ def estimate(
     *,
     world_size: int,
     bucket_cap_mb: float | None,
-    link: LinkParams | Fit,
+    link: LinkParams | Fit | ClusterLink,
     link_label: str,
     algorithm: str = "ring",
     ready_ns: Sequence[float] | np.ndarray | None = None,
@@ -177,7 +178,7 @@ def estimate(
         param_sizes: ``(name, numel[, element_size])`` in registration order.
         world_size: Ranks (>= 2).
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
-        link: Link parameters, or a calibrated fit.
+        link: Link parameters, a calibrated fit, or a cluster (``cluster_link.ClusterLink``).
         link_label: Where the link came from (shown in output).
         algorithm: Cost model for LinkParams (fits are ring models).
         ready_ns: Measured per-parameter ready times; default the simple estimate.
@@ -276,7 +277,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--model", help="reference model name")
     src.add_argument("--params-file", help="YAML/JSON list of {name, numel, dtype_bytes}")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (>= 2)")
-    parser.add_argument("--interconnect", help="published link name (see --interconnect-file)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--interconnect", help="published link name (see --interconnect-file)")
+    where.add_argument(
+        "--cluster",
+        metavar="NAME|FILE",
+        help="a bundled cluster (commprof collective's) or a cluster YAML file: each all-reduce "
+        "as NCCL would run it on --world-size GPUs of it, in place of one link",
+    )
+    add_cluster_arguments(parser)
     parser.add_argument("--interconnect-file", help="YAML file with extra links")
     parser.add_argument(
         "--fit",
@@ -291,12 +300,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --fit DATASET: fit the microbenchmark or the in-training bucket times",
     )
     parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP cap (MiB)")
-    parser.add_argument("--algorithm", default="ring", choices=sorted(ALGORITHMS))
+    parser.add_argument(
+        "--algorithm", choices=sorted(ALGORITHMS), help="cost model of a published link (ring)"
+    )
     parser.add_argument(
         "--alpha-us",
         type=float,
-        default=DEFAULT_ALPHA_NS / 1e3,
-        help="assumed latency for a published link (us)",
+        help=f"assumed latency for a published link (us; default {DEFAULT_ALPHA_NS / 1e3:g})",
     )
     parser.add_argument(
         "--timeline",
@@ -317,7 +327,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_step_arguments(parser)
 
 
-def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
+def alpha_ns(args: argparse.Namespace) -> float:
+    """The latency assumed for a published link: ``--alpha-us``, else ``DEFAULT_ALPHA_NS``."""
+    return DEFAULT_ALPHA_NS if args.alpha_us is None else args.alpha_us * 1e3
+
+
+def check_cluster_flags(args: argparse.Namespace) -> ClusterLink | None:
+    """The cluster link of ``--cluster`` (None without it), after refusing the flags that do
+    not apply to it: those of a published link, a fits JSON or the bucket-time fit as the link,
+    and ``--same-host`` (a cluster's ranks have GPUs of their own)."""
+    if not args.cluster:
+        if args.nccl_tests:
+            raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
+        return None
+    given = {
+        "--interconnect-file": args.interconnect_file is not None,
+        "--alpha-us": args.alpha_us is not None,
+        "--algorithm": args.algorithm is not None,
+        "--fit FITS_JSON (a fitted link)": bool(args.fit) and not Path(args.fit).is_dir(),
+        "--fit-source buckets (a fitted link)": bool(args.fit) and args.fit_source != "microbench",
+        "--same-host": bool(getattr(args, "same_host", False)),
+    }
+    bad = [flag for flag, present in given.items() if present]
+    if bad:
+        raise ValueError(
+            f"--cluster {args.cluster}: {', '.join(bad)} do(es) not apply to a cluster (its "
+            "collective model sets the link, latency and algorithm); leave them out"
+        )
+    return cluster_link(args.cluster, args.world_size, args.nccl_tests or ())
+
+
+def _link_from_args(
+    args: argparse.Namespace, cluster: ClusterLink | None
+) -> tuple[LinkParams | Fit | ClusterLink, str]:
+    if cluster is not None:
+        return cluster, cluster.describe(args.world_size)
     if args.fit:
         if Path(args.fit).is_dir():
             fits = fits_from_dataset(args.fit, source=args.fit_source)
@@ -333,10 +377,10 @@ def _link_from_args(args: argparse.Namespace) -> tuple[LinkParams | Fit, str]:
             f"fitted world sizes: {valid}"
         )
     if not args.interconnect:
-        raise ValueError("give --interconnect NAME or --fit FITS_JSON")
+        raise ValueError("give --interconnect NAME, --cluster NAME|FILE or --fit FITS_JSON")
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
+        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
     )
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
@@ -370,9 +414,10 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     Returns:
         Process exit status.
     """
+    cluster = check_cluster_flags(args)  # before anything runs, on either path
     if args.fit and Path(args.fit).is_dir() and args.fit_source == "microbench":
-        return run_step(args, param_sizes)
-    link, label = _link_from_args(args)
+        return run_step(args, param_sizes, cluster=cluster, alpha_ns=alpha_ns(args))
+    link, label = _link_from_args(args, cluster)
     ready_ns = None
     if args.timeline or args.cell:
         if not (args.timeline and args.cell):
@@ -386,7 +431,7 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             bucket_cap_mb=cap,
             link=link,
             link_label=label,
-            algorithm=args.algorithm,
+            algorithm=args.algorithm or "ring",
             ready_ns=ready_ns,
             batch_tokens=args.batch_tokens,
             device_flops_per_s=args.device_tflops * 1e12,

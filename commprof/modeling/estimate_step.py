@@ -3,8 +3,9 @@
 With a dataset folder, ``estimate`` calibrates the step simulator on one cell of the model
 (``step_advice.load_step_model``) and answers what-ifs with it: another cap
 (``--bucket-cap-mb``), world size (``--world-size``; ``--same-host`` when the ranks would share
-the calibration's CPU host) or link (``--interconnect``: the measured compute timeline kept, the
-link swapped). The idle ring model (no interference) is printed beside it as the baseline.
+the calibration's CPU host) or link (``--interconnect``, or ``--cluster``: NCCL's collective
+model on that cluster at ``--world-size`` GPUs; the measured compute timeline kept, the link
+swapped). The idle ring model (no interference) is printed beside it as the baseline.
 
 JSON (``--json``): ``prediction`` holds ``step_ns``, ``exposed_ns``, ``overlap_efficiency``,
 their ``*_low``/``*_high`` under the calibration's uncertainty and ``buckets`` (ready, start,
@@ -25,6 +26,7 @@ from typing import Any
 
 from commprof.caps import cap_label, cap_number, same_cap
 from commprof.modeling.buckets import MIB, ParamSize
+from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.ring_fit import fit_to_dict
@@ -63,7 +65,11 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
     }
 
 
-def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None, str]:
+def _link(
+    args: argparse.Namespace, model: StepModel, cluster: ClusterLink | None, alpha_ns: float
+) -> tuple[LinkParams | ClusterLink | None, str]:
+    if cluster is not None:  # NCCL's model on the cluster, the measured compute kept
+        return cluster, cluster.describe(args.world_size)
     if not args.interconnect:
         cell = model.calibration.cell_id
         interference = NO_INTERFERENCE if args.no_interference else None
@@ -76,13 +82,21 @@ def _link(args: argparse.Namespace, model: StepModel) -> tuple[LinkParams | None
         return None, label
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=args.alpha_us * 1e3
+        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns
     )
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
 
-def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
-    """``estimate --fit DIR``: print the simulator's prediction (table or JSON)."""
+def run_step(
+    args: argparse.Namespace,
+    param_sizes: Sequence[ParamSize],
+    *,
+    cluster: ClusterLink | None,
+    alpha_ns: float,
+) -> int:
+    """``estimate --fit DIR``: print the simulator's prediction (table or JSON). ``cluster``:
+    ``--cluster``'s link (``estimate.check_cluster_flags``), which replaces the calibrated one;
+    ``alpha_ns``: the latency of ``--interconnect``'s published link."""
     from commprof.results import load
 
     if not args.model and not args.cell:
@@ -92,7 +106,7 @@ def run_step(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
         backend=args.fit_backend, cell_id=args.cell,
     )  # fmt: skip
-    link, label = _link(args, model)
+    link, label = _link(args, model, cluster, alpha_ns)
     what_if: dict[str, Any] = {"link": link, "same_host": args.same_host}
     if args.no_interference:
         what_if["interference"] = NO_INTERFERENCE

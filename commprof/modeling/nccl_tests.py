@@ -26,7 +26,13 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from commprof.modeling.clusters import Cluster
-from commprof.modeling.collectives import COLLECTIVES, Calibration, predict
+from commprof.modeling.collectives import (
+    COLLECTIVES,
+    CORRECTIONS,
+    Calibration,
+    Corrections,
+    predict,
+)
 from commprof.yamlio import read_text
 
 FIT_MIN_BYTES = 1 << 20
@@ -34,7 +40,7 @@ FIT_MIN_BYTES = 1 << 20
 a few microseconds dominates)."""
 SCALE_BOUNDS = (0.1, 10.0)
 """Bounds of a fitted scale."""
-_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:\s?")
+_PREFIX = re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?")
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\w+?)_perf")
 _FOOTER = re.compile(r"^#\s*Avg bus bandwidth\s*:")
@@ -221,6 +227,7 @@ def calibrate(
     min_bytes: int = FIT_MIN_BYTES,
     algorithms: Sequence[str] | None = None,
     nvls_correction: bool = False,
+    corrections: Corrections = CORRECTIONS,
 ) -> Calibration:
     """Fit the model's scales to nccl-tests logs of ``cluster``.
 
@@ -236,6 +243,7 @@ def calibrate(
         algorithms: Restrict the algorithms as the runs did (``NCCL_ALGO``), or None.
         nvls_correction: Fit NVLS's own scale on NVLink SHARP clusters (the correction of
             ``Calibration.nvls_scale``); False: the ablation without it.
+        corrections: The model's corrections the fit is made with (``collectives.Corrections``).
 
     Returns:
         The fitted calibration.
@@ -263,7 +271,7 @@ def calibrate(
         out = []
         for p, sizes, measured in points:
             pred = np.array([r.time_us for r in predict(cluster, p, sizes, collective, cal,
-                                                        algorithms)])  # fmt: skip
+                                                        algorithms, corrections)])  # fmt: skip
             out.append(np.log(pred / measured))
         return np.concatenate(out)
 

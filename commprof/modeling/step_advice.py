@@ -27,6 +27,7 @@ import pandas as pd
 
 from commprof.matrix import LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
+from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.step_model import (
@@ -348,7 +349,7 @@ def predict_cap(
     *,
     bucket_cap_mb: float | None,
     world_size: int | None = None,
-    link: LinkParams | Fit | None = None,
+    link: LinkParams | Fit | ClusterLink | None = None,
     same_host: bool = False,
     interference: Interference | None = None,
 ) -> CapPrediction:
@@ -359,7 +360,8 @@ def predict_cap(
         param_sizes: the model's parameter sizes.
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
         world_size: ranks (default: the calibration's).
-        link: another link (a published interconnect's parameters), keeping the measured
+        link: another link (a published interconnect's parameters, or a cluster's
+            ``cluster_link.ClusterLink``), keeping the measured
             compute timeline; default the calibrated fit, its times plus the stall
             (``model.stall_ns``) multiplied by the in-training link scale
             (``model.link_scale``), and the ranks' wait for the slowest
@@ -411,7 +413,10 @@ def predict_cap(
 
 
 def in_training(
-    model: StepModel, *, link: LinkParams | Fit | None, interference: Interference | None
+    model: StepModel,
+    *,
+    link: LinkParams | Fit | ClusterLink | None,
+    interference: Interference | None,
 ) -> tuple[float, float, float]:
     """(link scale, stall ns, rank wait ns) a prediction applies: ``model.link_scale``,
     ``model.stall_ns`` and ``model.calibration.rank_wait_ns`` on the calibrated link with the

@@ -56,6 +56,7 @@ import pandas as pd
 from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
+from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams, allreduce_ns
 from commprof.modeling.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
 from commprof.modeling.step_sim import (
@@ -355,7 +356,9 @@ def cpu_share_scale(world_size: int, calibrated_world_size: int, *, num_cores: i
     return max(1.0, world_size / num_cores) / max(1.0, calibrated_world_size / num_cores)
 
 
-def _service_ns(link: LinkParams | Fit, sizes: np.ndarray, world_size: int) -> np.ndarray:
+def _service_ns(
+    link: LinkParams | Fit | ClusterLink, sizes: np.ndarray, world_size: int
+) -> np.ndarray:
     if isinstance(link, LinkParams):
         return allreduce_ns(sizes, world_size, link)
     return link.predict_ns(sizes, world_size)
@@ -366,7 +369,7 @@ def predict_step(
     param_sizes: Sequence[ParamSize],
     *,
     bucket_cap_mb: float | None,
-    link: LinkParams | Fit,
+    link: LinkParams | Fit | ClusterLink,
     world_size: int | None = None,
     interference: Interference = NO_INTERFERENCE,
     num_channels: int | None = None,
@@ -381,10 +384,11 @@ def predict_step(
         calibration: from :func:`calibrate_step`.
         param_sizes: the same model's parameter sizes.
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
-        link: a calibrated fit or published link parameters.
+        link: a calibrated fit, published link parameters or a cluster's collective model.
         world_size: ranks (default: the calibration's).
         interference: slowdown factors (:data:`NO_INTERFERENCE`: the idle model).
-        num_channels: collectives in flight at once (default: the backend's).
+        num_channels: collectives in flight at once (default: the backend's; NCCL's on a
+            cluster, whose GPUs run NCCL).
         compute_scale: multiplies forward, backward compute and optimizer (module docstring).
         service_scale: multiplies every bucket's all-reduce time (the in-training link
             scale of :func:`fit_link_scale`, the core share of ranks that share one CPU host).
@@ -416,9 +420,8 @@ def predict_step(
     work = calibration.param_ready_work_ns
     ready = [compute_scale * max(work[i] for i in b.param_indices) for b in buckets]
     sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
-    channels = (
-        BACKEND_CHANNELS.get(calibration.backend, 1) if num_channels is None else num_channels
-    )
+    backend = "nccl" if isinstance(link, ClusterLink) else calibration.backend
+    channels = BACKEND_CHANNELS.get(backend, 1) if num_channels is None else num_channels
     slowest = simulate_step(
         ready_work_ns=ready,
         service_ns=(service_scale * (_service_ns(link, sizes, ws) + stall_ns)).tolist(),
@@ -526,14 +529,15 @@ def predict_range(
     param_sizes: Sequence[ParamSize],
     *,
     bucket_cap_mb: float | None,
-    link: LinkParams | Fit,
+    link: LinkParams | Fit | ClusterLink,
     interference: Interference,
     **kwargs: float | int | None,
 ) -> tuple[StepPrediction, StepPrediction, StepPrediction]:
     """(low, central, high) predictions: the calibration's uncertainty carried through.
 
     Low: alpha and beta at the lower ends of their 95 % intervals and the interference factors
-    at their lower quartiles; high: the upper ends. Published links have no interval.
+    at their lower quartiles; high: the upper ends. Published links and clusters have no
+    interval.
     """
     central = predict_step(
         calibration, param_sizes, bucket_cap_mb=bucket_cap_mb, link=link,
@@ -541,7 +545,7 @@ def predict_range(
     )  # fmt: skip
     ends = []
     for side, sign in ((0, -1.0), (1, 1.0)):
-        bound = link if isinstance(link, LinkParams) else _fit_bound(link, side)
+        bound = link if isinstance(link, LinkParams | ClusterLink) else _fit_bound(link, side)
         ends.append(
             predict_step(
                 calibration,
