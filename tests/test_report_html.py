@@ -193,3 +193,27 @@ def test_the_pages_in_a_headless_chromium(one_cell_data: object, tmp_path: Path)
                 assert (shots / f"{folder}-{stem}.png").stat().st_size > 10_000
     finally:
         driver.quit()
+
+
+def test_a_dataset_profiled_throughout_says_so_and_claims_nothing_else(tmp_path: Path) -> None:
+    # the bundled demo before this was such a dataset: every cell profiled, so no cap choice
+    # (profiled cells are left out of it) while its table shows two caps per model
+    tables = load(DATA)
+    keep = (tables["cells"]["world_size"] == 2) & (tables["cells"]["status"] == "ok")
+    cells = tables["cells"][keep].assign(profile=True).reset_index(drop=True)
+    ids = set(cells["cell_id"])
+    subset = {"cells": cells}
+    for name, frame in tables.items():
+        if name != "cells":
+            subset[name] = frame[frame["cell_id"].isin(ids)].reset_index(drop=True)
+    data = process(subset)
+    assert build.build_reports(data, tmp_path, "all_profiled", pdf="no") == 0
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "main.html").read_text()))
+    text = re.sub(r"\s+", " ", text)
+    assert "run without the profiler" not in text
+    assert "configurations (every one run under the profiler)" in text
+    no_choice = "No model ran with more than one bucket cap at one world size without the profiler"
+    assert no_choice in text
+    for stem in build.REPORTS:
+        wrong, _ = contradictions(tmp_path, stem)
+        assert not wrong, wrong
