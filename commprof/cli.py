@@ -134,11 +134,23 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, help_text in (
         ("figures", "figures and tables from a dataset folder"),
-        ("report", "figures, tables and the two PDF reports from a dataset folder"),
+        (
+            "report",
+            "the two reports from a dataset folder: self-contained HTML pages (always) and PDFs "
+            "(where LaTeX is installed)",
+        ),
     ):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("results", type=Path, help="the dataset folder (results/<sweep>/)")
         cmd.add_argument("--out", type=Path, help="output folder (default RESULTS/report/)")
+        if name == "report":
+            cmd.add_argument(
+                "--pdf",
+                choices=("auto", "yes", "no"),  # commprof.reporting.build.PDF_CHOICES
+                default="auto",
+                help="the PDFs: where LaTeX is installed (auto, the default), required (yes: "
+                "exit 1 without LaTeX) or not built (no); the HTML reports are always written",
+            )
         cmd.set_defaults(func=_figures if name == "figures" else _report)
 
     args = parser.parse_args(argv)
@@ -513,7 +525,7 @@ def _figures(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from commprof.reporting.build import report_main
 
-    return report_main(args.results, args.out)
+    return report_main(args.results, args.out, pdf=args.pdf)
 
 
 def _analyze(args: argparse.Namespace) -> int:

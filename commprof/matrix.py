@@ -270,9 +270,18 @@ class Cell:
         help="timed iterations per size of the microbenchmark's interference arms (0: none)",
         since=0,
     )
+    hook_cost_pairs: int = _spec(
+        0,
+        help="pairs of steps run after the measured ones to measure the timing hook's cost: in "
+        "each pair one step of the hooked model and one of a plain DDP replica without the "
+        "hook, in a seeded random order (0: none; commprof.training.hook_cost)",
+        flag=True,
+        since=0,
+    )
     profile: bool = _spec(
         False,
         help="also record a torch.profiler trace per rank and derive trace metrics from it",
+        axis=True,
         column="bool_",
         flag=True,
         role="instrument",
@@ -308,8 +317,9 @@ class Cell:
                 "step (step 0 and the warm-up steps are not measured); raise steps "
                 "(--steps) or lower warmup_steps (--warmup-steps)"
             )
-        if self.interference_iters < 0:
-            raise MatrixError(f"interference_iters must be >= 0, got {self.interference_iters!r}")
+        for name in ("interference_iters", "hook_cost_pairs"):
+            if getattr(self, name) < 0:
+                raise MatrixError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         bad = [n for n in self.microbench_sizes_bytes if not 0 < n <= MAX_MICROBENCH_BYTES]
         if bad:
             raise MatrixError(

@@ -112,6 +112,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("position", pa.int32()),
             ("param_name", pa.string()),
             ("module", pa.string()),
+            ("module_type", pa.string()),  # the owning module's class name (null in older datasets)
             ("numel", pa.int64()),
             ("num_bytes", pa.int64()),
         ]
@@ -146,6 +147,17 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("slowdown_q25", pa.float64()),
             ("slowdown_q75", pa.float64()),
             ("slowdown_mean", pa.float64()),  # mean loaded / mean alone (null before 2.1)
+        ]
+    ),
+    "hook_cost": pa.schema(
+        [
+            *_KEY,
+            ("rank", pa.int32()),
+            ("pair", pa.int32()),
+            ("arm", pa.string()),  # hooked (commprof's timing hook) | plain (DDP without it)
+            ("position", pa.int32()),  # 0: stepped first in its pair
+            ("step_ns", pa.int64()),
+            ("backward_ns", pa.int64()),
         ]
     ),
     "trace_metrics": pa.schema(

@@ -26,6 +26,9 @@ from commprof.reporting import viz
 
 TOP_MODULES = 10
 """Modules shown per panel of the attribution figure."""
+PROFILED_OFFSET = 1.15
+"""Where a profiled configuration's marker sits on a log cap axis: this factor right of its cap,
+so that it and the unprofiled one of the same cap do not hide each other."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,7 +96,8 @@ def plot_step_breakdown(data: Processed, path: Path) -> str:
 
 
 def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
-    """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model."""
+    """Overlap efficiency (median, IQR bars) against bucket cap, one panel per model; a world
+    size's profiled configurations are a series of their own (dotted)."""
     merged = data.merged.dropna(subset=["overlap_efficiency_median"])
     num_caps = merged.groupby(["model", "world_size"])["bucket_cap_mb"].nunique(dropna=False)
     models = sorted(set(num_caps[num_caps >= 2].index.get_level_values("model")))
@@ -107,8 +111,10 @@ def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
             part = merged[merged["model"] == model].copy()
             default = part["bucket_cap_mb"].isna()
             part["cap_axis_mb"] = part["bucket_cap_mb"].fillna(DEFAULT_BUCKET_CAP_MB)
+            profiled = part["profile"].astype(bool)
             for i, (ws, line) in enumerate(part.groupby("world_size")):
-                for unset, points in line.groupby(default[line.index]):
+                keys = pd.DataFrame({"unset": default[line.index], "prof": profiled[line.index]})
+                for (unset, prof), points in line.groupby([keys["unset"], keys["prof"]]):
                     points = points.sort_values("cap_axis_mb")
                     med = points["overlap_efficiency_median"].to_numpy()
                     err = np.vstack(
@@ -120,12 +126,15 @@ def plot_overlap_vs_cap(data: Processed, path: Path) -> str:
                     style = viz.measured(i).kwargs()
                     if unset:
                         style.update(linestyle="none", markerfacecolor="white")
+                    if prof:  # a series of its own: dotted, diamonds, right of its cap
+                        style.update(linestyle=":" if not unset else "none", marker="D")
+                    label = f"p = {ws} ranks" + (f", {DEFAULT_LABEL} cap" if unset else "")
                     ax.errorbar(
-                        points["cap_axis_mb"],
+                        points["cap_axis_mb"] * (PROFILED_OFFSET if prof else 1.0),
                         med,
                         yerr=err,
                         capsize=2,
-                        label=f"p = {ws} ranks" + (f", {DEFAULT_LABEL} cap" if unset else ""),
+                        label=label + (", profiled" if prof else ""),
                         **style,
                     )
             ax.set_xscale("log", base=2)
@@ -217,14 +226,16 @@ def plot_layer_attribution(data: Processed, path: Path) -> str:
     if data.attribution.empty:
         return "no bucket composition in this dataset"
     chosen = attribution_cells(data)
+    shown = data.attribution[data.attribution["cell_id"].isin(chosen["cell_id"])]
+    rows = min(TOP_MODULES, int(shown.groupby("cell_id").size().max()))
     with viz.style():
-        fig, axes = viz.new_figure(1, len(chosen), height_in=0.9 + 0.2 * TOP_MODULES)
+        fig, axes = viz.new_figure(1, len(chosen), height_in=0.9 + 0.2 * max(rows, 3))
         for ax, cell in zip(axes, records(chosen), strict=True):
             part = data.attribution[data.attribution["cell_id"] == cell.cell_id]
             part = part.head(TOP_MODULES)
             y = np.arange(len(part))
             ax.barh(y, viz.ms(part["transfer_ns"]), height=0.6, color=viz.SERIES_COLORS[0])
-            ax.set_yticks(y, part["module"])
+            ax.set_yticks(y, part["label"])  # qualified name and class: "2: Linear"
             ax.invert_yaxis()
             ax.grid(axis="y", visible=False)
             ax.set_title(
@@ -260,7 +271,7 @@ def plot_scaling(data: Processed, path: Path) -> str:
             same = part["bucket_cap_mb"].isna() if math.isnan(cap) else part["bucket_cap_mb"] == cap
             part = part[same].sort_values("world_size")
             series = [
-                ("step time", "step_ns_median", viz.measured(5)),
+                ("step time", "step_ns_median", viz.measured(2)),
                 ("exposed communication", "exposed_ns_median", viz.measured(0)),
                 ("all-reduce time (sum of buckets)", "allreduce_sum_measured_ns", viz.measured(1)),
                 ("all-reduce time, modelled", "allreduce_sum_modelled_ns", viz.MODELLED),
@@ -410,9 +421,12 @@ def plot_hook_vs_trace(data: Processed, path: Path) -> str:
             values = [both.loc[both["cell_id"] == c, col] for c in cells]
             pos = np.arange(len(cells)) + (k - 0.5) * 0.35
             box = ax.boxplot(values, positions=pos, widths=0.3, orientation="horizontal")
-            for line in box["boxes"]:
-                line.set_color(viz.SERIES_COLORS[k])
-            ax.plot([], [], color=viz.SERIES_COLORS[k], label=label)
+            dashes = "-" if k == 0 else "--"  # a second cue beside the colour
+            for part in ("boxes", "whiskers", "caps", "medians"):
+                for line in box[part]:
+                    line.set_color(viz.SERIES_COLORS[k])
+                    line.set_linestyle(dashes)
+            ax.plot([], [], color=viz.SERIES_COLORS[k], linestyle=dashes, label=label)
         ax.set_yticks(
             np.arange(len(cells)),
             [

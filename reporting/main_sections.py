@@ -16,19 +16,13 @@ import pandas as pd
 
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
-from commprof.caps import cap_label
+from commprof.caps import cap_label, cap_mb
 from commprof.matrix import RUN_SWEEP
-from commprof.reporting import prose, report_tables
-from commprof.reporting.prose import Quotes, Section, escape, paragraph, words
+from commprof.reporting import instrument, prose, report_tables
+from commprof.reporting.prose import Quotes, Section, escape, named, paragraph, words
 from commprof.reporting.recommend import cap_choices
 from commprof.reporting.recommend import cap_text as tex_cap
 from commprof.reporting.recommend_step import step_finding
-
-
-def config_label(r: Any) -> str:
-    """``model, p=N, cap X MiB`` (``, profiled`` where it was), escaped for LaTeX."""
-    text = f"{escape(r.model)}, p={int(r.world_size)}, cap {tex_cap(r.bucket_cap_mb)}"
-    return text + (", profiled" if bool(getattr(r, "profile", False)) else "")
 
 
 def key_of(r: Any) -> str:
@@ -46,7 +40,8 @@ def tab_ref(name: str) -> str:
 
 
 def abstract(data: Processed, q: Quotes) -> str:
-    """What the dataset holds: cells by status, sweeps, models, world sizes, caps."""
+    """What the dataset holds: cells by status and where they come from, then the models, world
+    sizes and caps of the configurations that completed (the rows of Table 1)."""
     status = data.status
     counts = status["status"].value_counts()
     parts = [
@@ -56,26 +51,66 @@ def abstract(data: Processed, q: Quotes) -> str:
     ]
     if len(parts) == 1:  # one status: "3 cells, all ok"
         parts = [f"all {counts.index[0]}"]
-    sweeps = sorted(status["sweep"].unique())
-    caps = status["bucket_cap_mb"]
-    cap_names = [tex_cap(c) for c in sorted(caps.dropna().unique())]
-    cap_names += [tex_cap(None)] if caps.isna().any() else []
-    sizes = sorted(int(w) for w in status["world_size"].unique())
-    ranks = words(str(w) for w in sizes) + (" rank" if sizes == [1] else " ranks")
-    return paragraph(
-        [
-            "This report measures how much of a data-parallel training step goes to gradient "
-            "communication, how much of it is hidden behind backward compute, and how well a "
-            "calibrated ring all-reduce model predicts it.",
-            f"The dataset holds {q.count('num_cells', len(status))} "
-            f"{prose.plural(len(status), 'cell')} ({words(parts)}) from "
-            f"{prose.plural(len(sweeps), 'the sweep', 'the sweeps')} "
-            f"{words(escape(s) for s in sweeps)}: "
-            f"{prose.plural(status['model'].nunique(), 'model')} "
-            f"{words(escape(m) for m in sorted(status['model'].unique()))} on {ranks} with "
-            f"{prose.plural(len(cap_names), 'bucket cap')} {words(cap_names)}.",
-        ]
-    )
+    sentences = [
+        "This report measures how much of a data-parallel training step goes to gradient "
+        "communication, how much of it is hidden behind backward compute, and how well a "
+        "calibrated ring all-reduce model predicts it.",
+        f"The dataset holds {q.count('num_cells', len(status))} "
+        f"{prose.plural(len(status), 'cell')} ({words(parts)}) {sources(data)}.",
+    ]
+    merged = data.merged
+    if len(merged):
+        caps = merged["bucket_cap_mb"]
+        cap_names = [tex_cap(c) for c in sorted(caps.dropna().unique())]
+        cap_names += [tex_cap(None)] if caps.isna().any() else []
+        sizes = sorted(int(w) for w in merged["world_size"].unique())
+        models = sorted(merged["model"].unique())
+        q.claim(
+            "ran",
+            table="results",
+            models=[str(m) for m in models],
+            world_sizes=sizes,
+            caps=[None if c != c else float(c) for c in sorted(caps.unique(), key=_cap_order)],
+        )
+        ranks = words(str(w) for w in sizes) + (" rank" if sizes == [1] else " ranks")
+        done = "The completed configurations" if counts.get("ok", 0) < len(status) else "They"
+        sentences.append(
+            f"{done} ran {prose.plural(len(models), 'model')} "
+            f"{words(escape(m) for m in models)} on {ranks} with "
+            f"{prose.plural(len(cap_names), 'bucket cap')} {words(cap_names)} "
+            f"({tab_ref('results')})."
+        )
+    return paragraph(sentences)
+
+
+def _cap_order(cap: float) -> float:
+    return float("inf") if cap != cap else float(cap)  # DDP's default (NaN) last
+
+
+def sources(data: Processed) -> str:
+    """Where the cells come from: ``from the sweeps a and b``, ``recorded by commprof.attach in
+    the user's own training``, ``from commprof run`` (:func:`cell_origin`), joined."""
+    cells = data.tables["cells"].sort_values("attempt").drop_duplicates("cell_id", keep="last")
+    if cells.empty:
+        return ""
+    origin = cells.apply(cell_origin, axis=1)
+    phrases = []
+    attach = sorted(cells.loc[origin == "attach", "sweep"].unique())
+    if attach:
+        named_runs = [a for a in attach if a != "attach"]
+        phrases.append(
+            "recorded by \\texttt{commprof.attach} in the user's own training"
+            + (f" (runs named {words(escape(a) for a in named_runs)})" if named_runs else "")
+        )
+    if (origin == "run").any():
+        phrases.append("from \\texttt{commprof run}")
+    sweeps = sorted(cells.loc[origin.isin(["ray", "other"]), "sweep"].unique())
+    if sweeps:
+        phrases.append(
+            f"from {prose.plural(len(sweeps), 'the sweep', 'the sweeps')} "
+            f"{words(escape(s) for s in sweeps)}"
+        )
+    return words(phrases)
 
 
 def findings(data: Processed, q: Quotes, figs: set[str]) -> Section:
@@ -101,18 +136,25 @@ def findings(data: Processed, q: Quotes, figs: set[str]) -> Section:
 def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
     merged = data.merged.sort_values("comm_overhead_fraction_median", ascending=False)
     plain = merged[~merged["profile"].astype(bool)]
-    kind = (
-        "configurations run without the profiler" if len(plain) < len(merged) else "configurations"
-    )
-    merged = plain if len(plain) else merged  # the profiler's own cost is not the finding
+    if len(plain):  # the profiler's own cost is not the finding
+        kind = (
+            "configurations run without the profiler"
+            if len(plain) < len(merged)
+            else ("configurations")
+        )
+        profiled: bool | None = False if len(plain) < len(merged) else None
+        merged = plain
+    else:
+        kind, profiled = "configurations (every one run under the profiler)", True
     shown = [tab_ref("results")] + ([fig_ref("step_breakdown")] if "step_breakdown" in figs else [])
     worst: Any = records(merged)[0]
     k = key_of(worst)
     where = (
-        f"Exposed communication takes the largest share of the step in {config_label(worst)}: "
+        f"Exposed communication takes the largest share of the step in "
+        f"{named(q, worst, 'results')}: "
         if len(merged) > 1
-        else f"In the one configuration measured, {config_label(worst)}, exposed communication "
-        "takes "
+        else f"In the one configuration measured, {named(q, worst, 'results')}, exposed "
+        "communication takes "
     )
     text = (
         f"{where}"
@@ -120,14 +162,17 @@ def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
         f"step ({q.ms('exposed_ms' + k, worst.exposed_ns_median)}~ms exposed in a "
         f"{q.ms('step_ms' + k, worst.step_ns_median)}~ms median step; {words(shown)})."
     )
+    text += instrument.config_clause(data, q, worst)
     if len(merged) > 1:
         least: Any = records(merged)[-1]
         share = merged["comm_overhead_fraction_median"]
+        count = {"count": len(merged)} | ({} if profiled is None else {"profiled": profiled})
+        q.claim("configs_count", table="results", **count)
         text += (
             f" Across the {q.count('num_configs', len(merged))} {kind} the median share "
             f"is {q.pct('exposed_share_median', float(share.median()))}\\%, and the smallest "
             f"{q.pct('exposed_share' + key_of(least), least.comm_overhead_fraction_median)}\\% "
-            f"({config_label(least)})."
+            f"({named(q, least, 'results')})."
         )
     return text
 
@@ -135,6 +180,15 @@ def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
 def _cap_finding(data: Processed, q: Quotes) -> str:
     choices = cap_choices(data)
     if choices.empty:
+        q.claim("no_multi_cap", table="results")
+        caps = data.merged.groupby(["model", "world_size"])["config_key"].nunique()
+        if (caps > 1).any():  # more caps, but under the profiler
+            return (
+                "No model ran with more than one bucket cap at one world size without the "
+                "profiler; the profiled configurations are left out of the cap choice (the "
+                "profiler's own cost would enter it), so this dataset does not show what the "
+                "cap does."
+            )
         return (
             "No model ran with more than one bucket cap at one world size, so this dataset "
             "does not show what the cap does."
@@ -142,6 +196,13 @@ def _cap_finding(data: Processed, q: Quotes) -> str:
     clauses = []
     for r in records(choices):
         k = f"[{r.model},p={int(r.world_size)}]"
+        q.claim(
+            "fastest_cap",
+            table="results",
+            model=str(r.model),
+            world_size=int(r.world_size),
+            cap=cap_mb(r.best_cap_mb),
+        )
         clause = (
             f"{tex_cap(r.best_cap_mb)} for {escape(r.model)} on {int(r.world_size)} "
             f"ranks (a step {q.pct('cap_gain' + k, r.gain)}\\% shorter than with "
@@ -200,9 +261,7 @@ def results(data: Processed, q: Quotes, figs: set[str]) -> Section | None:
     if data.merged.empty:
         return None
     sentences = [f"{tab_ref('results')} lists every configuration, repeats pooled."]
-    caption = _RESULTS_CAPTION
-    if data.merged["profile"].astype(bool).any():
-        caption += " $^\\dagger$ run under the profiler."
+    caption = _RESULTS_CAPTION + report_tables.profiled_note(data.merged)
     floats = [prose.table("results", caption, report_tables.table_results(data))]
     if "step_breakdown" in figs:
         sentences.append(f"{fig_ref('step_breakdown')} splits the step into its categories.")
@@ -210,13 +269,23 @@ def results(data: Processed, q: Quotes, figs: set[str]) -> Section | None:
     if "overlap_vs_cap" in figs:
         ov = data.merged.dropna(subset=["overlap_efficiency_median"])
         best: Any = records(ov.sort_values("overlap_efficiency_median"))[-1]
+        q.claim(
+            "most_overlap",
+            table="results",
+            model=str(best.model),
+            world_size=int(best.world_size),
+            cap=cap_mb(best.bucket_cap_mb),
+            profiled=bool(best.profile),
+        )
         sentences.append(
             f"{fig_ref('overlap_vs_cap')} shows how much communication is hidden as the bucket "
             f"cap changes; the most is a median "
             f"{q.num('best_overlap' + key_of(best), best.overlap_efficiency_median, 2)} "
-            f"of it, for {config_label(best)}."
+            f"of it, for {named(q, best, 'results')}."
         )
-        floats.append(prose.figure("overlap_vs_cap", _OVERLAP_CAPTION))
+        profiled = data.merged["profile"].astype(bool).any()
+        caption = _OVERLAP_CAPTION + (_OVERLAP_PROFILED if profiled else "")
+        floats.append(prose.figure("overlap_vs_cap", caption))
     if "scaling" in figs:
         sentences.append(
             f"{fig_ref('scaling')} shows how the step and its communication grow with the "
@@ -226,7 +295,9 @@ def results(data: Processed, q: Quotes, figs: set[str]) -> Section | None:
     if "layer_attribution" in figs:
         sentences.append(_attribution_sentence(data, q))
         floats.append(prose.figure("layer_attribution", _ATTRIBUTION_CAPTION))
-    return Section(title="Results", label="results", body=paragraph(sentences), floats=floats)
+    body = paragraph(sentences) + "\n\n" + paragraph(instrument.summary_sentences(data, q))
+    floats += instrument.table_float(data)
+    return Section(title="Results", label="results", body=body, floats=floats)
 
 
 def _attribution_sentence(data: Processed, q: Quotes) -> str:
@@ -238,7 +309,7 @@ def _attribution_sentence(data: Processed, q: Quotes) -> str:
             data.attribution.loc[data.attribution["cell_id"] == cell.cell_id]["transfer_ns"].sum()
         )
         parts.append(
-            f"{q.ms(f'attributed_ms[{cell.cell_id}]', total)}~ms for {config_label(cell)}"
+            f"{q.ms(f'attributed_ms[{cell.cell_id}]', total)}~ms for {named(q, cell, 'results')}"
             + (
                 f" (repeat {int(cell.repeat)}; {tab_ref('results')} gives the median over its "
                 "repeats)"
@@ -268,12 +339,16 @@ _OVERLAP_CAPTION = (
     "Overlap efficiency (share of communication hidden behind backward compute) against the DDP "
     "bucket cap, per model; markers are medians, bars the interquartile range."
 )
+_OVERLAP_PROFILED = (
+    " Profiled configurations are dotted series of their own, drawn just right of their cap."
+)
 _SCALING_CAPTION = (
     "Median step time, exposed communication and all-reduce time per step against the world "
     "size, measured and modelled, for the cap run at the most world sizes."
 )
 _ATTRIBUTION_CAPTION = (
-    "All-reduce service time per step charged to each module (each bucket's median service "
+    "All-reduce service time per step charged to each module, named by its path in the model and "
+    "its class (each bucket's median service "
     "time shared by the bytes of its gradients), for the cell with the most buckets of each "
     "model; the largest modules are shown. Service time excludes the wait behind earlier "
     "buckets, so the bars of a cell add up to its all-reduce time per step."
@@ -298,9 +373,9 @@ def memory_guard(data: Processed, q: Quotes, figs: set[str]) -> Section:
             "Before a cell runs, its memory need is estimated per pool and compared with the "
             f"pool's budget; {q.count('num_cells_rejected', num)} {cells} rejected.",
             f"For example {escape(first.model)} on {int(first.world_size)} ranks needs "
-            f"{q.num('rejected_need_gb', first.need_bytes / 1e9, 2)}~GB of "
+            f"{q.num('rejected_need_gib', first.need_bytes / 2**30, 2)}~GiB of "
             f"{escape(first.pool)} memory against a budget of "
-            f"{q.num('rejected_budget_gb', first.budget_bytes / 1e9, 2)}~GB"
+            f"{q.num('rejected_budget_gib', first.budget_bytes / 2**30, 2)}~GiB"
             + (f" ({fig_ref('memory_guard')})" if "memory_guard" in figs else "")
             + "; the postmortem prints the full arithmetic of every rejected cell.",
         ]
@@ -446,9 +521,15 @@ def model_accuracy(data: Processed, q: Quotes, figs: set[str]) -> Section | None
     sentences = [f"{tab_ref('fits')} gives the fitted parameters and the model's error."]
     for r in records(fits):
         k = f"[{r.regime},p={int(r.world_size)}]"
+        unresolved = (
+            f" (its {q.pct('ci_level', 0.95, 0)}\\% interval reaches below zero: the fit does "
+            "not tell it from 0)"
+        )
         text = (
             f"For $p = {int(r.world_size)}$ ({escape(r.regime)}) the fit gives "
-            f"$\\alpha$ = {q.num('alpha_us' + k, r.alpha_ns / 1e3)}~$\\mu$s and "
+            f"$\\alpha$ = {q.num('alpha_us' + k, r.alpha_ns / 1e3)}~$\\mu$s"
+            + (unresolved if r.alpha_lo_ns < 0 else "")
+            + " and "
             f"$1/\\beta$ = {q.num('bandwidth_mbs' + k, r.bandwidth_bytes_per_s / 1e6, 0)}~MB/s; "
             f"on the {q.count('fit_points' + k, r.num_points)} points it was fitted to (every ok "
             f"cell's median at each microbenchmark size) its MAPE is "
@@ -470,7 +551,10 @@ def model_accuracy(data: Processed, q: Quotes, figs: set[str]) -> Section | None
             + "; unlike the microbenchmark, which runs alone, their all-reduce shares the cores "
             "with backward compute."
         )
-    floats = [prose.table("fits", _FITS_CAPTION, report_tables.table_fits(data))]
+    caption = _FITS_CAPTION.format(
+        below_zero=_BELOW_ZERO if (fits["alpha_lo_ns"] < 0).any() else ""
+    )
+    floats = [prose.table("fits", caption, report_tables.table_fits(data))]
     shown = [n for n in ("allreduce_vs_size", "model_accuracy") if n in figs]
     if shown:
         sentences.append(
@@ -493,9 +577,12 @@ def model_accuracy(data: Processed, q: Quotes, figs: set[str]) -> Section | None
 
 _FITS_CAPTION = (
     "Calibrated ring model per regime and world size: $\\alpha$ with its 95\\% confidence "
-    "interval and $1/\\beta$; in sample, the MAPE over the points the fit was fitted to; out of "
-    "sample, the MAPE and median signed error over the gradient buckets of training (against "
-    "their service time)."
+    "interval{below_zero} and $1/\\beta$; in sample, the MAPE over the points the fit was "
+    "fitted to; out of sample, the MAPE and median signed error over the gradient buckets of "
+    "training (against their service time)."
+)
+_BELOW_ZERO = (
+    " ($<$ 0: the interval reaches below zero, so the fit does not tell the latency from 0)"
 )
 _SIZE_CAPTION = (
     "All-reduce time (top) and bus bandwidth (bottom) against message size, measured (median "

@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 
 from commprof.analysis.dataset import Processed
-from commprof.reporting import prose, report_tables
+from commprof.reporting import instrument, prose, report_tables
 from commprof.reporting.figures import hook_vs_trace
-from commprof.reporting.main_sections import config_label, environment_sentence, fig_ref, tab_ref
-from commprof.reporting.prose import Quotes, Section, paragraph, plural, words
+from commprof.reporting.main_sections import environment_sentence, fig_ref, sources, tab_ref
+from commprof.reporting.prose import Quotes, Section, named, paragraph, plural, words
 
 
 def what_ran(data: Processed, q: Quotes) -> Section:
@@ -37,9 +37,7 @@ def what_ran(data: Processed, q: Quotes) -> Section:
             parts.append(f"{q.count(f'num_cells_{name}', n)} {words_}")
     sentences = [
         f"The dataset holds {q.count('num_cells', len(status))} {plural(len(status), 'cell')} "
-        f"from {q.count('num_sweeps', status['sweep'].nunique())} "
-        f"{plural(status['sweep'].nunique(), 'sweep')}, "
-        f"run in {q.count('num_attempts', num_attempts)} "
+        f"{sources(data)}, run in {q.count('num_attempts', num_attempts)} "
         f"{plural(num_attempts, 'attempt')}: {words(parts)}."
     ]
     if retried:
@@ -55,7 +53,7 @@ def what_ran(data: Processed, q: Quotes) -> Section:
         "text follows in Section~\\ref{sec:arith})."
         if _has_failures(data)
         else "Every cell: final status and number of attempts."
-    )
+    ) + report_tables.profiled_note(status)
     return Section(
         title="What ran",
         body=paragraph(sentences),
@@ -101,7 +99,7 @@ def repeatability(data: Processed, q: Quotes) -> Section | None:
         "medians and the ratio of the largest to the smallest.",
         f"The largest step-time coefficient of variation is "
         f"{q.pct('max_step_cv_pct', worst.cv)}\\% (max/min "
-        f"{q.num('max_step_cv_ratio', worst.max_min_ratio, 2)}, {config_label(worst)}).",
+        f"{q.num('max_step_cv_ratio', worst.max_min_ratio, 2)}, {named(q, worst, 'repeat')}).",
     ]
     lat = rep[rep["metric"] == "bucket_latency_ns"]
     if len(lat):
@@ -112,7 +110,7 @@ def repeatability(data: Processed, q: Quotes) -> Section | None:
     caption = (
         "Disagreement between repeats: coefficient of variation (sample standard deviation over "
         "mean) and max/min ratio of the per-repeat medians."
-    )
+    ) + report_tables.profiled_note(rep)
     return Section(
         title="Repeatability",
         body=paragraph(sentences),
@@ -126,15 +124,27 @@ def instrumentation(data: Processed, q: Quotes, figs: set[str]) -> Section | Non
     if hook.empty:
         return None
     share = 100.0 * hook["hook_per_step_ns"] / hook["step_ns_median"]
+    measured = not instrument.cost_frame(data).empty
     parts = [
         "\\paragraph{Timing hook.} Per bucket, the time from hook entry to the launched "
-        "all-reduce is the hook's own clock reads plus the inner hook's enqueue, an upper bound "
-        "on what the timing adds to backward. "
+        "all-reduce is the hook's own clock reads plus the inner hook's work (dividing the "
+        "gradients, enqueueing the all-reduce), which plain DDP does as well: an upper bound on "
+        "what the timing adds to backward, not its cost. "
         f"Its median is {q.num('hook_median_us', float(hook['hook_median_ns'].median()) / 1e3)}"
         f"~$\\mu$s per bucket; summed per step it is a median "
         f"{q.num('hook_share_median_pct', float(share.median()))}\\% of the median step (at most "
         f"{q.num('hook_share_max_pct', float(share.max()))}\\%, {tab_ref('overhead')})."
+        + (
+            " What it costs beyond plain DDP is measured below."
+            if measured
+            else " " + instrument.not_measured(data)
+        )
     ]
+    if measured:
+        parts.append(
+            "\\paragraph{Hook against plain DDP.} "
+            + paragraph(instrument.summary_sentences(data, q))
+        )
     prof = data.profiler_overhead
     if len(prof):
         parts.append(
@@ -153,10 +163,12 @@ def instrumentation(data: Processed, q: Quotes, figs: set[str]) -> Section | Non
     floats = [
         prose.table(
             "overhead",
-            "Hook critical path (hook entry to launched all-reduce) per ok cell: per bucket, per "
-            "step, and as a share of the cell's median step.",
+            "Hook critical path (hook entry to launched all-reduce, the inner hook's enqueue "
+            "included) per ok cell: per bucket, per step, and as a share of the cell's median "
+            "step." + report_tables.profiled_note(data.summary),
             report_tables.table_overhead(data),
-        )
+        ),
+        *instrument.table_float(data),
     ]
     if "hook_vs_trace" in figs:
         floats.append(

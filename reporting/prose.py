@@ -18,6 +18,9 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from commprof.caps import cap_label, cap_mb
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}",
@@ -89,11 +92,27 @@ class Quote:
     """The value it was formatted from, in the unit printed."""
 
 
+CLAIM_KINDS = {
+    "config": "a configuration named in the prose is a row of table ``table`` (model, world "
+    "size, cap, profiled or not)",
+    "configs_count": "the prose counts ``count`` rows of table ``table`` (``profiled``: only "
+    "rows with that mark; absent: all)",
+    "fastest_cap": "among the unprofiled rows of ``table`` for (model, world size), ``cap`` has "
+    "the shortest median step",
+    "no_multi_cap": "no (model, world size) has two unprofiled rows of ``table`` or more",
+    "ran": "the models, world sizes and caps the prose lists are those of the rows of ``table``",
+    "most_overlap": "the configuration has the largest overlap efficiency of ``table``",
+}
+"""What each kind of claim asserts about a table of the same report (``Quotes.claim``)."""
+
+
 class Quotes:
-    """The registry of quoted numbers of one report (name -> :class:`Quote`)."""
+    """The registry of quoted numbers of one report (name -> :class:`Quote`), and of its claims
+    about which configurations ran (:meth:`claim`)."""
 
     def __init__(self) -> None:
         self._quotes: dict[str, Quote] = {}
+        self._claims: list[dict[str, object]] = []
 
     def num(self, name: str, value: float, digits: int = 1) -> str:
         """Format ``value`` with ``digits`` decimals and commas, and record it as ``name``.
@@ -134,6 +153,37 @@ class Quotes:
         """A fraction printed as a percentage (without the sign: the prose adds ``\\%``)."""
         return self.num(name, 100.0 * fraction, digits)
 
+    def claim(self, kind: str, **fields: object) -> None:
+        """Record a claim of the prose about the rows of a table of the same report.
+
+        A sentence that names a configuration, counts configurations or says which cap was
+        fastest records it here, computed from the same frame the table prints; the report
+        tests check every claim against the printed tables (``claims_<report>.json``).
+
+        Args:
+            kind: one of :data:`CLAIM_KINDS`.
+            fields: JSON-able values: ``table`` (the label suffix, ``results``) and the kind's
+                own (``model``, ``world_size``, ``cap`` in MiB or None for DDP's default,
+                ``profiled``, ``count``, ``models``, ``world_sizes``, ``caps``).
+        """
+        if kind not in CLAIM_KINDS:
+            raise ValueError(f"claim kind {kind!r} is not one of {sorted(CLAIM_KINDS)}")
+        if "table" not in fields:
+            raise ValueError(f"claim {kind!r} names no table")
+        record = {"kind": kind, **fields}
+        json.dumps(record)  # plain values only
+        if record not in self._claims:
+            self._claims.append(record)
+
+    @property
+    def claims(self) -> list[dict[str, object]]:
+        """The claims recorded, in order."""
+        return list(self._claims)
+
+    def write_claims(self, path: Path) -> None:
+        """Write the claims as JSON (a list)."""
+        path.write_text(json.dumps(self._claims, indent=1) + "\n", encoding="ascii")
+
     def as_dict(self) -> dict[str, dict[str, float | str]]:
         """Name -> {"text", "value"}."""
         return {k: {"text": q.text, "value": q.value} for k, q in self._quotes.items()}
@@ -161,6 +211,29 @@ class Section:
         label = rf"\label{{sec:{self.label}}}" if self.label else ""
         parts = [rf"\section{{{self.title}}}{label}", self.body.strip(), *self.floats]
         return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def config_label(r: Any) -> str:
+    """``model, p=N, cap X MiB`` (``, profiled`` where it was), escaped for LaTeX; the cap never
+    breaks across lines."""
+    cap = escape(cap_label(r.bucket_cap_mb)).replace(" ", "~")
+    text = f"{escape(r.model)}, p={int(r.world_size)}, cap {cap}"
+    return text + (", profiled" if bool(getattr(r, "profile", False)) else "")
+
+
+def named(q: Quotes, r: Any, table: str) -> str:
+    """:func:`config_label` of a row, recorded as a claim that ``table`` of the same report
+    prints that configuration (``Quotes.claim``, kind ``config``)."""
+    cap = cap_mb(r.bucket_cap_mb)
+    q.claim(
+        "config",
+        table=table,
+        model=str(r.model),
+        world_size=int(r.world_size),
+        cap=cap,
+        profiled=bool(getattr(r, "profile", False)),
+    )
+    return config_label(r)
 
 
 def paragraph(sentences: Sequence[str]) -> str:

@@ -98,7 +98,21 @@ def _ms(ns: float) -> str:
     return fmt(ns / 1e6, 2)
 
 
-def _model_cell(model: str, profile: object) -> str:
+PROFILED_NOTE = " $^\\dagger$ run under the profiler."
+"""What a table's caption adds where a dagger marks a profiled row (:func:`profiled_note`)."""
+
+
+def profiled_note(frame: object) -> str:
+    """:data:`PROFILED_NOTE` where ``frame`` (a DataFrame with ``profile``) has a profiled row."""
+    import pandas as pd
+
+    assert isinstance(frame, pd.DataFrame)
+    if "profile" not in frame or frame.empty:
+        return ""
+    return PROFILED_NOTE if frame["profile"].fillna(False).astype(bool).any() else ""
+
+
+def model_cell(model: str, profile: object) -> str:
     """The model column: a dagger marks a profiled configuration (the caption says so)."""
     return escape(model) + ("$^\\dagger$" if bool(profile) else "")
 
@@ -111,7 +125,7 @@ def table_results(data: Processed) -> str:
     merged = data.merged.join(per_cell, on="config_key") if len(data.merged) else data.merged
     rows = [
         [
-            _model_cell(r.model, r.profile),
+            model_cell(r.model, r.profile),
             str(int(r.world_size)),
             cap_number(r.bucket_cap_mb),
             str(int(r.num_repeats)),
@@ -152,8 +166,7 @@ def table_fits(data: Processed) -> str:
         [
             escape(r.regime),
             str(int(r.world_size)),
-            f"{fmt(r.alpha_ns / 1e3, 1)} "
-            f"[{fmt(r.alpha_lo_ns / 1e3, 1)}, {fmt(r.alpha_hi_ns / 1e3, 1)}]",
+            alpha_cell(r.alpha_ns, r.alpha_lo_ns, r.alpha_hi_ns),
             fmt(r.bandwidth_bytes_per_s / 1e6, 0),
             str(int(r.num_points)),
             fmt(r.fit_mape_pct, 1),
@@ -182,6 +195,14 @@ def table_fits(data: Processed) -> str:
     return booktabs(columns, rows, size="footnotesize", colsep_pt=4, head=head)
 
 
+def alpha_cell(alpha_ns: float, lo_ns: float, hi_ns: float) -> str:
+    """A latency in us with its interval: ``41.2 [12.0, 70.3]``; an interval whose lower end is
+    below zero (a latency cannot be) reads ``[< 0, 302.8]``: the fit does not tell the latency
+    from zero (the caption says so)."""
+    low = "$<$ 0" if lo_ns < 0 else fmt(lo_ns / 1e3, 1)
+    return f"{fmt(alpha_ns / 1e3, 1)} [{low}, {fmt(hi_ns / 1e3, 1)}]"
+
+
 def table_status(data: Processed) -> str:
     """Every cell: configuration, final status, attempts and the one-line reason (the reason
     column only where some cell has one)."""
@@ -189,7 +210,7 @@ def table_status(data: Processed) -> str:
     rows = [
         [
             rf"\texttt{{{r.cell_id[:8]}}}",
-            escape(r.model),
+            model_cell(r.model, r.profile),
             str(int(r.world_size)),
             cap_number(r.bucket_cap_mb),
             str(int(r.repeat)),
@@ -216,7 +237,7 @@ def table_repeatability(data: Processed) -> str:
     """Coefficient of variation and max/min ratio of the repeats' medians."""
     rows = [
         [
-            escape(r.model),
+            model_cell(r.model, r.profile),
             str(int(r.world_size)),
             cap_number(r.bucket_cap_mb),
             escape(r.metric.removesuffix("_ns").replace("_", " ")),
@@ -240,14 +261,13 @@ def table_repeatability(data: Processed) -> str:
 
 def table_overhead(data: Processed) -> str:
     """Hook critical-path time per cell, absolute and as a share of the median step."""
+    config = ["model", "world_size", "bucket_cap_mb", "profile", "repeat"]
     hook = data.hook_overhead.merge(
-        data.summary[
-            ["cell_id", "model", "world_size", "bucket_cap_mb", "repeat", "step_ns_median"]
-        ]
-    ).sort_values(["model", "world_size", "bucket_cap_mb", "repeat"])
+        data.summary[["cell_id", *config, "step_ns_median"]]
+    ).sort_values(config)
     rows = [
         [
-            escape(r.model),
+            model_cell(r.model, r.profile),
             str(int(r.world_size)),
             cap_number(r.bucket_cap_mb),
             str(int(r.repeat)),

@@ -11,8 +11,10 @@ Conventions (every figure follows them; ``figures.py`` uses nothing else):
   prints :data:`MEASURED_MODELLED_NOTE` as the title of its legend.
 - Legends sit outside the axes (right of or below them), never over data.
 - Every axis label names its unit, ``Quantity (unit)``; dimensionless axes say so.
-- Figures are PDF (vector) for LaTeX, each also written as PNG for a quick look; sizes are in
-  inches for a 6.3 in text width.
+- Figures are PDF (vector) for LaTeX and SVG (vector) for the HTML reports, each also written
+  as PNG for a quick look; sizes are in inches for a 6.3 in text width.
+- Colours of series drawn together differ in lightness as well as hue (:func:`lightness`), and
+  carry a second cue (marker, hatch or line style), so a figure reads in grey.
 - A log axis gets explicit labelled ticks (:func:`log_axis`): 1-2-5 steps per decade, fewer
   where the range is wide, every 1-9 where it is narrow, and no minor tick labels, so a value
   can be read and labels never overlap.
@@ -41,6 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from commprof.caps import cap_label
+from commprof.units import format_bytes
 
 OKABE_ITO = {
     "black": "#000000",
@@ -59,13 +62,20 @@ MODELLED_COLOR = OKABE_ITO["vermillion"]
 
 SERIES_COLORS = (
     OKABE_ITO["blue"],
-    OKABE_ITO["bluish_green"],
     OKABE_ITO["orange"],
+    OKABE_ITO["black"],
+    OKABE_ITO["bluish_green"],
     OKABE_ITO["reddish_purple"],
     OKABE_ITO["sky_blue"],
-    OKABE_ITO["black"],
 )
-"""Colours for measured series, in order of use (no vermillion; yellow is too light on white)."""
+"""Colours for measured series, in order of use (no vermillion; yellow is too light on white).
+The first three differ in lightness too (CIE L* 46, 71 and 0: :func:`lightness`), so a panel of
+up to three series reads in grey (printed, or by a reader who sees no hue); past three the
+markers (:data:`SERIES_MARKERS`) tell series apart."""
+GREY_SAFE_SERIES = 3
+"""Series whose colours differ by at least :data:`MIN_LIGHTNESS_STEP` in CIE L*."""
+MIN_LIGHTNESS_STEP = 20.0
+"""Least difference in CIE L* between two colours that must read apart in grey."""
 
 SERIES_MARKERS = ("o", "^", "D", "v", "P", "X")
 """Filled markers for measured series, same order as ``SERIES_COLORS``."""
@@ -73,10 +83,11 @@ SERIES_MARKERS = ("o", "^", "D", "v", "P", "X")
 CATEGORY_STYLE = {
     "compute": {"color": OKABE_ITO["blue"], "hatch": ""},
     "exposed communication": {"color": OKABE_ITO["vermillion"], "hatch": "///"},
-    "optimizer": {"color": OKABE_ITO["bluish_green"], "hatch": ".."},
-    "idle / other": {"color": "#BBBBBB", "hatch": "xx"},
+    "optimizer": {"color": OKABE_ITO["orange"], "hatch": ".."},
+    "idle / other": {"color": "#DDDDDD", "hatch": "xx"},
 }
-"""Stacked-bar categories of the step-time breakdown: colour and hatch (redundant cues)."""
+"""Stacked-bar categories of the step-time breakdown: colour and hatch (redundant cues; the
+hatches tell the categories apart in grey)."""
 
 MEASURED_MODELLED_NOTE = "measured: solid line, filled marker; modelled: dashed line, open square"
 """Printed on every figure that shows measured and modelled data together."""
@@ -101,6 +112,7 @@ RC_PARAMS: dict[str, Any] = {
     "lines.markersize": 4.5,
     "hatch.linewidth": 0.5,
     "pdf.fonttype": 42,
+    "svg.fonttype": "none",  # text stays text in the HTML reports (searchable, small)
     "savefig.dpi": 200,
 }
 """Shared matplotlib settings (small fonts for a two-column-free A4 page)."""
@@ -249,11 +261,24 @@ def _binary_ticks(lo: float, hi: float) -> list[float]:
 
 
 def bytes_label(value: float) -> str:
-    """A byte count as a tick label: ``512 B``, ``4 KiB``, ``16 MiB``."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:g} {unit}"
-    return f"{value:g} B"
+    """A byte count as a tick label: ``512 B``, ``4 KiB``, ``16 MiB`` (``commprof.units``)."""
+    return format_bytes(value)
+
+
+def lightness(color: str) -> float:
+    """CIE L* (0 black to 100 white) of a colour: how it reads in grey.
+
+    L* = 116 Y^(1/3) - 16 (903.3 Y below Y = 0.008856), Y the relative luminance of the
+    linearised sRGB channels, 0.2126 R + 0.7152 G + 0.0722 B (CIE 15:2004; IEC 61966-2-1).
+    """
+    from matplotlib.colors import to_rgb
+
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in to_rgb(color))
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return 116.0 * y ** (1.0 / 3.0) - 16.0 if y > 0.008856 else 903.3 * y
 
 
 def log_axis(ax: Axes, which: str, *, binary_bytes: bool = False) -> None:
@@ -280,7 +305,8 @@ def log_axis(ax: Axes, which: str, *, binary_bytes: bool = False) -> None:
 
 
 def save(fig: Figure, path: Path) -> Path:
-    """Write a figure as PDF at ``path`` and as PNG beside it, close it, check both are non-empty.
+    """Write a figure as PDF at ``path`` and as PNG and SVG beside it (the HTML reports inline
+    the SVG), close it, check every file is non-empty.
 
     Args:
         fig: the figure.
@@ -290,11 +316,12 @@ def save(fig: Figure, path: Path) -> Path:
         ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    png = path.with_suffix(".png")
+    png, svg = path.with_suffix(".png"), path.with_suffix(".svg")
     fig.savefig(path)
     fig.savefig(png, dpi=120)
+    fig.savefig(svg, metadata={"Date": None})  # the HTML reports inline it
     plt.close(fig)
-    for written in (path, png):
+    for written in (path, png, svg):
         if written.stat().st_size == 0:
             raise RuntimeError(f"matplotlib wrote an empty file: {written}")
     return path

@@ -35,6 +35,9 @@ MICROBENCH_WARMUP_ITERS = 5
 ``commprof.training.microbench.DEFAULT_WARMUP_ITERS``; a test keeps the two equal)."""
 MICROBENCH_ITER_S = 0.01
 """A rough all-reduce time per microbenchmark iteration, averaged over the sizes."""
+HOOK_COST_WARMUP_PAIRS = 2
+"""Unrecorded pairs before a cell's hook-cost pairs (``commprof.training.hook_cost.WARMUP_PAIRS``;
+a test keeps the two equal)."""
 TRAIN_FLOPS_PER_PARAM_SAMPLE = 6
 """Forward + backward FLOPs per parameter per sample (Kaplan et al. 2020, C = 6 N D)."""
 
@@ -163,4 +166,6 @@ def estimate_cell_s(cell: Cell, num_params: int) -> float:
     comm_s = 2 * (p - 1) / p * num_params * 4 / LOOPBACK_BYTES_PER_S if p > 1 else 0.0
     iters = (MICROBENCH_WARMUP_ITERS + cell.microbench_iters) * cell.microbench_passes
     micro_s = len(cell.microbench_sizes_bytes) * iters * MICROBENCH_ITER_S
-    return CELL_SETUP_S + cell.steps * (flops / rate + comm_s) + micro_s
+    pairs = cell.hook_cost_pairs + (HOOK_COST_WARMUP_PAIRS if cell.hook_cost_pairs else 0)
+    steps = cell.steps + 2 * pairs  # a hooked and a plain step per pair
+    return CELL_SETUP_S + steps * (flops / rate + comm_s) + micro_s

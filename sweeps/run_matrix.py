@@ -11,11 +11,13 @@ resumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,34 @@ def matrix_path(value: str) -> Path:
     return path
 
 
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+"""The logger of Ray's notice that a new local cluster has token authentication on."""
+
+
+@contextlib.contextmanager
+def quiet_token_auth_notice() -> Iterator[None]:
+    """Silence Ray's notice "Token authentication is enabled for this Ray cluster" while an
+    embedded Ray starts.
+
+    Ray 2.60 turns token authentication on for every new local cluster and says so on every
+    start, with how to opt out. For the embedded Ray of a sweep the project keeps that default on
+    purpose (the cluster listens on the machine's address; the token it writes to
+    ``~/.ray/auth_token`` keeps other machines out), so the notice tells the user nothing to do;
+    README.md, "On a cluster", explains the setting once for clusters users start themselves.
+    Other warnings of that logger (authentication turned off) still print.
+    """
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "Token authentication is enabled" not in record.getMessage()
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, str]:
     """Connect to a Ray cluster or start an embedded one.
 
@@ -115,12 +145,13 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
             "127.0.0.1 only)",
             num_cpus,
         )
-        init_local(  # never attaches to a cluster found by scanning processes
-            num_cpus=num_cpus,
-            namespace=ACTOR_NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        with quiet_token_auth_notice():
+            init_local(  # never attaches to a cluster found by scanning processes
+                num_cpus=num_cpus,
+                namespace=ACTOR_NAMESPACE,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
         return True, None, ray.get_runtime_context().gcs_address
     runtime_env: dict[str, Any] = {}
     if IN_SOURCE_CHECKOUT:  # ship this checkout; an installed package is on the nodes already
@@ -209,6 +240,53 @@ def run(args: argparse.Namespace) -> int:
         return 128 + signal.SIGINT
 
 
+def nothing_to_run(args: argparse.Namespace, matrix: Any, selected: list[Any], out: Path) -> bool:
+    """Whether every selected cell is settled in the dataset, so no Ray need start.
+
+    The same plan the driver makes (``commprof.attempts.plan_cells``) from the dataset as it is
+    now: complete cells and failures that stand are settled. A cell rejected earlier counts as
+    settled only where the guard, with this machine's budgets, still rejects it and no running
+    cluster would cost it with other budgets (an embedded Ray runs on this machine).
+    """
+    from commprof.attempts import FailurePolicy, plan_cells, resume_state
+    from commprof.ray_address import cluster_address
+    from commprof.sweeps.guard import GuardPlan
+
+    local = GuardPlan(matrix) if cluster_address(args.address) is None else None
+    plan = plan_cells(
+        selected,
+        resume_state(out),
+        (lambda cell: local.decide(cell).feasible) if local is not None else (lambda cell: True),
+        FailurePolicy(max_attempts=matrix.run.max_attempts),
+        retry_failed=args.retry_failed,
+    )
+    return not plan.todo and not plan.rejected
+
+
+def _nothing_to_run_exit(
+    matrix: Any, selected: list[Any], out: Path, args: argparse.Namespace
+) -> int:
+    """Say that nothing is left to run, with the dataset's summary; exit as a finished sweep."""
+    from commprof.analysis.summary import summary_table
+    from commprof.results import latest_status
+
+    latest = latest_status(out)
+    ids = list(dict.fromkeys(c.cell_id for c in selected))
+    failed = [i for i in ids if latest.get(i, ("",))[0] == "failed"]
+    if ids and out.is_dir():
+        from commprof.results import load
+
+        print(summary_table(load(out), ids))
+    what = "no cell selected" if not ids else f"all {len(ids)} selected cells are settled"
+    hint = " (rerun with --retry-failed)" if failed and not args.retry_failed else ""
+    print(
+        f"sweep {matrix.name!r}: nothing to run, {what} in {out}: "
+        f"{len(ids) - len(failed)} complete or rejected, {len(failed)} failed{hint}; Ray was "
+        "not started"
+    )
+    return 1 if failed else 0
+
+
 def _run_locked(
     args: argparse.Namespace,
     matrix: Any,
@@ -225,6 +303,8 @@ def _run_locked(
     from commprof.sweeps.cluster import EXIT_CLUSTER_LOST, ClusterLost, ClusterWatch
     from commprof.sweeps.driver import Driver, DriverOptions
 
+    if nothing_to_run(args, matrix, selected, out):
+        return _nothing_to_run_exit(matrix, selected, out, args)
     started_here, dashboard, gcs_address = connect(args.address, num_cpus=num_cpus)
     if dashboard:
         print(f"Ray dashboard: {dashboard}", file=sys.stderr)

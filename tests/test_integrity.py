@@ -72,9 +72,12 @@ def test_a_truncated_file_is_set_aside_and_the_rest_loads(tmp_path: Path) -> Non
 
 
 def test_datasets_from_before_checksums_still_load() -> None:
+    # the committed dataset mixes attempts from before checksums (not verified, not refused)
+    # with later ones (tests/data/results_smoke/make_dataset.py, hook_cost.yaml), verified
     data = Path(__file__).parent / "data" / "results_smoke"
-    tables = results.load(data)  # rows without checksums are not verified, not refused
-    assert tables["cells"]["commit_sha256"].isna().all() and len(tables["cells"]) > 0
+    cells = results.load(data)["cells"]  # rows without checksums are not verified, not refused
+    before = cells["commit_sha256"].isna()
+    assert before.sum() >= 20 and (~before).sum() >= 1
 
 
 @pytest.mark.parametrize("table", ["cells", "steps"])

@@ -21,6 +21,7 @@ from commprof.modeling.memory import (
 )
 from commprof.training.data import loss_fn, make_batch
 from commprof.training.models import GPT, GPTConfig, build_model
+from commprof.units import format_bytes
 
 # 1,000,000 fp32 parameters in 10 tensors, 1,000 activation elements per sample.
 FP = ModelFootprint(
@@ -113,7 +114,7 @@ def test_over_budget_is_rejected_with_pool_named() -> None:
     text = d.explain()
     assert text.splitlines()[0] == "rejected: over budget in host"
     need = 4 * 512 * MIB + 1 * GIB + 4 * (16_032_000 + MICROBENCH)
-    assert f"= {need:,} B > budget {3 * GIB:,} B: OVER BUDGET" in text
+    assert f"= {format_bytes(need)} > budget 3 GiB: OVER BUDGET" in text  # the one byte formatter
 
 
 def test_exact_fit_is_feasible_and_one_byte_less_is_not() -> None:
@@ -135,10 +136,8 @@ def test_cuda_cell_on_machine_without_gpu_is_rejected() -> None:
 def test_explain_lists_arithmetic_and_record_is_json() -> None:
     d = evaluate(_shape(), BIG, FP)
     line = _pool(d, "shm").explain()
-    assert line == (
-        f"shm: ray records [4 ranks x {RECORDS_PER_RANK:,} B] {4 * RECORDS_PER_RANK:,} B"
-        f" = {4 * RECORDS_PER_RANK:,} B <= budget {8 * GIB:,} B: ok"
-    )
+    per_rank, shm = format_bytes(RECORDS_PER_RANK), format_bytes(4 * RECORDS_PER_RANK)
+    assert line == (f"shm: ray records [4 ranks x {per_rank}] {shm} = {shm} <= budget 8 GiB: ok")
     record = json.loads(json.dumps(d.to_record()))
     assert record["feasible"] is True and record["rejected_pools"] == []
     assert record["cell"]["model"] == "srn-1m"

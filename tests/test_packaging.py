@@ -92,7 +92,8 @@ def test_check_reads_a_bundled_matrix_from_any_folder() -> None:
     )
     report = json.loads(out.stdout)
     assert report["matrix"]["name"] == "smoke"
-    assert report["matrix"]["num_cells"] == 4 == len(report["matrix"]["cells"])
+    # two models x two caps, with and without the profiler
+    assert report["matrix"]["num_cells"] == 8 == len(report["matrix"]["cells"])
     assert report["matrix"]["estimate_s"] > 0
     assert {c["reason"] for c in report["matrix"]["cells"]} == {"feasible"}
 
@@ -104,6 +105,6 @@ def test_check_prints_counts_and_lists_cells_on_request() -> None:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
 
     summary = check()
-    assert "       4 feasible" in summary and not any("srn-1m ws=2" in s for s in summary)
+    assert "       8 feasible" in summary and not any("srn-1m ws=2" in s for s in summary)
     listed = check("--cells")
-    assert sum("srn-1m ws=2" in line for line in listed) == 2
+    assert sum("srn-1m ws=2" in line for line in listed) == 4

@@ -10,6 +10,7 @@ references. The builds are shared by every test (module-scoped fixture).
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -29,7 +30,9 @@ from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
 from commprof.reporting import build, predicted, prose, report_tables
 from commprof.results import load
+from commprof.units import format_bytes
 from tests.prereqs import needs
+from tests.report_claims import contradictions
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
 pytestmark = [needs(tool="latexmk"), needs(tool="pdftotext"), pytest.mark.slow]  # CI installs them
@@ -173,6 +176,45 @@ def test_headline_numbers_equal_the_dataset(built: dict, shape: str) -> None:
     assert main["cell_abs_err_median_pct"]["text"] == f"{err.abs().median():,.1f}"
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_claim_holds_against_the_printed_tables(built: dict, shape: str) -> None:
+    # which models, caps and world sizes ran, which cap was fastest, how many configurations:
+    # each sentence's claim is checked against the table of the same report as it reads
+    for stem in build.REPORTS:
+        wrong, _ = contradictions(built[shape]["dir"], stem)
+        assert not wrong, (shape, stem, wrong)
+    claims = json.loads((built[shape]["dir"] / "claims_main.json").read_text())
+    if not built[shape]["data"].merged.empty:
+        assert {c["kind"] for c in claims} >= {"config", "ran"}, shape
+
+
+def _html_text(path: Path) -> str:
+    page = path.read_text(encoding="utf-8")
+    page = re.sub(r"<(script|style)>.*?</\1>", " ", page, flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page)).replace("\u00a0", " ")
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_html_report_has_the_pdfs_sections_and_numbers(built: dict, shape: str) -> None:
+    folder = built[shape]["dir"]
+    for stem in build.REPORTS:
+        text = _html_text(folder / f"{stem}.html")
+        pdf = built[shape]["text"][stem]
+        body = (folder / "generated" / f"{stem}_body.tex").read_text()
+        titles = re.findall(r"\\section\{([^}]*)\}", body)
+        for n, title in enumerate(titles, start=1):
+            plain = title.replace("\\", "")
+            assert f"{n} {plain}" in text and plain in pdf, (shape, stem, title)
+        for name, quote in built[shape]["quoted"][stem].items():
+            assert quote["text"] in text, (shape, stem, name)
+        # as many tables and figures in the page as floats in the PDF
+        floats = len(re.findall(r"\\caption\{", body))
+        page = (folder / f"{stem}.html").read_text(encoding="utf-8")
+        shown = len(re.findall(r"<caption>|<figcaption>", page))
+        assert shown == floats, (shape, stem, shown, floats)
+
+
 def test_one_world_size_has_no_scaling_and_one_fit_sentence(built: dict) -> None:
     text = built["one_world_size"]["text"]["main"]
     assert not (built["one_world_size"]["dir"] / "figures" / "scaling.pdf").exists()
@@ -191,7 +233,8 @@ def test_no_rejection_no_repeat_no_trace_sections(built: dict, shape: str) -> No
     assert "fig:memory_guard" not in body
     assert "Repeatability" not in post and "pooled; how far" not in main
     assert "Hook against trace" not in post
-    assert "The dataset does not record the host's load average." in post
+    recorded = built[shape]["tables"]["cells"]["load_avg_1m"].notna().any()
+    assert ("The dataset does not record the host's load average." in post) is not recorded
 
 
 def test_rejections_are_shown_with_their_arithmetic(built: dict) -> None:
@@ -200,7 +243,10 @@ def test_rejections_are_shown_with_their_arithmetic(built: dict) -> None:
         cells = built[shape]["tables"]["cells"]
         rejected = cells[cells["status"] == "rejected"].iloc[0]
         over = next(p for p in json.loads(rejected["guard_json"])["pools"] if not p["ok"])
-        assert f"{over['need_bytes']:,} B" in post
+        assert f"{over['need_bytes']:,} B" in post  # the arithmetic as it was recorded
+        # the status table's reason in binary units, as every byte count a person reads
+        need, budget = format_bytes(over["need_bytes"]), format_bytes(over["budget_bytes"])
+        assert f"{over['pool']} needs {need} > budget {budget}" in post
 
 
 def test_an_error_text_with_any_character_prints_as_ascii(built: dict) -> None:
@@ -377,7 +423,8 @@ def test_step_model_with_ddp_default_cap() -> None:
     assert len(advice) == 4 and advice["calibration_cap_mb"].isna().all()
     assert not advice.loc[advice["best_cap_mb"].isna(), "moved"].any()
     oos = predicted.out_of_sample(data)
-    assert len(oos) == 8 and oos["bucket_cap_mb"].notna().all()  # 0.25 and 1 MiB per pair
+    # 0.25 and 1 MiB per (model, p), and 4 MiB (the hook-cost cells) per model at p = 2
+    assert len(oos) == 2 * 4 + 2 and oos["bucket_cap_mb"].notna().all()
     body, _ = build.main_body(data, set(), "default_cap")
     assert "DDP default" in body and not re.search(r"\bnan\b", body, re.IGNORECASE)
 

@@ -194,3 +194,30 @@ def test_method_counts_the_origins_of_a_mixed_dataset() -> None:
     completed = cells[cells["status"] == "ok"]["cell_id"].nunique()
     assert said["cells_run"]["value"] == 2 and said["cells_attach"]["value"] == 1
     assert said["cells_ray"]["value"] == completed - 3
+
+
+def test_series_colours_differ_in_grey_too() -> None:
+    # the colours of up to three series drawn together read apart without hue (CIE L*)
+    first = viz.SERIES_COLORS[: viz.GREY_SAFE_SERIES]
+    for i, a in enumerate(first):
+        for b in first[i + 1 :]:
+            assert abs(viz.lightness(a) - viz.lightness(b)) >= viz.MIN_LIGHTNESS_STEP, (a, b)
+    assert viz.lightness("#000000") == pytest.approx(0) and viz.lightness("#FFFFFF") == 100
+    # the postmortem's hook-against-trace figure draws the first two, dashed apart as well
+    assert viz.SERIES_COLORS[:2] == (viz.OKABE_ITO["blue"], viz.OKABE_ITO["orange"])
+
+
+def test_an_interval_below_zero_is_said_not_printed_negative() -> None:
+    assert report_tables.alpha_cell(41_200, 12_000, 70_300) == "41.2 [12.0, 70.3]"
+    cell = report_tables.alpha_cell(145_300, -12_200, 302_800)
+    assert cell == "145.3 [$<$ 0, 302.8]" and "-" not in cell
+
+
+def test_modules_read_by_name_and_class() -> None:
+    from commprof.analysis.attribution import module_label
+
+    assert module_label("2", "Linear") == "2: Linear"  # an nn.Sequential index, with its class
+    assert module_label("blocks.3.fc1", "Linear") == "blocks.3.fc1: Linear"
+    assert module_label("", "Sequential") == "(root): Sequential"
+    assert module_label("2", "") == "module 2"  # a dataset from before the class was recorded
+    assert module_label("head", "") == "head"

@@ -35,7 +35,7 @@ def test_every_cell_completes(smoke: tuple[Path, object]) -> None:
 def test_tables_load_with_pandas_and_ray_data(smoke: tuple[Path, object]) -> None:
     out, _ = smoke
     tables = results.load(out)
-    for name in ("steps", "buckets", "bucket_params", "microbench"):
+    for name in ("steps", "buckets", "bucket_params", "microbench", "hook_cost"):
         frame = tables[name]
         assert not frame.empty, name
         dataset = results.load_dataset(out, name)
@@ -76,13 +76,17 @@ def test_profiled_cells_have_trace_metrics_and_traces(smoke: tuple[Path, object]
     tables = results.load(out)
     metrics = tables["trace_metrics"]
     m = matrix.load(REPO / "sweeps" / "smoke.yaml")
+    assert sum(c.profile for c in m.cells) == 4  # half of the demo runs under the profiler
     for cell in m.cells:
         rows = metrics[metrics["cell_id"] == cell.cell_id]
+        traces = sorted((out / "traces" / f"{cell.cell_id}-a1").glob("*.json.gz"))
+        if not cell.profile:
+            assert rows.empty and not traces
+            continue
         first = max(1, cell.warmup_steps)
         # exactly the measured steps were traced, on every rank
         assert sorted(set(rows["step"])) == list(range(first, cell.steps))
         assert set(rows["rank"]) == set(range(cell.world_size))
-        traces = sorted((out / "traces" / f"{cell.cell_id}-a1").glob("*.json.gz"))
         assert len(traces) == cell.world_size
     # docs/design.md, Definitions: compute + exposed + idle + other = window, exactly
     total = metrics["compute_ns"] + metrics["exposed_ns"] + metrics["idle_ns"] + metrics["other_ns"]
@@ -93,6 +97,15 @@ def test_profiled_cells_have_trace_metrics_and_traces(smoke: tuple[Path, object]
     per_step = buckets.groupby(["cell_id", "rank", "step"]).size().rename("num_buckets")
     joined = metrics.join(per_step, on=["cell_id", "rank", "step"])
     assert (joined["num_collectives"] == joined["num_buckets"]).all()
+
+
+def test_every_cell_measures_the_hooks_cost(smoke: tuple[Path, object]) -> None:
+    out, _ = smoke
+    rows = results.load(out)["hook_cost"]
+    for cell in matrix.load(REPO / "sweeps" / "smoke.yaml").cells:
+        mine = rows[rows["cell_id"] == cell.cell_id]
+        assert len(mine) == cell.world_size * cell.hook_cost_pairs * 2  # a hooked, a plain step
+        assert (mine.groupby(["rank", "pair"])["arm"].nunique() == 2).all()
 
 
 def test_rerun_skips_complete_cells(smoke: tuple[Path, object]) -> None:

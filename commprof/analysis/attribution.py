@@ -38,23 +38,44 @@ def layer_attribution(bucket_stats: pd.DataFrame, bucket_params: pd.DataFrame) -
         bucket_params: the dataset's ``bucket_params`` table.
 
     Returns:
-        Columns ``cell_id, attempt, module, num_bytes, transfer_ns`` (attributed service time,
-        float ns), sorted by cell and descending time.
+        Columns ``cell_id, attempt, module, module_type`` (the class name; empty in datasets
+        from before the column), ``label`` (:func:`module_label`), ``num_bytes`` and
+        ``transfer_ns`` (attributed service time, float ns), sorted by cell and descending time.
     """
     keys = ["cell_id", "attempt", "bucket_index"]
+    columns = ["cell_id", "attempt", "module", "module_type", "label", "num_bytes", "transfer_ns"]
     params = bucket_params.merge(bucket_stats[[*keys, "transfer_ns"]], on=keys, how="inner")
     if params.empty:
-        return pd.DataFrame(columns=["cell_id", "attempt", "module", "num_bytes", "transfer_ns"])
+        return pd.DataFrame(columns=columns)
+    if "module_type" not in params:
+        params = params.assign(module_type="")
+    params = params.assign(module_type=params["module_type"].fillna("").astype(str))
     bucket_bytes = params.groupby(keys)["num_bytes"].transform("sum").astype(np.float64)
     params = params.assign(transfer_ns=params["transfer_ns"] * params["num_bytes"] / bucket_bytes)
     out = (
-        params.groupby(["cell_id", "attempt", "module"])[["num_bytes", "transfer_ns"]]
+        params.groupby(["cell_id", "attempt", "module", "module_type"])[
+            ["num_bytes", "transfer_ns"]
+        ]
         .sum()
         .reset_index()
     )
-    return out.sort_values(["cell_id", "transfer_ns"], ascending=[True, False]).reset_index(
-        drop=True
-    )
+    out["label"] = [
+        module_label(m, t) for m, t in zip(out["module"], out["module_type"], strict=True)
+    ]
+    out = out.sort_values(["cell_id", "transfer_ns"], ascending=[True, False])
+    return out[columns].reset_index(drop=True)
+
+
+def module_label(module: str, module_type: str) -> str:
+    """A module as a person reads it: its qualified name and its class, as PyTorch prints a
+    model (``blocks.3.fc1: Linear``, ``2: Linear`` for an ``nn.Sequential`` index, ``(root):
+    Sequential``); without a recorded class (older datasets) the name, a bare index as
+    ``module 2``.
+    """
+    name = module or "(root)"
+    if module_type:
+        return f"{name}: {module_type}"
+    return f"module {name}" if name.isdigit() else name
 
 
 def hook_overhead(measured_buckets: pd.DataFrame) -> pd.DataFrame:

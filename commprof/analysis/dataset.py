@@ -16,9 +16,10 @@ import pandas as pd
 
 from commprof.analysis import attribution, modelled, per_cell
 from commprof.analysis.breakdown import STEP_KEYS, step_breakdown, trace_breakdown
+from commprof.analysis.hook_cost import hook_cost_summary
 from commprof.analysis.repeatability import repeatability
 from commprof.modeling.ring_fit import Fit
-from commprof.results import load
+from commprof.results import SCHEMAS, load
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,9 @@ class Processed:
     """The memory guard's need and budget per (cell, pool)."""
     hook_overhead: pd.DataFrame
     """Hook critical-path time per cell."""
+    hook_cost: pd.DataFrame
+    """The timing hook's cost against plain DDP per configuration, where cells measured it
+    (``hook_cost.hook_cost_summary``; empty where none did)."""
     profiler_overhead: pd.DataFrame
     """Step-time ratio profiled / plain, where both exist."""
     trace: pd.DataFrame
@@ -103,6 +107,10 @@ def process(tables: dict[str, pd.DataFrame]) -> Processed:
         attribution=attribution.layer_attribution(buckets, tables["bucket_params"]),
         guard=per_cell.guard_pools(tables["cells"]),
         hook_overhead=attribution.hook_overhead(measured),
+        hook_cost=hook_cost_summary(
+            tables.get("hook_cost", SCHEMAS["hook_cost"].empty_table().to_pandas()),
+            summary[["cell_id", "attempt", "config_key"]],
+        ),
         profiler_overhead=attribution.profiler_overhead(summary),
         trace=trace,
         notes=notes,
@@ -146,6 +154,7 @@ def write_csv_tables(data: Processed, out_dir: str | Path) -> list[Path]:
         "attribution": data.attribution,
         "guard": data.guard,
         "hook_overhead": data.hook_overhead,
+        "hook_cost": data.hook_cost,
         "profiler_overhead": data.profiler_overhead,
         "trace": data.trace,
     }

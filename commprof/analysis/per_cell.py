@@ -23,6 +23,7 @@ import pandas as pd
 from commprof import matrix
 from commprof.analysis.breakdown import BREAKDOWN_COLUMNS, STEP_KEYS
 from commprof.matrix import CELL_COLUMNS
+from commprof.units import format_bytes
 
 CONFIG_COLUMNS = [
     *(name for name, _ in CELL_COLUMNS if name != "repeat"),
@@ -59,12 +60,13 @@ def _first_line(text: object, limit: int = REASON_CHARS) -> str:
 
 
 def _guard_reason(guard_json: object) -> str:
-    """``pool needs N B > budget M B`` for each pool over budget, from the guard record."""
+    """``pool needs 1.2 GiB > budget 1 GiB`` for each pool over budget, from the guard record."""
     if not isinstance(guard_json, str):
         return ""
     pools = [p for p in json.loads(guard_json).get("pools", []) if not p.get("ok", True)]
     return "; ".join(
-        f"{p['pool']} needs {int(p['need_bytes']):,} B > budget {int(p['budget_bytes']):,} B"
+        f"{p['pool']} needs {format_bytes(int(p['need_bytes']))} > budget "
+        f"{format_bytes(int(p['budget_bytes']))}"
         for p in pools
     )
 

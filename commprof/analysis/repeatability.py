@@ -38,7 +38,7 @@ def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
             and ``<metric>_median`` columns).
 
     Returns:
-        Columns ``config_key, model, world_size, bucket_cap_mb, metric, num_repeats, mean,
+        Columns ``config_key, model, world_size, bucket_cap_mb, profile, metric, num_repeats, mean,
         min, max, cv, max_min_ratio``; one row per configuration with >= ``MIN_REPEATS``
         repeats and metric. ``cv`` is NaN where the mean is 0, ``max_min_ratio`` where the
         minimum is 0.
@@ -64,6 +64,7 @@ def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
                     "model": first["model"],
                     "world_size": int(first["world_size"]),
                     "bucket_cap_mb": float(first["bucket_cap_mb"]),
+                    "profile": bool(first.get("profile", False)),
                     "metric": metric,
                     "num_repeats": int(values.size),
                     "mean": mean,
@@ -73,5 +74,6 @@ def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
                     "max_min_ratio": hi / lo if lo > 0 else np.nan,
                 }
             )
-    columns = ["config_key", "model", "world_size", "bucket_cap_mb", "metric", "num_repeats"]
+    columns = ["config_key", "model", "world_size", "bucket_cap_mb", "profile", "metric"]
+    columns.append("num_repeats")
     return pd.DataFrame(rows, columns=[*columns, "mean", "min", "max", "cv", "max_min_ratio"])

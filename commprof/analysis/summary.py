@@ -8,7 +8,8 @@ from commprof.caps import cap_number
 
 
 def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
-    """A table of the selected cells: status, attempts, median step and bucket latency."""
+    """A table of the selected cells: configuration (profiled or not), status, attempts, median
+    step and bucket latency."""
     cells = tables["cells"]
     cells = cells[cells["cell_id"].isin(cell_ids)]
     if cells.empty:
@@ -21,6 +22,8 @@ def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
     lat_ms = buckets[buckets["step"] >= 1].groupby("cell_id")["latency_ns"].median() / 1e6
     view = latest[["model", "world_size", "bucket_cap_mb", "backend", "status", "attempt"]].copy()
     view["bucket_cap_mb"] = [cap_number(c) for c in view["bucket_cap_mb"]]
+    # two cells of one configuration, one traced: tell them apart
+    view.insert(3, "profiled", ["yes" if bool(p) else "no" for p in latest["profile"]])
     view["wall_s"] = latest["wall_s"].round(2)
     view["step_ms"] = step_ms.reindex(view.index).round(2)
     view["bucket_ms"] = lat_ms.reindex(view.index).round(3)

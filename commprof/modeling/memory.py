@@ -10,7 +10,9 @@ parameters, ``r`` = ranks on one node, ``k`` = optimizer state copies):
 - ``device`` (CUDA cells, per rank = per GPU): CUDA context, params ``P b``,
   grads ``P b``, optimizer state ``k P b`` (SGD with momentum: k = 1; Adam: 2),
   DDP gradient buckets ``P b`` (DDP copies gradients into flat bucket buffers),
-  activations ``batch * elements_per_sample * b``.
+  activations ``batch * elements_per_sample * b``; a cell that measures the timing hook's
+  cost (``hook_cost_pairs``) adds a plain DDP replica's params, grads, optimizer state and
+  buckets, ``(3 + k) P b`` (its activations reuse the freed ones: the two models step in turn).
 - ``host`` (per node): ``r`` process baselines, a Ray node overhead, and for CPU
   cells the same model-state terms as ``device`` times ``r`` (device memory is host
   memory); for CUDA cells the host copy of the model built before ``.to(device)``
@@ -42,6 +44,7 @@ from typing import Any
 from commprof.caps import check_cap_mb
 from commprof.catalog import GPTConfig, ResNetGeometry, model_spec
 from commprof.modeling.buckets import bucket_cap_bytes
+from commprof.units import format_bytes
 
 __all__ = [
     "MIB",
@@ -257,12 +260,19 @@ class CellShape:
     """Training steps (scales the returned records)."""
     microbench_max_bytes: int = DEFAULT_MICROBENCH_MAX_BYTES
     """The largest all-reduce microbenchmark size the matrix names (its buffers are costed)."""
+    hook_cost_pairs: int = 0
+    """Pairs of hooked and plain steps after the measured ones (``Cell.hook_cost_pairs``): a
+    plain replica of the model, and two record rows per pair."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "ranks_per_node", "batch_size", "dtype_bytes", "num_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"CellShape.{name}={value!r}: must be a positive int")
+        if not isinstance(self.hook_cost_pairs, int) or self.hook_cost_pairs < 0:
+            raise ValueError(
+                f"CellShape.hook_cost_pairs={self.hook_cost_pairs!r}: must be an int >= 0"
+            )
         if self.ranks_per_node > self.world_size:
             raise ValueError(
                 f"CellShape.ranks_per_node={self.ranks_per_node} exceeds "
@@ -363,13 +373,13 @@ class PoolCost:
         return self.need_bytes <= self.budget_bytes
 
     def explain(self) -> str:
-        """``pool: a 1 B + b 2 B = 3 B <= budget 4 B: ok``."""
-        sums = " + ".join(f"{label} {b:,} B" for label, b in self.terms)
+        """``pool: a 1 KiB + b 2 KiB = 3 KiB <= budget 4 GiB: ok`` (``commprof.units``)."""
+        sums = " + ".join(f"{label} {format_bytes(b)}" for label, b in self.terms)
         verdict = "<=" if self.ok else ">"
         status = "ok" if self.ok else "OVER BUDGET"
         return (
-            f"{self.pool}: {sums} = {self.need_bytes:,} B {verdict} "
-            f"budget {self.budget_bytes:,} B: {status}"
+            f"{self.pool}: {sums} = {format_bytes(self.need_bytes)} {verdict} "
+            f"budget {format_bytes(self.budget_bytes)}: {status}"
         )
 
 
@@ -437,14 +447,15 @@ def record_rows_per_rank(cell: CellShape, fp: ModelFootprint) -> int:
     Per step: one step row, one trace-metrics row and at most
     ``min(tensors, ceil(param_bytes / cap) + 2)`` bucket rows (DDP closes a bucket once
     it reaches the cap, and the first bucket has its own smaller cap); one
-    bucket-parameter row per tensor; microbenchmark rows.
+    bucket-parameter row per tensor; microbenchmark rows; two rows per hook-cost pair.
     """
     _, cap_bytes = bucket_cap_bytes(cell.bucket_cap_mb)
     buckets = min(
         fp.num_param_tensors,
         math.ceil(fp.num_parameters * cell.dtype_bytes / cap_bytes) + 2,
     )
-    return cell.num_steps * (2 + buckets) + fp.num_param_tensors + MICROBENCH_ROWS_BOUND
+    pairs = 2 * cell.hook_cost_pairs  # one hook_cost row per arm and pair
+    return cell.num_steps * (2 + buckets) + fp.num_param_tensors + MICROBENCH_ROWS_BOUND + pairs
 
 
 def microbench_largest_bytes(cell: CellShape, fp: ModelFootprint) -> int:
@@ -487,6 +498,8 @@ def evaluate(
         ("ddp buckets", p_bytes),
         (f"activations ({cell.batch_size} x {fp.activation_elements_per_sample:,} el)", act),
     ]
+    if cell.hook_cost_pairs:
+        state.append((f"plain replica for the hook's cost ({3 + k}x params)", (3 + k) * p_bytes))
     records = record_rows_per_rank(cell, fp) * RECORD_BYTES
     largest = microbench_largest_bytes(cell, fp)
     microbench = (
@@ -495,7 +508,7 @@ def evaluate(
     )
 
     def per_node(label: str, b: int) -> tuple[str, int]:
-        return (f"{label} [{r} ranks x {b:,} B]", r * b)
+        return (f"{label} [{r} ranks x {format_bytes(b)}]", r * b)
 
     host = [per_node("process baseline", PROCESS_BASELINE_BYTES)]
     host.append(("ray node overhead", RAY_NODE_OVERHEAD_BYTES))
@@ -518,7 +531,12 @@ def evaluate(
     if cell.backend == "nccl":
         shm.append(per_node("nccl segments", NCCL_SHM_BYTES_PER_RANK))
     pools.append(PoolCost(pool="shm", terms=tuple(shm), budget_bytes=budgets.shm_bytes))
-    store = ((f"ray records [{cell.world_size} ranks x {records:,} B]", cell.world_size * records),)
+    store = (
+        (
+            f"ray records [{cell.world_size} ranks x {format_bytes(records)}]",
+            cell.world_size * records,
+        ),
+    )
     pools.append(
         PoolCost(pool="object_store", terms=store, budget_bytes=budgets.object_store_bytes)
     )

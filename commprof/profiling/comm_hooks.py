@@ -75,7 +75,11 @@ class BucketParam:
     param_name: str
     """Fully qualified parameter name, as ``named_parameters`` gives it."""
     module: str
-    """The owning module's path (the parameter name without its last component)."""
+    """The owning module's path (the parameter name without its last component; empty for a
+    parameter of the root module)."""
+    module_type: str
+    """The owning module's class name (``Linear``), so that a path such as ``2`` (an index in an
+    ``nn.Sequential``) reads as a layer; empty where the module is unknown."""
     numel: int
     """Number of elements."""
     num_bytes: int
@@ -88,6 +92,8 @@ class TimingState:
     Args:
         inner_state: the state the inner hook expects (a process group, or None for the default).
         param_names: ``id(parameter) -> name`` for composition records.
+        module_types: ``module path -> class name`` (:func:`module_types`) for composition
+            records.
         use_cuda_events: record CUDA event pairs too (cuda tensors only).
     """
 
@@ -96,10 +102,12 @@ class TimingState:
         inner_state: Any = None,
         *,
         param_names: dict[int, str] | None = None,
+        module_types: dict[str, str] | None = None,
         use_cuda_events: bool = False,
     ) -> None:
         self.inner_state = inner_state
         self.param_names = param_names or {}
+        self.module_types = module_types or {}
         self.use_cuda_events = use_cuda_events
         self.step = 0
         self.recording = True
@@ -188,16 +196,23 @@ class TimingState:
             return
         for position, param in enumerate(bucket.parameters()):
             name = self.param_names.get(id(param), f"<unnamed {id(param)}>")
+            module = name.rpartition(".")[0]
             self.composition.append(
                 BucketParam(
                     bucket_index=index,
                     position=position,
                     param_name=name,
-                    module=name.rpartition(".")[0],
+                    module=module,
+                    module_type=self.module_types.get(module, ""),
                     numel=param.numel(),
                     num_bytes=param.numel() * param.element_size(),
                 )
             )
+
+
+def module_types(model: torch.nn.Module) -> dict[str, str]:
+    """``module path -> class name`` of every module of ``model`` (the root's path is empty)."""
+    return {name: type(module).__name__ for name, module in model.named_modules()}
 
 
 def _device_times(raw: list[list[Any]]) -> list[tuple[int, int]]:
@@ -320,6 +335,11 @@ def register_timing_hook(
         raise ValueError(f"hook {inner!r} is not one of: {', '.join(INNER_HOOKS)}")
     names = {id(p): n for n, p in ddp.module.named_parameters()}
     on_cuda = next(ddp.module.parameters()).is_cuda
-    state = TimingState(process_group, param_names=names, use_cuda_events=on_cuda)
+    state = TimingState(
+        process_group,
+        param_names=names,
+        module_types=module_types(ddp.module),
+        use_cuda_events=on_cuda,
+    )
     ddp.register_comm_hook(state, timing_wrapper(INNER_HOOKS[inner]))
     return state

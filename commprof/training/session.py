@@ -74,7 +74,7 @@ from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel
 
 from commprof.matrix import ID_FIELDS, config_hash, regime_of
-from commprof.profiling.comm_hooks import Hook, TimingState, timing_wrapper
+from commprof.profiling.comm_hooks import Hook, TimingState, module_types, timing_wrapper
 from commprof.profiling.harness import HarnessConfig, ProfilerHarness
 from commprof.training.agreement import Board, Counts, RanksDisagree
 
@@ -270,7 +270,12 @@ class Session:
             check_writable(config.out)  # before the first step, not after the last
         inner = comm_hook if comm_hook is not None else default_hooks.allreduce_hook
         names = {id(p): n for n, p in ddp.module.named_parameters()}
-        self.state = TimingState(comm_state, param_names=names, use_cuda_events=first_param.is_cuda)
+        self.state = TimingState(
+            comm_state,
+            param_names=names,
+            module_types=module_types(ddp.module),
+            use_cuda_events=first_param.is_cuda,
+        )
         try:
             ddp.register_comm_hook(self.state, timing_wrapper(inner))
         except RuntimeError as err:
@@ -472,6 +477,19 @@ class Session:
         self.cell_id = outcome["cell_id"]
         if outcome["error"] is not None:
             raise RunNotCommitted(f"commprof.attach: {outcome['error']}", outcome.get("side"))
+        if self.rank == 0:
+            print(self._written_line(), flush=True)
+
+    def _written_line(self) -> str:
+        """What rank 0 prints once the folder is written: the folder, the cell, what reads it."""
+        from commprof.caps import cap_label
+
+        out = self.config.out
+        return (
+            f"commprof.attach: wrote cell {self.cell_id} ({self.model_name}, {self.world_size} "
+            f"ranks, bucket cap {cap_label(self.bucket_cap_mb)}, {len(self.steps)} steps) to "
+            f"{out}/; read it with `commprof report {out}`"
+        )
 
     def _microbench(self) -> list[dict[str, Any]]:
         """The all-reduce microbenchmark over the configured sizes and the model's bucket sizes
@@ -564,6 +582,7 @@ class Session:
             microbench_sizes_bytes=list(self.config.microbench_sizes_bytes),
             microbench_iters=self.config.microbench_iters,
             microbench_passes=1,
+            hook_cost_pairs=0,  # the user's loop is not commprof's to repeat without the hook
             profile=steps is not None,
             source=SOURCE,
             profile_steps=[steps.start, steps.stop - 1] if steps is not None else None,

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commprof.matrix import Cell
-from commprof.profiling.comm_hooks import register_timing_hook
+from commprof.profiling.comm_hooks import TimingState, register_timing_hook
 from commprof.profiling.harness import profiled
 from commprof.training.data import loss_fn, make_batch
 from commprof.training.models import build_model
@@ -117,6 +117,8 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
     traces: dict[str, bytes] = {}
     if trace_dir is not None:
         records["trace_metrics"], traces = trace_records(trace_dir, buckets)
+    if cell.hook_cost_pairs > 0:  # after the measured steps and the profiler: they are untouched
+        records["hook_cost"] = _hook_cost(cell, ddp, state, optimizer, criterion, rank, device)
     if rank == 0:
         records["bucket_params"] = [dataclasses.asdict(p) for p in state.composition]
     bucket_sizes = sorted({int(row["num_bytes"]) for row in buckets if row["step"] >= 1})
@@ -130,6 +132,48 @@ def train_rank(cell: Cell, *, rank: int, device: torch.device) -> dict[str, Any]
         )
         records["interference"] = rows if rank == 0 else []
     return {"records": records, "traces": traces}
+
+
+def _hook_cost(
+    cell: Cell,
+    ddp: DistributedDataParallel,
+    state: TimingState,
+    optimizer: torch.optim.Optimizer,
+    criterion: Any,
+    rank: int,
+    device: torch.device,
+) -> list[dict[str, Any]]:
+    """The hooked model against a plain replica, in interleaved pairs of steps
+    (``commprof.training.hook_cost``); the hooked arm's bucket rows are resolved after each of
+    its steps, outside the timed window, as in the measured steps, and dropped."""
+    from commprof.training.hook_cost import interleaved_pairs, plain_replica
+
+    torch.manual_seed(cell.seed)
+    plain = plain_replica(
+        ddp, build_model(cell.model).to(device), hook=cell.hook, bucket_cap_mb=cell.bucket_cap_mb
+    )
+    arms = {"hooked": (ddp, optimizer), "plain": (plain, _optimizer(cell, plain.parameters()))}
+
+    def step(arm: str, index: int) -> tuple[int, int, int, int]:
+        model, opt = arms[arm]
+        inputs, targets = make_batch(
+            cell.model, cell.batch_size, rank=rank, seed=cell.seed, step=cell.steps + index,
+            device=device,
+        )  # fmt: skip
+        if arm == "hooked":
+            state.step = cell.steps + index
+        times = _timed_step(model, opt, criterion, inputs, targets, device)
+        if arm == "hooked":
+            state.resolve()  # as after a measured step; these rows are not kept
+        return times
+
+    try:
+        return interleaved_pairs(
+            step, pairs=cell.hook_cost_pairs, seed=cell.seed, rank=rank, barrier=dist.barrier
+        )
+    finally:
+        arms.clear()  # the replica and its optimizer go with the last reference
+        del plain
 
 
 def _timed_step(

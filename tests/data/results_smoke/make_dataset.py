@@ -9,11 +9,16 @@
 - matrices/guard.yaml: srn-400m against an 8 GB host-RAM budget: rejected by the memory guard;
 - matrices/fail.yaml: one cell whose rank 1 raises on its only attempt: failed;
 - matrices/profile.yaml: an srn-1m cell also traced with torch.profiler (trace_metrics); the
-  same configuration unprofiled is in main, so the report can quote the profiler's overhead.
+  same configuration unprofiled is in main, so the report can quote the profiler's overhead;
+- matrices/hook_cost.yaml: srn-100k and srn-1m at 4 MiB, each with 12 pairs of the hooked model
+  against a plain DDP replica after its measured steps (the hook_cost table).
 
-Then copy the table folders (cells, steps, buckets, bucket_params, microbench, trace_metrics)
-here (not traces/: the metrics are what the report reads). It took
-about 4 minutes on a shared 2-core machine.
+Then copy the table folders (cells, steps, buckets, bucket_params, microbench, trace_metrics,
+hook_cost) here (not traces/: the metrics are what the report reads). It took about 4 minutes
+on a shared 2-core machine. Names after the folder run only those matrices (``hook_cost``):
+the first five ran before the dataset's checksums, the hook_cost table and the modules' classes
+existed, and were not run again when hook_cost.yaml was added, so the dataset mixes attempts
+with and without them, as a folder resumed across versions does.
 """
 
 import sys
@@ -29,10 +34,13 @@ from commprof.sweeps.driver import Driver, DriverOptions  # noqa: E402
 from commprof.sweeps.run_matrix import connect  # noqa: E402
 
 
-def main(out: Path) -> None:
+MATRICES = ("main", "repeat", "guard", "fail", "profile", "hook_cost")
+
+
+def main(out: Path, names: tuple[str, ...] = MATRICES) -> None:
     connect(None, num_cpus=4)
     try:
-        for name in ("main", "repeat", "guard", "fail", "profile"):
+        for name in names:
             mx = matrix.load(HERE / "matrices" / f"{name}.yaml")
             faults = {}
             if name == "main":  # attempt 1 fails, attempt 2 succeeds
@@ -49,4 +57,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), tuple(sys.argv[2:]) or MATRICES)
