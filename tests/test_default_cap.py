@@ -86,7 +86,7 @@ def test_unset_cap_stays_visible_in_analysis_and_report(
     assert [r.name for r in made] == list(figures.FIGURES)
     assert all((tmp_path / f"{r.name}.png").is_file() for r in made if r.written)
     quotes = prose.Quotes()
-    assert "bucket cap DDP~default." in main_sections.abstract(data, quotes)
+    assert "bucket cap DDP~default (Table" in main_sections.abstract(data, quotes)
     assert "cap DDP~default" in main_sections.findings(data, quotes, set()).body
 
 

@@ -503,7 +503,7 @@ def evaluate(
     records = record_rows_per_rank(cell, fp) * RECORD_BYTES
     largest = microbench_largest_bytes(cell, fp)
     microbench = (
-        f"microbench buffers ({MICROBENCH_PEAK_FACTOR} x largest size {largest:,} B)",
+        f"microbench buffers ({MICROBENCH_PEAK_FACTOR} x largest size {format_bytes(largest)})",
         MICROBENCH_PEAK_FACTOR * largest,
     )
 
