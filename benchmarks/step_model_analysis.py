@@ -32,13 +32,13 @@ from commprof.modeling.ring_fit import (
     fit_alpha_beta,
 )
 from commprof.modeling.step_advice import (
+    IDLE,
     CapPrediction,
     StepModel,
     best_of,
     load_step_model,
     predict_cap,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE
 
 CAPS_MB = (0.25, 1.0, 4.0, 25.0)
 CALIBRATION_CAP_MB = 25.0
@@ -111,7 +111,7 @@ def _baselines(
     )
     idle = predict_cap(
         model, sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host,
-        interference=NO_INTERFERENCE,
+        corrections=IDLE,
     )  # fmt: skip
     fixed = idle.step_ns - idle.prediction.backward_ns  # forward + optimizer + other, scaled
     compute = idle.prediction.compute_end_ns

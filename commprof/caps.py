@@ -61,10 +61,18 @@ def same_cap(a: Any, b: Any) -> bool:
     return cap_mb(a) == cap_mb(b)
 
 
-def cap_label(value: Any) -> str:
-    """A cap as a person reads it: ``0.25 MiB``, or ``DDP default``."""
+DDP_DEFAULT_CAP_MB = 25.0
+"""DDP's default ``bucket_cap_mb`` (its first bucket is 1 MiB; ``buckets.DEFAULT_BUCKET_CAP_MB``
+of the modeling layer, which this core module may not import)."""
+
+
+def cap_label(value: Any, *, with_size: bool = False) -> str:
+    """A cap as a person reads it: ``0.25 MiB``, or ``DDP default`` (``with_size``: ``DDP
+    default (25 MiB)``, where the reader may not know DDP's number)."""
     mb = cap_mb(value)
-    return DEFAULT_LABEL if mb is None else f"{mb:g} MiB"
+    if mb is None:
+        return f"{DEFAULT_LABEL} ({DDP_DEFAULT_CAP_MB:g} MiB)" if with_size else DEFAULT_LABEL
+    return f"{mb:g} MiB"
 
 
 def cap_number(value: Any) -> str:

@@ -22,6 +22,7 @@ from commprof.analysis.dataset import load_processed
 from commprof.reporting import build
 from tests.prereqs import needs
 from tests.report_claims import contradictions, page_tables
+from tests.test_in_sample import assert_reproduces
 from tests.test_session import readme_example
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,6 +89,8 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
     assert again.returncode == 0, again.stderr[-2000:]
     assert "nothing to run" in again.stdout and "Ray was not started" in again.stdout
     assert "Started a local Ray" not in again.stderr and "0/0" not in again.stderr
+    for model in ("srn-100k", "srn-1m"):  # the step model reproduces its calibration cells
+        assert_reproduces(out, model, 2)
 
     report = _report(out, tmp_path)
     main, post = _text(report / "main.html"), _text(report / "postmortem.html")

@@ -28,6 +28,7 @@ from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
 # Four 1 MiB layers (262144 float32 each): with a 1 MiB cap, one layer per bucket.
 PARAMS = [(f"l{i}.weight", 262144) for i in range(4)]
 LINK = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)  # 1 GB/s, no latency
+DATA = Path(__file__).parent / "data" / "results_smoke"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -167,3 +168,75 @@ def test_errors_list_valid_choices(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"fitted world sizes: \[2\]"):
         run(args, PARAMS)
+
+
+def test_serial_estimate_says_what_it_assumed_and_refuses_what_it_ignores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ["--model", "srn-1m", "--world-size", "2", "--interconnect", "nvlink4"]
+    assert run(parser().parse_args([*common, "--json"]), PARAMS) == 0
+    assumed = json.loads(capsys.readouterr().out)["assumptions"]
+    assert assumed["compute"] == {
+        "value": "100 TFLOP/s",
+        "source": "built-in default; --device-tflops sets it",
+    }
+    assert assumed["tokens"]["value"] == "8192 per rank"
+    assert assumed["tokens"]["source"].startswith("built-in default")
+    assert assumed["latency"] == {
+        "value_ns": 10_000,
+        "source": "built-in default; --alpha-us sets it",
+    }
+    assert assumed["link"]["source"] == "--interconnect nvlink4"
+    given = ["--device-tflops", "50", "--batch-tokens", "1024", "--alpha-us", "3"]
+    assert run(parser().parse_args([*common, *given, "--json"]), PARAMS) == 0
+    assumed = json.loads(capsys.readouterr().out)["assumptions"]
+    assert (assumed["compute"]["value"], assumed["compute"]["source"]) == (
+        "50 TFLOP/s",
+        "--device-tflops",
+    )
+    assert (assumed["tokens"]["source"], assumed["latency"]) == (
+        "--batch-tokens",
+        {"value_ns": 3000, "source": "--alpha-us"},
+    )
+    # the text says it too, and DDP's default cap with its size
+    assert run(parser().parse_args(common), PARAMS) == 0
+    text = capsys.readouterr().out
+    assert "assumed compute: 100 TFLOP/s (built-in default; --device-tflops sets it)" in text
+    assert "cap: DDP default (25 MiB)" in text and "None MiB" not in text
+    # flags of the step simulator, or of a link it does not have, are errors naming the flag
+    for extra, flag in (
+        (["--no-interference"], "--no-interference"),
+        (["--without", "stall"], "--without"),
+        (["--same-host"], "--same-host"),
+    ):
+        with pytest.raises(ValueError, match=f"^{flag} do"):
+            run(parser().parse_args([*common, *extra]), PARAMS)
+    step = ["--model", "srn-1m", "--world-size", "2", "--fit", str(DATA)]
+    for extra, flag in (
+        (["--batch-tokens", "5"], "--batch-tokens"),
+        (["--device-tflops", "5"], "--device-tflops"),
+        (["--algorithm", "ring"], "--algorithm"),
+        (["--alpha-us", "5"], "--alpha-us"),
+    ):
+        with pytest.raises(ValueError, match=f"^{flag} do"):
+            run(parser().parse_args([*step, *extra]), PARAMS)
+
+
+def test_serial_advice_marks_the_cap_it_picks(capsys: pytest.CaptureFixture[str]) -> None:
+    # Four 1 MiB layers whose compute takes no time (10^9 TFLOP/s): every bucket is exposed.
+    # Without latency every cap sends the same bytes, so no cap saves anything and DDP's
+    # default is kept; with 5 ms of latency fewer buckets save alphas, so the advice changes.
+    common = ["--model", "m", "--world-size", "2", "--interconnect", "100gbe"]
+    common += ["--device-tflops", "1e9", "--recommend-bucket-cap"]
+    for alpha_us, keep in (("0", True), ("5000", False)):
+        assert run(parser().parse_args([*common, "--alpha-us", alpha_us]), PARAMS) == 0
+        lines = capsys.readouterr().out.splitlines()
+        marked = [line for line in lines if "<- best" in line]
+        assert len(marked) == 1  # one point: the one the verdict names
+        verdict = lines[-1]
+        if keep:
+            assert marked[0].split()[:2] == ["in", "use"]
+            assert verdict.startswith("verdict: keep DDP default (25 MiB): ")
+        else:
+            cap = float(marked[0].split()[0])
+            assert verdict.startswith(f"verdict: change to {cap:g} MiB: predicted exposed")

@@ -349,12 +349,11 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
         fitted = step_advice.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
         for name, gpus in WHAT_IF.items():  # the collective model on the description alone
             link = ClusterLink(cluster=CLUSTERS[name])
-            curve = step_advice.recommend_cap(
-                fitted, sizes, caps_mb=caps, link=link, world_size=gpus
-            ).curve
-            cal = next(c for c in curve if c.bucket_cap_mb == cal_cap)
-            chosen = cal if any(c is cal for c in step_advice.tied(curve)) else None
-            worst = (chosen or step_advice.best_of(curve)).exposed_ns / 1e6
+            # the cap in use is the calibration cap: kept where best_of keeps it
+            advice = step_advice.recommend_cap(
+                fitted, sizes, caps_mb=caps, link=link, world_size=gpus, in_use_mb=cal_cap
+            )
+            worst = advice.best.exposed_ns / 1e6
             exposed[name] = max(exposed.get(name, 0.0), worst)
         for cap, measured in [] if run is None else run.items():
             if cap != cal_cap:

@@ -16,6 +16,7 @@ import pytest
 
 from commprof import results
 from commprof.training.session import AttachConfig
+from tests.test_in_sample import assert_reproduces
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_HEADING = "## Your own training"
@@ -98,6 +99,7 @@ def test_readme_example_runs_under_torchrun_and_its_dataset_reads(tmp_path: Path
     assert len(tables["trace_metrics"]) == 2 * 3
     fits = fits_from_dataset(out)  # what `commprof estimate --fit` fits
     assert list(fits) == [("gloo", "cpu-gloo", 2)]
+    assert_reproduces(out, "Sequential", 2)  # the step model of an attach run
     _builds_report(out)
 
 

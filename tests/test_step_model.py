@@ -19,6 +19,7 @@ from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import (
+    IDLE,
     REPEAT_KEYS,
     TIE_TOLERANCE,
     CapPrediction,
@@ -42,6 +43,7 @@ from commprof.modeling.step_model import (
     predict_step,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
+from tests.test_in_sample import assert_in_sample, assert_reproduces
 
 CELL = "0123456789ab"
 
@@ -218,11 +220,11 @@ def test_interference_rows_to_factors() -> None:
     assert interference_from_rows(rows, statistic="median").comm_slowdown == (3.0, 5.0)
     with pytest.raises(ValueError, match="statistic"):
         interference_from_rows(rows, statistic="p90")
-    assert interference_from_rows(rows).queue_factor(1024) == 1.0  # no burst arm: none
+    # the burst arm's queue factor was 1 on every run: the model no longer reads it
     burst = {"arm": "comm_burst", "num_bytes": 1024, "slowdown": 2.0, "slowdown_mean": 2.5,
              "slowdown_q25": 1.5, "slowdown_q75": 3.5}  # fmt: skip
-    i = interference_from_rows(pd.concat([rows, pd.DataFrame([burst])], ignore_index=True))
-    assert i.queue_slowdown == (2.5, 1.0) and i.queue_spread == (1.0, 0.0)
+    with_burst = pd.concat([rows, pd.DataFrame([burst])], ignore_index=True)
+    assert interference_from_rows(with_burst) == interference_from_rows(rows)
 
 
 def test_cpu_share_scale() -> None:
@@ -271,6 +273,7 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     assert pred["step_ns_low"] <= pred["step_ns"] <= pred["step_ns_high"]
     assert 0 <= pred["exposed_ns"] <= pred["step_ns"]
     assert pred["overlap_efficiency"] is None or 0 <= pred["overlap_efficiency"] <= 1
+    assert_reproduces(data, "srn-100k", 2)  # a one-cell `commprof run`
     for b in pred["buckets"]:
         assert b["ready_ns"] <= b["start_ns"] <= b["end_ns"]
     rec = doc["recommendation"]
@@ -282,15 +285,19 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     tables = results.load(data)
     model = load_step_model(tables, "srn-100k", world_size=2, param_sizes=sizes)
     cal = model.calibration
-    assert LINK_SCALE_BOUNDS[0] < model.link_scale < LINK_SCALE_BOUNDS[1]
+    assert LINK_SCALE_BOUNDS[0] <= model.link_scale < LINK_SCALE_BOUNDS[1]
     assert doc["calibration"]["link_scale"] == pytest.approx(model.link_scale)
     replay = predict_cap(model, sizes, bucket_cap_mb=cal.bucket_cap_mb).prediction
-    assert replay.backward_ns + cal.other_ns == pytest.approx(cal.measured_backward_ns, rel=1e-6)
+    # it reproduces its calibration: the step (host residual) and the exposed communication
+    # (link scale), within 5 % of the measured step, and says so (in sample)
+    assert replay.step_ns == pytest.approx(cal.measured_step_ns, rel=1e-6)
+    assert abs(replay.exposed_ns - cal.measured_exposed_ns) <= 0.05 * cal.measured_step_ns
+    assert_in_sample(doc)
     # a rank's exposed communication counts its wait for the slowest; the idle model's does not
     assert replay.rank_wait_ns == cal.rank_wait_ns >= 0
     assert doc["calibration"]["rank_wait_ns"] == round(cal.rank_wait_ns)
     assert pred["rank_wait_ns"] == round(cal.rank_wait_ns)  # p = 2 on the calibration host
-    idle = predict_cap(model, sizes, bucket_cap_mb=None, interference=NO_INTERFERENCE)
+    idle = predict_cap(model, sizes, bucket_cap_mb=None, corrections=IDLE)
     published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
     elsewhere = predict_cap(model, sizes, bucket_cap_mb=None, link=published)
     assert idle.prediction.rank_wait_ns == elsewhere.prediction.rank_wait_ns == 0
@@ -414,6 +421,7 @@ def test_prediction_in_closed_form() -> None:
     # two parameters, each 1000 float32 (4000 B): a huge cap makes one bucket of 8000 B, ready
     # once all compute (300 ns of work) is done; the hook costs 10 + 0.01 ns/B = 90 ns; the link
     # has alpha 0 and 1 ns/B, so at p = 2 the all-reduce takes 2 (1/2) 8000 = 8000 ns, all exposed
+    # with the hook before it (the hook's exposed time runs from its entry)
     cal = StepCalibration(
         cell_id=CELL, world_size=2, backend="nccl", param_ready_work_ns=(300.0, 100.0),
         compute_work_ns=300.0, hook_fixed_ns=10.0, hook_ns_per_byte=0.01, forward_ns=50.0,
@@ -423,7 +431,7 @@ def test_prediction_in_closed_form() -> None:
     sizes = [("a", 1000), ("b", 1000)]
     link = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)
     p = predict_step(cal, sizes, bucket_cap_mb=512, link=link)
-    assert len(p.buckets) == 1 and p.exposed_ns == pytest.approx(8000)
+    assert len(p.buckets) == 1 and p.exposed_ns == pytest.approx(90 + 8000)
     assert p.step_ns == pytest.approx(50 + 300 + 90 + 8000 + 20 + 5)
     # p = 4: 2 (3/4) 8000 = 12000 ns; compute scaled by 2: forward, work, hooks and optimizer
     p4 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, world_size=4, compute_scale=2)
@@ -440,13 +448,13 @@ def test_prediction_in_closed_form() -> None:
         predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
     # service_scale multiplies the link's times: the exposed all-reduce takes 3 x 8000
     p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3)
-    assert p3.exposed_ns == pytest.approx(24000)
+    assert p3.exposed_ns == pytest.approx(90 + 24000)
     with pytest.raises(ValueError, match="service_scale"):
         predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=0)
     # a stall is added to each all-reduce before the scale: 3 x (8000 + 500); per bucket, so
     # two buckets of 4000 B pay it twice
     p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3, stall_ns=500)
-    assert p3.exposed_ns == pytest.approx(3 * 8500)
+    assert p3.exposed_ns == pytest.approx(90 + 3 * 8500)
     two_stalled = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, stall_ns=500)
     assert two_stalled.buckets[1].end_ns == pytest.approx(150 + 2 * 4500)
     with pytest.raises(ValueError, match="stall_ns"):
@@ -469,19 +477,29 @@ def test_prediction_in_closed_form() -> None:
     )
     with pytest.raises(ValueError, match="rank_wait_ns"):
         predict_step(cal, sizes, bucket_cap_mb=512, link=link, rank_wait_ns=math.inf)
+    # the host residual (scaled with the compute, x 2) adds to the step alone, either sign
+    for residual in (250.0, -250.0):
+        moved = predict_step(
+            cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, host_residual_ns=residual
+        )
+        assert moved.step_ns == pytest.approx(slowest.step_ns + 2 * residual)
+        assert moved.host_residual_ns == 2 * residual
+        assert moved.exposed_ns == slowest.exposed_ns and moved.buckets == slowest.buckets
+    with pytest.raises(ValueError, match="host_residual_ns"):
+        predict_step(cal, sizes, bucket_cap_mb=512, link=link, host_residual_ns=math.nan)
 
-    # the in-training link scale replays the measured backward: 300 + 90 of compute and hook,
-    # then the exposed all-reduce, then other; measured 2 x 8000 for it gives a scale of 2
-    def scale_for(backward_ns: float) -> float:
-        measured = replace(cal, measured_backward_ns=backward_ns)
+    # the in-training link scale replays the measured exposed communication: the 90 ns hook,
+    # then the all-reduce; measured 2 x 8000 for it gives a scale of 2
+    def scale_for(exposed_ns: float) -> float:
+        measured = replace(cal, measured_exposed_ns=exposed_ns)
         return fit_link_scale(measured, sizes, link=link, interference=NO_INTERFERENCE)
 
-    assert scale_for(300 + 90 + 2 * 8000 + 5) == pytest.approx(2.0, rel=1e-9)
-    assert scale_for(300 + 90 + 0.5 * 8000 + 5) == pytest.approx(0.5, rel=1e-9)
-    # shorter than the compute alone: the cell says nothing of the link; beyond the bounds: clamped
-    assert scale_for(300) == 1.0
+    assert scale_for(90 + 2 * 8000) == pytest.approx(2.0, rel=1e-9)
+    assert scale_for(90 + 0.5 * 8000) == pytest.approx(0.5, rel=1e-9)
+    # less than the hook alone: the least link time; beyond the bounds: clamped
+    assert scale_for(90) == LINK_SCALE_BOUNDS[0]
     assert scale_for(1e9) == LINK_SCALE_BOUNDS[1]
-    with pytest.raises(ValueError, match="no measured backward"):
+    with pytest.raises(ValueError, match="no measured exposed"):
         scale_for(math.nan)
 
 

@@ -8,12 +8,20 @@ Backward timeline (simple per-layer estimate, used unless a measured one is
 given): parameter i costs 4 * numel_i * tokens FLOPs of backward (twice the
 forward's 2 * numel * tokens; Kaplan et al. 2020, "Scaling laws for neural
 language models", section 2.1) at ``device_flops_per_s``; gradients become
-ready in reverse registration order, one after another. Bucket k launches
-when its last gradient is ready AND bucket k-1 has finished (DDP launches in
-order, and with one communication stream the all-reduces serialise):
+ready in reverse registration order, one after another. The timeline is played
+by the step simulator (``step_sim.simulate_step``) with every correction off,
+one channel and no hook time, which reduces to: bucket k launches when its last
+gradient is ready AND bucket k-1 has finished (DDP launches in order, and with
+one communication stream the all-reduces serialise):
 
     launch_k = max(ready_k, done_{k-1}),  done_k = launch_k + T_k,
     exposed  = max(0, done_last - backward_end).
+
+Printed with the estimate: what it assumed (compute rate, tokens, link, latency), each with its
+source (a flag, a file, or the built-in default); with ``--recommend-bucket-cap`` a verdict line.
+Flags that do not apply to the path taken are errors naming them (:func:`check_step_flags`,
+:func:`check_serial_flags`). With a dataset folder, ``--fit DIR`` runs the step simulator
+instead (``estimate_step``).
 
 This module imports no torch: the CLI resolves a model name to parameter
 sizes (``commprof.catalog.parameter_sizes``, closed form) and passes them in.
@@ -35,9 +43,15 @@ from commprof.caps import cap_label
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
-from commprof.modeling.estimate_step import add_step_arguments, run_step
+from commprof.modeling.estimate_step import (
+    add_step_arguments,
+    assumptions_text,
+    run_step,
+    step_flags_given,
+)
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.ring_fit import FIT_SOURCES, Fit, fits_from_dataset, load_fits
+from commprof.modeling.step_sim import simulate_step
 from commprof.modeling.timeline import load_parameter_ready_ns
 from commprof.yamlio import load_yaml, read_text
 
@@ -129,7 +143,8 @@ def simulate(
     ready_ns: Sequence[float],
     backward_ns: float,
 ) -> tuple[list[BucketEstimate], int]:
-    """Serialise bucket all-reduces after their gradients are ready.
+    """Serialise bucket all-reduces after their gradients are ready: the step simulator
+    (``step_sim.simulate_step``) with every correction off, one channel and no hook time.
 
     Args:
         buckets: Buckets in launch order.
@@ -140,23 +155,27 @@ def simulate(
     Returns:
         The timeline and the exposed time in ns.
     """
-    out: list[BucketEstimate] = []
-    done = 0.0
-    for bucket, duration in zip(buckets, bucket_time_ns, strict=True):
-        ready = max(float(ready_ns[i]) for i in bucket.param_indices)
-        launch = max(ready, done)
-        done = launch + float(duration)
-        out.append(
-            BucketEstimate(
-                index=bucket.index,
-                num_params=bucket.num_params,
-                num_bytes=bucket.num_bytes,
-                ready_ns=round(ready),
-                launch_ns=round(launch),
-                done_ns=round(done),
-                allreduce_ns=round(float(duration)),
-            )
+    ready = [max(float(ready_ns[i]) for i in b.param_indices) for b in buckets]
+    played = simulate_step(
+        ready_work_ns=ready,
+        service_ns=[float(t) for t in bucket_time_ns],
+        num_bytes=[b.num_bytes for b in buckets],
+        compute_work_ns=max([float(backward_ns), *ready]),
+        num_channels=1,
+    )
+    out = [
+        BucketEstimate(
+            index=bucket.index,
+            num_params=bucket.num_params,
+            num_bytes=bucket.num_bytes,
+            ready_ns=round(own),
+            launch_ns=round(timing.start_ns),
+            done_ns=round(timing.end_ns),
+            allreduce_ns=round(timing.service_ns),
         )
+        for bucket, own, timing in zip(buckets, ready, played.buckets, strict=True)
+    ]
+    done = max((timing.end_ns for timing in played.buckets), default=0.0)
     return out, max(0, round(done - backward_ns))
 
 
@@ -316,8 +335,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cell", help="cell id (or a unique prefix) for --timeline, or to calibrate --fit DIR on"
     )
-    parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS)
-    parser.add_argument("--device-tflops", type=float, default=DEFAULT_DEVICE_FLOPS_PER_S / 1e12)
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="tokens (or samples) per rank per step of the simple backward estimate "
+        f"(default {DEFAULT_BATCH_TOKENS}; not with --fit DIR or --timeline)",
+    )
+    parser.add_argument(
+        "--device-tflops",
+        type=float,
+        help="sustained backward TFLOP/s of one device for the simple backward estimate "
+        f"(default {DEFAULT_DEVICE_FLOPS_PER_S / 1e12:g}; not with --fit DIR or --timeline)",
+    )
     parser.add_argument(
         "--recommend-bucket-cap",
         action="store_true",
@@ -325,6 +354,107 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     add_step_arguments(parser)
+
+
+def _batch_tokens(args: argparse.Namespace) -> int:
+    return DEFAULT_BATCH_TOKENS if args.batch_tokens is None else int(args.batch_tokens)
+
+
+def _device_flops_per_s(args: argparse.Namespace) -> float:
+    tflops = args.device_tflops
+    return DEFAULT_DEVICE_FLOPS_PER_S if tflops is None else float(tflops) * 1e12
+
+
+def _refuse(given: dict[str, bool], why: str) -> None:
+    bad = [flag for flag, present in given.items() if present]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} do(es) not apply {why}; leave them out")
+
+
+def check_step_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags the step simulator (``--fit DIR``) does not use: it replays the
+    calibration cells' measured backward timeline, and its link is the dataset's fit, a
+    published one or a cluster."""
+    _refuse(
+        {
+            "--batch-tokens": args.batch_tokens is not None,
+            "--device-tflops": args.device_tflops is not None,
+            "--timeline": args.timeline is not None,
+            "--algorithm": args.algorithm is not None,
+        },
+        f"to --fit {args.fit} (the step simulator replays the calibration cells' measured "
+        "timeline, ring all-reduces)",
+    )
+    _refuse(
+        {
+            "--alpha-us": args.alpha_us is not None and not args.interconnect,
+            "--interconnect-file": args.interconnect_file is not None and not args.interconnect,
+        },
+        "without --interconnect (they describe a published link)",
+    )
+
+
+def check_serial_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags the serial estimate does not use: the step simulator's, and those of a
+    link or a backward timeline it does not have."""
+    _refuse(
+        {flag: True for flag in step_flags_given(args)},
+        "without --fit DIR (they switch parts of the step simulator)",
+    )
+    fitted = bool(args.fit)
+    _refuse(
+        {
+            "--alpha-us": args.alpha_us is not None and fitted,
+            "--algorithm": args.algorithm is not None and fitted,
+        },
+        f"to --fit {args.fit} (the fit gives the latency of a ring)",
+    )
+    _refuse(
+        {
+            "--batch-tokens": args.batch_tokens is not None and args.timeline is not None,
+            "--device-tflops": args.device_tflops is not None and args.timeline is not None,
+        },
+        "to --timeline (the backward timeline is measured)",
+    )
+
+
+def serial_assumptions(args: argparse.Namespace, label: str) -> dict[str, dict[str, Any]]:
+    """What the serial estimate assumed, each with its value and source (flag, file, or
+    built-in default): compute rate, tokens, link, latency."""
+
+    def source(flag: str, value: object) -> str:
+        return flag if value is not None else f"built-in default; {flag} sets it"
+
+    if args.timeline:
+        measured = f"backward timeline measured in {args.timeline} (cell {args.cell})"
+        compute = {"value": None, "source": measured}
+        tokens = {"value": None, "source": measured}
+    else:
+        compute = {
+            "value": f"{_device_flops_per_s(args) / 1e12:g} TFLOP/s",
+            "source": source("--device-tflops", args.device_tflops),
+        }
+        tokens = {
+            "value": f"{_batch_tokens(args)} per rank",
+            "source": source("--batch-tokens", args.batch_tokens),
+        }
+    if args.cluster:
+        link_source = f"--cluster {args.cluster}"
+        latency: dict[str, Any] = {"value_ns": None, "source": f"{link_source} (its model)"}
+    elif args.fit:
+        link_source = f"fit from {args.fit}"
+        latency = {"value_ns": None, "source": f"{link_source} (alpha of the fit)"}
+    else:
+        link_source = f"--interconnect {args.interconnect}" + (
+            f" (--interconnect-file {args.interconnect_file})" if args.interconnect_file else ""
+        )
+        latency = {"value_ns": round(alpha_ns(args)), "source": source("--alpha-us", args.alpha_us)}
+    return {
+        "compute": compute,
+        "tokens": tokens,
+        "link": {"value": label, "source": link_source},
+        "latency": latency,
+    }
 
 
 def alpha_ns(args: argparse.Namespace) -> float:
@@ -387,7 +517,8 @@ def _link_from_args(
 
 def _table(est: Estimate) -> str:
     lines = [
-        f"link: {est.link}   world size: {est.world_size}   cap: {cap_label(est.bucket_cap_mb)}",
+        f"link: {est.link}   world size: {est.world_size}   "
+        f"cap: {cap_label(est.bucket_cap_mb, with_size=True)}",
         f"{'bucket':>6} {'params':>6} {'MiB':>9} {'ready ms':>9} {'launch ms':>9} "
         f"{'done ms':>9} {'allreduce ms':>12}",
     ]
@@ -416,7 +547,9 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     """
     cluster = check_cluster_flags(args)  # before anything runs, on either path
     if args.fit and Path(args.fit).is_dir() and args.fit_source == "microbench":
+        check_step_flags(args)
         return run_step(args, param_sizes, cluster=cluster, alpha_ns=alpha_ns(args))
+    check_serial_flags(args)
     link, label = _link_from_args(args, cluster)
     ready_ns = None
     if args.timeline or args.cell:
@@ -433,21 +566,45 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             link_label=label,
             algorithm=args.algorithm or "ring",
             ready_ns=ready_ns,
-            batch_tokens=args.batch_tokens,
-            device_flops_per_s=args.device_tflops * 1e12,
+            batch_tokens=_batch_tokens(args),
+            device_flops_per_s=_device_flops_per_s(args),
         )
 
     main = run_one(args.bucket_cap_mb)
-    doc: dict[str, Any] = {"estimate": main.to_dict()}
-    text = [_table(main)]
+    assumed = serial_assumptions(args, label)
+    doc: dict[str, Any] = {
+        "estimate": main.to_dict(),
+        "assumptions": assumed,
+        "in_sample": None,  # no calibration cells: --fit DIR has them
+    }
+    text = [
+        _table(main),
+        assumptions_text(assumed),
+        "in sample: none (no calibration cells; --fit DIR calibrates on a dataset's cells)",
+    ]
     if args.recommend_bucket_cap:
         best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
-        kept = best == main.bucket_cap_mb
-        in_use = cap_label(main.bucket_cap_mb)
+        # the point picked: the first of the curve at the best cap, else the cap in use
+        picked = next((e for e in curve if e.bucket_cap_mb == best), main)
+        kept = picked is main
+        in_use = cap_label(main.bucket_cap_mb, with_size=True)
+        if kept:
+            gain = max(0, max(main.exposed_ns - e.exposed_ns for e in curve))
+            verdict = (
+                f"verdict: keep {in_use}: no cap is predicted to expose more than "
+                f"{gain / 1e3:.1f} us less (a change needs {MIN_GAIN_NS / 1e3:g} us)"
+            )
+        else:
+            gain = main.exposed_ns - picked.exposed_ns
+            verdict = (
+                f"verdict: change to {cap_label(best, with_size=True)}: predicted exposed "
+                f"communication -{gain / 1e6:.3f} ms against {in_use}"
+            )
         doc["recommendation"] = {
             "best_bucket_cap_mb": best,
             "in_use_bucket_cap_mb": main.bucket_cap_mb,
             "kept_cap_in_use": kept,
+            "verdict": verdict,
             "in_use": {"num_buckets": len(main.buckets), "exposed_ns": main.exposed_ns},
             "curve": [
                 {
@@ -463,18 +620,15 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         text.append(f"\n{'cap MiB':>8} {'buckets':>7} {'exposed ms':>10}")
         for e in curve:
             bar = "#" * math.ceil(40 * e.exposed_ns / worst)
-            mark = "  <- best" if e.bucket_cap_mb == best else ""
+            mark = "  <- best" if e is picked else ""
             text.append(
                 f"{e.bucket_cap_mb:>8g} {len(e.buckets):>7} {e.exposed_ns / 1e6:>10.3f} {bar}{mark}"
             )
+        mark = "  <- best" if kept else ""
         text.append(
             f"{'in use':>8} {len(main.buckets):>7} {main.exposed_ns / 1e6:>10.3f}  ({in_use})"
+            + mark
         )
-        if kept:
-            text.append(
-                f"keep {in_use}: no cap is predicted to expose {MIN_GAIN_NS / 1e3:g} us less"
-            )
-        else:
-            text.append(f"recommended: {cap_label(best)} (in use: {in_use})")
+        text.append(verdict)
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0

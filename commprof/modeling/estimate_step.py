@@ -5,12 +5,18 @@ With a dataset folder, ``estimate`` calibrates the step simulator on one cell of
 (``--bucket-cap-mb``), world size (``--world-size``; ``--same-host`` when the ranks would share
 the calibration's CPU host) or link (``--interconnect``, or ``--cluster``: NCCL's collective
 model on that cluster at ``--world-size`` GPUs; the measured compute timeline kept, the link
-swapped). The idle ring model (no interference) is printed beside it as the baseline.
+swapped). The idle ring model (every correction off) is printed beside it as the baseline.
+Each correction (``step_advice.CORRECTION_NAMES``) is switched off on its own with ``--without
+NAME`` (``--no-interference`` is ``--without interference``). Printed with every prediction:
+what it assumed, each with its source (:func:`assumptions`), and its in-sample error, the same
+model at the calibration cells' cap and world size against their measured step and exposed
+communication (:func:`in_sample`).
 
 JSON (``--json``): ``prediction`` holds ``step_ns``, ``exposed_ns``, ``overlap_efficiency``,
 their ``*_low``/``*_high`` under the calibration's uncertainty and ``buckets`` (ready, start,
-end per bucket); ``idle_ring`` the baseline; ``calibration`` what it was calibrated on;
-``recommendation`` (``--recommend-bucket-cap``) the cap search.
+end per bucket); ``idle_ring`` the baseline; ``calibration`` what it was calibrated on and the
+corrections applied; ``assumptions`` and ``in_sample``; ``recommendation``
+(``--recommend-bucket-cap``) the cap search and its ``verdict``.
 
 This module imports no torch and no ray.
 """
@@ -24,21 +30,23 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from commprof.caps import cap_label, cap_number, same_cap
+from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, ParamSize
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.ring_fit import fit_to_dict
+from commprof.modeling.ring_fit import PiecewiseFit, RingFit, fit_to_dict
 from commprof.modeling.step_advice import (
+    CORRECTION_NAMES,
+    IDLE,
     CapPrediction,
+    Corrections,
     StepModel,
-    in_training,
+    applied,
     load_step_model,
     predict_cap,
     recommend_cap,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE
 
 
 def _finite(value: float) -> float | None:
@@ -56,6 +64,7 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
         "exposed_ns_low": round(pred.exposed_ns_range[0]),
         "exposed_ns_high": round(pred.exposed_ns_range[1]),
         "rank_wait_ns": round(pred.prediction.rank_wait_ns),
+        "host_residual_ns": round(pred.prediction.host_residual_ns),
         "overlap_efficiency": _finite(pred.overlap_efficiency),
         "compute_end_ns": round(pred.prediction.compute_end_ns),
         "buckets": [
@@ -65,26 +74,121 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
     }
 
 
+def corrections_from_args(args: argparse.Namespace) -> Corrections:
+    """``--without NAME`` (repeatable) and ``--no-interference`` (``--without interference``)."""
+    names = list(args.without or ())
+    if args.no_interference:
+        names.append("interference")
+    return Corrections.without(names)
+
+
 def _link(
-    args: argparse.Namespace, model: StepModel, cluster: ClusterLink | None, alpha_ns: float
+    args: argparse.Namespace,
+    model: StepModel,
+    cluster: ClusterLink | None,
+    alpha_ns: float,
+    corrections: Corrections,
 ) -> tuple[LinkParams | ClusterLink | None, str]:
     if cluster is not None:  # NCCL's model on the cluster, the measured compute kept
         return cluster, cluster.describe(args.world_size)
     if not args.interconnect:
-        cell = model.calibration.cell_id
-        interference = NO_INTERFERENCE if args.no_interference else None
-        scale, stall, _ = in_training(model, link=None, interference=interference)
-        label = f"fit of the microbenchmarks on cell {cell}'s host ({model.link.method})"
-        if stall > 0:
-            label += f" + {stall / 1e6:.2f} ms stall an all-reduce"
-        if scale != 1.0:
-            label += f", x {scale:.2f} in training"
+        used = applied(model, link=None, corrections=corrections)
+        label = f"fit of the microbenchmarks of {args.fit} ({model.link.method})"
+        if used.stall_ns > 0:
+            label += f" + {used.stall_ns / 1e6:.2f} ms stall an all-reduce"
+        if used.link_scale != 1.0:
+            label += f", x {used.link_scale:.2f} in training"
         return None, label
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
         bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns
     )
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
+
+
+def _fit_alpha_ns(model: StepModel) -> float:
+    fit = model.link
+    first = fit.segments[0] if isinstance(fit, PiecewiseFit) else fit
+    assert isinstance(first, RingFit)
+    return first.alpha_ns
+
+
+def assumptions(
+    args: argparse.Namespace,
+    model: StepModel,
+    label: str,
+    alpha_ns: float,
+    batch_size: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """What the prediction assumed, each with its value and source: compute, tokens, link and
+    latency (the step simulator's path; ``estimate.serial_assumptions`` for the other).
+    ``batch_size``: the calibration cell's samples per rank, where the dataset has it."""
+    cal = model.calibration
+    cells = ", ".join(cal.cell_ids or (cal.cell_id,))
+    where = f"{args.fit}: cells {cells}"
+    if args.cluster:
+        source, latency = f"--cluster {args.cluster}", None
+        latency_source = f"--cluster {args.cluster} (its collective model)"
+    elif args.interconnect:
+        source = f"--interconnect {args.interconnect}" + (
+            f" (--interconnect-file {args.interconnect_file})" if args.interconnect_file else ""
+        )
+        latency = alpha_ns
+        latency_source = "--alpha-us" if args.alpha_us is not None else "built-in default"
+    else:
+        source, latency = f"fit from dataset {args.fit}", _fit_alpha_ns(model)
+        latency_source = f"fit from dataset {args.fit}"
+    return {
+        "compute": {
+            "value": (
+                f"backward {cal.compute_work_ns / 1e6:.2f} ms of work, forward "
+                f"{cal.forward_ns / 1e6:.2f} ms, optimizer {cal.optimizer_ns / 1e6:.2f} ms"
+            ),
+            "backward_work_ns": round(cal.compute_work_ns),
+            "forward_ns": round(cal.forward_ns),
+            "optimizer_ns": round(cal.optimizer_ns),
+            "source": f"timeline measured in {where}",
+        },
+        "tokens": {
+            "value": None if batch_size is None else f"batch size {batch_size} per rank",
+            "batch_size": batch_size,
+            "source": f"the calibration cells' batch, {where}",
+        },
+        "link": {"value": label, "source": source},
+        "latency": {"value_ns": None if latency is None else round(latency),
+                    "source": latency_source},
+    }  # fmt: skip
+
+
+def in_sample(
+    model: StepModel,
+    param_sizes: Sequence[ParamSize],
+    corrections: Corrections,
+) -> dict[str, Any]:
+    """The model (these corrections, the calibrated link) at the calibration cells' cap and
+    world size against what the cells measured: step (error a fraction of the measured step)
+    and exposed communication (error a fraction of the measured step)."""
+    cal = model.calibration
+    pred = predict_cap(model, param_sizes, bucket_cap_mb=cal.bucket_cap_mb, corrections=corrections)
+    step, exposed = cal.measured_step_ns, cal.measured_exposed_ns
+    return {
+        "cells": list(cal.cell_ids or (cal.cell_id,)),
+        "cell_step_ns": [round(v) for v in cal.cell_step_ns],
+        "bucket_cap_mb": cal.bucket_cap_mb,
+        "world_size": cal.world_size,
+        "predicted_step_ns": round(pred.step_ns),
+        "measured_step_ns": round(step),
+        "step_error": (pred.step_ns - step) / step,
+        "predicted_exposed_ns": round(pred.exposed_ns),
+        "measured_exposed_ns": _finite(round(exposed) if math.isfinite(exposed) else math.nan),
+        "exposed_error_of_step": _finite((pred.exposed_ns - exposed) / step),
+    }
+
+
+def _batch_size(tables: dict[str, Any], cell_id: str) -> int | None:
+    cells = tables["cells"]
+    sizes = cells.loc[cells["cell_id"] == cell_id, "batch_size"].dropna()
+    return int(sizes.iloc[-1]) if len(sizes) else None
 
 
 def run_step(
@@ -101,51 +205,63 @@ def run_step(
 
     if not args.model and not args.cell:
         raise ValueError("--fit DIR with --params-file needs --cell ID (the calibration cell)")
+    corrections = corrections_from_args(args)
     tables = load(args.fit)
     model = load_step_model(
         tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
         backend=args.fit_backend, cell_id=args.cell,
     )  # fmt: skip
-    link, label = _link(args, model, cluster, alpha_ns)
-    what_if: dict[str, Any] = {"link": link, "same_host": args.same_host}
-    if args.no_interference:
-        what_if["interference"] = NO_INTERFERENCE
+    link, label = _link(args, model, cluster, alpha_ns, corrections)
+    what_if: dict[str, Any] = {
+        "link": link, "same_host": args.same_host, "corrections": corrections
+    }  # fmt: skip
     main = predict_cap(
         model, param_sizes, bucket_cap_mb=args.bucket_cap_mb, world_size=args.world_size, **what_if
     )
     idle = predict_cap(
         model, param_sizes, bucket_cap_mb=args.bucket_cap_mb, world_size=args.world_size,
-        link=link, same_host=args.same_host, interference=NO_INTERFERENCE,
+        link=link, same_host=args.same_host, corrections=IDLE,
     )  # fmt: skip
     cal = model.calibration
-    scale, stall, rank_wait = in_training(
-        model, link=link, interference=what_if.get("interference")
-    )
+    used = applied(model, link=link, corrections=corrections)
     doc: dict[str, Any] = {
         "prediction": _prediction_doc(main),
         "idle_ring": {k: v for k, v in _prediction_doc(idle).items() if k != "buckets"},
         "calibration": {
             "cell_id": cal.cell_id,
+            "cell_ids": list(cal.cell_ids),
             "world_size": cal.world_size,
+            "bucket_cap_mb": cal.bucket_cap_mb,
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
-            "link_scale": scale,
-            "stall_ns": round(stall),
-            "rank_wait_ns": round(rank_wait),
-            "interference": asdict(model.interference),
+            "corrections": {n: getattr(corrections, n) for n in CORRECTION_NAMES},
+            "link_scale": used.link_scale,
+            "stall_ns": round(used.stall_ns),
+            "rank_wait_ns": round(used.rank_wait_ns),
+            "host_residual_ns": round(used.host_residual_ns),
+            "interference": asdict(model.interference) if corrections.interference else None,
             "measured_step_ns": round(cal.measured_step_ns),
         },
+        "assumptions": assumptions(args, model, label, alpha_ns, _batch_size(tables, cal.cell_id)),
+        "in_sample": in_sample(model, param_sizes, corrections),
         "world_size": args.world_size,
     }
-    text = [_table(main, idle, label, args.world_size, cal.cell_id)]
+    text = [
+        _table(main, idle, label, args.world_size, cal.cell_id),
+        assumptions_text(doc["assumptions"]),
+        in_sample_text(doc["in_sample"]),
+    ]
     if args.recommend_bucket_cap:
         advice = recommend_cap(
             model, param_sizes, world_size=args.world_size, in_use_mb=args.bucket_cap_mb,
             **what_if,
         )  # fmt: skip
+        verdict = advice.verdict()
         doc["recommendation"] = {
             "best_bucket_cap_mb": advice.best_cap_mb,
             "in_use_bucket_cap_mb": args.bucket_cap_mb,
+            "kept_cap_in_use": advice.best is advice.in_use,
+            "verdict": verdict,
             "curve": [
                 {k: v for k, v in _prediction_doc(c).items() if k != "buckets"}
                 for c in advice.curve
@@ -155,20 +271,50 @@ def run_step(
             f"\n{'cap MiB':>8} {'buckets':>7} {'step ms':>9} {'range ms':>17} {'exposed ms':>10}"
         )
         for c in advice.curve:
-            mark = "  <- best" if same_cap(c.bucket_cap_mb, advice.best_cap_mb) else ""
-            mark += "  (in use)" if same_cap(c.bucket_cap_mb, args.bucket_cap_mb) else ""
+            mark = "  <- best" if c is advice.best else ""
+            mark += "  (in use)" if c is advice.in_use else ""
             cap = cap_number(c.bucket_cap_mb)
             text.append(
                 f"{cap:>8} {c.num_buckets:>7} {c.step_ns / 1e6:>9.2f} "
                 f"{c.step_ns_range[0] / 1e6:>8.2f}-{c.step_ns_range[1] / 1e6:<8.2f} "
                 f"{c.exposed_ns / 1e6:>10.2f}{mark}"
             )
+        text.append(verdict)
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0
 
 
+def assumptions_text(doc: dict[str, dict[str, Any]]) -> str:
+    """The ``assumptions`` document as lines: ``assumed <name>: <value> (<source>)``."""
+    lines = []
+    for name, item in doc.items():
+        value = item.get("value", item.get("value_ns"))
+        if name == "latency" and value is not None:
+            value = f"{value / 1e3:.1f} us"
+        shown = "" if value is None else f"{value} "
+        lines.append(f"assumed {name}: {shown}({item['source']})")
+    return "\n".join(lines)
+
+
+def in_sample_text(doc: dict[str, Any]) -> str:
+    """The ``in_sample`` document as one line."""
+    line = (
+        f"in sample ({len(doc['cells'])} calibration cell(s) at cap "
+        f"{cap_label(doc['bucket_cap_mb'], with_size=True)}, world size {doc['world_size']}): step "
+        f"{doc['predicted_step_ns'] / 1e6:.2f} ms predicted, {doc['measured_step_ns'] / 1e6:.2f} "
+        f"measured ({doc['step_error']:+.1%})"
+    )
+    if doc["measured_exposed_ns"] is not None:
+        line += (
+            f"; exposed {doc['predicted_exposed_ns'] / 1e6:.2f} ms predicted, "
+            f"{doc['measured_exposed_ns'] / 1e6:.2f} measured "
+            f"({doc['exposed_error_of_step']:+.1%} of the step)"
+        )
+    return line
+
+
 def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: str) -> str:
-    cap = cap_label(main.bucket_cap_mb)
+    cap = cap_label(main.bucket_cap_mb, with_size=True)
     lines = [
         f"step simulator calibrated on cell {cell}; link: {label}; world size {ws}; cap {cap}; "
         "buckets of the slowest rank",
@@ -181,18 +327,25 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
         )
     eff = main.overlap_efficiency
     wait = main.prediction.rank_wait_ns
+    residual = main.prediction.host_residual_ns
     lines.append(
         f"step {main.step_ns / 1e6:.2f} ms ({main.step_ns_range[0] / 1e6:.2f} to "
-        f"{main.step_ns_range[1] / 1e6:.2f}), exposed communication {main.exposed_ns / 1e6:.2f} ms "
+        f"{main.step_ns_range[1] / 1e6:.2f})"
+        + (f" with {residual / 1e6:+.2f} host residual" if residual else "")
+        + f", exposed communication {main.exposed_ns / 1e6:.2f} ms "
         f"({main.exposed_ns_range[0] / 1e6:.2f} to {main.exposed_ns_range[1] / 1e6:.2f})"
         + (f" of which {wait / 1e6:.2f} waiting for the slowest rank" if wait else "")
         + f", overlap efficiency {'n/a' if not math.isfinite(eff) else f'{eff:.2f}'}"
     )
     lines.append(
-        f"idle ring model (no interference): step {idle.step_ns / 1e6:.2f} ms, exposed "
+        f"idle ring model (every correction off): step {idle.step_ns / 1e6:.2f} ms, exposed "
         f"{idle.exposed_ns / 1e6:.2f} ms"
     )
     return "\n".join(lines)
+
+
+STEP_ONLY_FLAGS = ("--same-host", "--no-interference", "--without")
+"""Flags of the step simulator alone (``--fit DIR``)."""
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,5 +359,24 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-interference",
         action="store_true",
-        help="with --fit DIR: leave the measured interference factors out (the idle model)",
+        help="with --fit DIR: leave the measured interference factors out (--without "
+        "interference; the other corrections stay)",
     )
+    parser.add_argument(
+        "--without",
+        action="append",
+        choices=CORRECTION_NAMES,
+        metavar="CORRECTION",
+        help="with --fit DIR: switch one correction of the step model off (repeatable): "
+        + ", ".join(CORRECTION_NAMES),
+    )
+
+
+def step_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags of :data:`STEP_ONLY_FLAGS` the user gave."""
+    given = {
+        "--same-host": bool(args.same_host),
+        "--no-interference": bool(args.no_interference),
+        "--without": bool(args.without),
+    }
+    return [flag for flag, present in given.items() if present]

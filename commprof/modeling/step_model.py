@@ -20,7 +20,9 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
   three are taken as they are at every cap.
 * The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
   all-reduce times (plus the link's per-operation stall) with which the simulator replays the
-  cells' own median backward.
+  cells' own exposed communication (``measured_exposed_ns``: per cell the median over its
+  rank-steps of the timing hook's exposed time, then the median over cells, as
+  ``measured_step_ns`` is made of the steps).
 * The rank wait ``rank_wait_ns``: the simulator plays the slowest rank (the all-reduces
   start when it hands over), but every other rank ends its compute earlier and the hook counts
   its wait as exposed communication. Per step, the smallest exposed time over ranks is the
@@ -38,8 +40,10 @@ calibrated link, times the same core share on one CPU host (gloo over loopback m
 reduces the bytes on the ranks' cores). ``rank_wait_ns`` (the calibrated wait, times
 ``compute_scale``) is added to the slowest rank's exposed communication and communication time,
 so that both are what a rank's hook measures; the step time is the slowest rank's.
-Uncertainty: the same prediction with alpha and beta at the ends of their 95 % intervals and the
-interference factors at their quartiles (:func:`predict_range`).
+``host_residual_ns`` (``step_advice.host_residual_ns``, times ``compute_scale``) is added to the
+step: what the calibration cells' step holds beyond the simulated parts. Uncertainty: the same
+prediction with alpha and beta at the ends of their 95 % intervals and the interference factors
+at their quartiles (:func:`predict_range`).
 
 This module imports no torch and no ray.
 """
@@ -70,7 +74,6 @@ from commprof.modeling.timeline import spread_to_parameters
 
 ARM_COMM = "comm_under_compute"
 ARM_COMPUTE = "compute_under_comm"
-ARM_QUEUE = "comm_burst"
 
 
 FACTOR_STATISTICS = ("mean", "median")
@@ -116,16 +119,12 @@ def interference_from_rows(rows: pd.DataFrame, *, statistic: str = "mean") -> In
 
     comm, comm_spread = column(ARM_COMM)
     comp, comp_spread = column(ARM_COMPUTE)
-    # cells from before the burst arm have none: a queue then costs only the shared link
-    queue, queue_spread = column(ARM_QUEUE) if (rows["arm"] == ARM_QUEUE).any() else ((), ())
     return Interference(
         sizes_bytes=tuple(float(n) for n in sizes),
         comm_slowdown=tuple(comm),
         compute_slowdown=tuple(comp),
         comm_spread=tuple(comm_spread),
         compute_spread=tuple(comp_spread),
-        queue_slowdown=tuple(queue),
-        queue_spread=tuple(queue_spread),
     )
 
 
@@ -157,7 +156,13 @@ class StepCalibration:
     other_ns: float
     """Median backward time after the last all-reduce and compute (DDP's finalize)."""
     measured_step_ns: float
-    """Median measured step time of the cell (for reference)."""
+    """Measured step time of the calibration cells: the median over cells of each cell's
+    median over its measured rank-steps (what the host residual is fitted to)."""
+    measured_exposed_ns: float = math.nan
+    """Measured exposed communication, the timing hook's (``analysis.breakdown``), as
+    ``measured_step_ns`` is made."""
+    cell_step_ns: tuple[float, ...] = ()
+    """Each calibration cell's median step time (``cell_ids`` order)."""
     measured_backward_ns: float
     """Median measured backward time (what :func:`fit_link_scale` replays)."""
     rank_wait_ns: float = 0.0
@@ -276,6 +281,7 @@ def calibrate_step(
         )
         other.append(float(group["backward_ns"].iloc[0]) - max(float(done.max()), launch[-1]))
         exposed.setdefault((str(cell), int(group["step"].iloc[0])), []).append(
+            # the hook's exposed time: a union of [max(ready_k, R), done_k) is [R, max done)
             max(0.0, float(done.max() - ready.max()))
         )
     index = np.sort(buckets["bucket_index"].unique())
@@ -291,6 +297,14 @@ def calibrate_step(
     offsets = pd.Series(
         {k: float(np.median(v)) - before[i] for i, (k, v) in enumerate(sorted(per_bucket.items()))}
     )
+    # per cell the median over its rank-steps, then the median over cells (as repeats are judged)
+    cell_steps = steps.groupby("cell_id", sort=False)["step_ns"].median()
+    cell_exposed = pd.Series(
+        [e for v in exposed.values() for e in v],
+        index=[key[0] for key, v in exposed.items() for _ in v],
+        dtype=np.float64,
+    )
+    cell_exposed = cell_exposed.groupby(level=0).median()
     params = tables["bucket_params"]
     params = params[params["cell_id"] == row["cell_id"]]
     ready_work = spread_to_parameters(offsets, params, param_sizes)
@@ -306,7 +320,9 @@ def calibrate_step(
         forward_ns=float(steps["forward_ns"].median()),
         optimizer_ns=float(steps["optimizer_ns"].median()),
         other_ns=max(0.0, float(np.median(other))),
-        measured_step_ns=float(steps["step_ns"].median()),
+        measured_step_ns=float(cell_steps.median()),
+        measured_exposed_ns=float(cell_exposed.median()),
+        cell_step_ns=tuple(float(cell_steps[c]) for c in keys["cell_id"]),
         measured_backward_ns=float(steps["backward_ns"].median()),
         rank_wait_ns=max(
             0.0,
@@ -377,6 +393,7 @@ def predict_step(
     service_scale: float = 1.0,
     stall_ns: float = 0.0,
     rank_wait_ns: float = 0.0,
+    host_residual_ns: float = 0.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
@@ -398,6 +415,8 @@ def predict_step(
         rank_wait_ns: the calibrated wait of a rank for the slowest one
             (``calibration.rank_wait_ns``), times ``compute_scale``, added to the exposed
             communication and communication time (module docstring); 0: the slowest rank's.
+        host_residual_ns: the calibrated host residual (``step_advice.host_residual_ns``),
+            times ``compute_scale``, added to the step time (``StepPrediction.host_residual_ns``).
 
     Returns:
         The simulated step.
@@ -413,6 +432,8 @@ def predict_step(
     for name, value in (("stall_ns", stall_ns), ("rank_wait_ns", rank_wait_ns)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    if not math.isfinite(host_residual_ns):
+        raise ValueError(f"host_residual_ns must be finite, got {host_residual_ns}")
     ws = calibration.world_size if world_size is None else world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
@@ -437,6 +458,9 @@ def predict_step(
         optimizer_ns=compute_scale * calibration.optimizer_ns,
         other_ns=calibration.other_ns,
     )
+    residual = compute_scale * host_residual_ns
+    if residual:
+        slowest = replace(slowest, step_ns=slowest.step_ns + residual, host_residual_ns=residual)
     return with_rank_wait(slowest, compute_scale * rank_wait_ns)
 
 
@@ -470,41 +494,48 @@ def fit_link_scale(
     stall_ns: float = 0.0,
 ) -> float:
     """The in-training link scale: the multiplier of the link's idle all-reduce times with which
-    the simulator replays the calibration cells' own median backward.
+    the simulator replays the calibration cells' measured exposed communication.
 
     The microbenchmark times the link idle and its interference arms load it with one
     matrix-product thread; in training the all-reduces also share the host with the other
     ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
-    benchmark host a 26 MB bucket 2.5 times the fit of median times; with the per-operation
-    stall added, scales of 0.92 to 1.24 in two runs of the step-model benchmark). The
-    calibration cells measure that directly: the scale multiplies each bucket's idle time plus
-    ``stall_ns`` and is what the simulator, at the calibration cap with the calibrated timeline
-    and interference, needs to end backward when the cells did (``measured_backward_ns -
-    other_ns``), found by bisection in log scale within :data:`LINK_SCALE_BOUNDS` (the
-    simulated backward grows with the scale). Where even the smallest scale ends backward later
-    than measured (the communication was hidden, so the cells say nothing of the link), 1.
+    benchmark host a 26 MB bucket 2.5 times the fit of median times). The calibration cells
+    measure that directly: the scale multiplies each bucket's idle time plus ``stall_ns`` and
+    is what the simulator, at the calibration cap with the calibrated timeline, interference
+    and rank wait, needs to expose as much communication as the cells did
+    (``measured_exposed_ns``, the timing hook's definition), found by bisection in log scale
+    within :data:`LINK_SCALE_BOUNDS` (the simulated exposed time grows with the scale). The
+    exposed time is the target, not backward's end (an earlier form of this fit): the part of
+    backward the link does not set (DDP's reducer, a rank's skew) then stays out of the link,
+    and the step's remainder is the host residual's (``step_advice.host_residual_ns``). Where
+    even the smallest scale exposes more than measured, the smallest: the hooks' time and the
+    rank wait already hold what the cells exposed (on a shared CPU host a rank's hook can wait
+    for the other ranks inside the enqueue), and the least link time comes closest.
 
     Raises:
-        ValueError: the calibration has no measured backward time.
+        ValueError: the calibration has no measured exposed communication.
     """
-    target = calibration.measured_backward_ns - calibration.other_ns
+    target = calibration.measured_exposed_ns
     if not math.isfinite(target):
-        raise ValueError(f"calibration cell {calibration.cell_id} has no measured backward time")
+        raise ValueError(
+            f"calibration cell {calibration.cell_id} has no measured exposed communication"
+        )
 
-    def backward(scale: float) -> float:
+    def exposed(scale: float) -> float:
         return predict_step(
             calibration, param_sizes, bucket_cap_mb=calibration.bucket_cap_mb, link=link,
             interference=interference, service_scale=scale, stall_ns=stall_ns,
-        ).backward_ns  # fmt: skip
+            rank_wait_ns=calibration.rank_wait_ns,
+        ).exposed_ns  # fmt: skip
 
-    if backward(LINK_SCALE_BOUNDS[0]) >= target:
-        return 1.0
-    if backward(LINK_SCALE_BOUNDS[1]) <= target:
+    if exposed(LINK_SCALE_BOUNDS[0]) >= target:
+        return LINK_SCALE_BOUNDS[0]
+    if exposed(LINK_SCALE_BOUNDS[1]) <= target:
         return LINK_SCALE_BOUNDS[1]
     lo, hi = (math.log(b) for b in LINK_SCALE_BOUNDS)
-    for _ in range(40):  # 40 halvings of a range of log(128): far below a ns of backward
+    for _ in range(40):  # 40 halvings of a range of log(128): far below a ns of exposed time
         mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if backward(math.exp(mid)) < target else (lo, mid)
+        lo, hi = (mid, hi) if exposed(math.exp(mid)) < target else (lo, mid)
     return math.exp((lo + hi) / 2.0)
 
 

@@ -18,16 +18,17 @@ the backend run it:
 * Interference (:class:`Interference`, measured by the microbenchmark's interference arms):
   while compute runs, a transfer of ``n`` bytes progresses ``comm_factor(n)`` times slower;
   while any transfer runs, compute progresses ``compute_factor(n)`` times slower (``n`` the
-  largest bucket in flight); while more than one all-reduce is in flight or queued, each
-  progresses ``queue_factor(n)`` times slower still (what a queue costs beyond the link:
-  measured by the burst arm, the per-op time of back-to-back all-reduces over one alone).
+  largest bucket in flight).
 * Backward ends (``backward()`` returns) when the compute is done and every bucket is reduced.
 
 Outputs (:class:`StepPrediction`): the step time ``forward + backward + optimizer + other``,
-exposed communication (all-reduce time after the compute ended, the same definition as the
-timing hook's, docs/design.md), overlap efficiency ``(comm_busy - exposed) / comm_busy`` with
-``comm_busy`` the time at least one transfer is in flight (as the trace metrics define it:
-overlapped communication over communication), and every bucket's ready, start and end.
+and communication by the timing hook's definitions (``analysis.breakdown``, docs/design.md), so
+that a prediction reads as the measurement it is compared with: a bucket's communication runs
+from its hook entry (``ready``) to its all-reduce's end, compute ends at the last hook entry
+``R``; ``comm_busy = |union of [ready_k, end_k)|``, ``exposed = max(0, max_k end_k - R)``,
+overlap efficiency ``(comm_busy - exposed) / comm_busy``. One bucket is entered when every
+gradient is ready, so its overlap is 0, as the hook measures it. Every bucket's ready, start
+and end are given.
 
 This follows the structure of the simulators that predict training well (Echo, arXiv
 2412.12487: a slowdown model of overlapped kernels; Lumos, MLSys 2025: replaying a measured
@@ -66,11 +67,6 @@ class Interference:
     """Optional half-width (same units as the factor) of each comm factor's uncertainty."""
     compute_spread: tuple[float, ...] = ()
     """Optional half-width of each compute factor's uncertainty."""
-    queue_slowdown: tuple[float, ...] = ()
-    """Optional per size: an all-reduce's time among others queued or in flight, per op, over
-    its time alone (none: 1, a queue costs only the shared link)."""
-    queue_spread: tuple[float, ...] = ()
-    """Optional half-width of each queue factor's uncertainty."""
 
     def __post_init__(self) -> None:
         n = len(self.sizes_bytes)
@@ -81,11 +77,11 @@ class Interference:
             )
         if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:], strict=False)):
             raise ValueError(f"Interference sizes_bytes must increase, got {self.sizes_bytes}")
-        for name in ("comm_slowdown", "compute_slowdown", "queue_slowdown"):
+        for name in ("comm_slowdown", "compute_slowdown"):
             bad = [f for f in getattr(self, name) if not (math.isfinite(f) and f > 0)]
             if bad:
                 raise ValueError(f"Interference {name} must be finite and > 0, got {bad}")
-        for name in ("comm_spread", "compute_spread", "queue_slowdown", "queue_spread"):
+        for name in ("comm_spread", "compute_spread"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise ValueError(f"Interference {name} needs {n} entries or none")
 
@@ -101,16 +97,11 @@ class Interference:
         """Slowdown of compute while an all-reduce of ``num_bytes`` runs."""
         return self._at(self.compute_slowdown, num_bytes)
 
-    def queue_factor(self, num_bytes: float) -> float:
-        """Slowdown of an all-reduce of ``num_bytes`` while others are queued or in flight."""
-        return self._at(self.queue_slowdown, num_bytes) if self.queue_slowdown else 1.0
-
     def shifted(self, sign: float) -> Interference:
         """Factors moved by ``sign`` times their spread (floored at 1e-3; no spread: same)."""
         zeros = (0.0,) * len(self.sizes_bytes)
         comm = self.comm_spread or zeros
         comp = self.compute_spread or zeros
-        queue = self.queue_spread or zeros
         return Interference(
             sizes_bytes=self.sizes_bytes,
             comm_slowdown=tuple(
@@ -118,9 +109,6 @@ class Interference:
             ),
             compute_slowdown=tuple(
                 max(1e-3, f + sign * s) for f, s in zip(self.compute_slowdown, comp, strict=True)
-            ),
-            queue_slowdown=tuple(
-                max(1e-3, f + sign * s) for f, s in zip(self.queue_slowdown, queue, strict=False)
             ),
         )
 
@@ -158,11 +146,15 @@ class StepPrediction:
     compute_end_ns: float
     """When backward compute (and the last hook) ended, interference included."""
     exposed_ns: float
-    """Communication after compute ended: max(0, last end - compute end)."""
+    """Communication after the last hook entry (the hook's compute end): ``max(0, last end -
+    last ready)``."""
     comm_busy_ns: float
-    """Time at least one all-reduce was in flight."""
+    """Communication as the hook measures it: ``|union of [ready_k, end_k)|``."""
     overlap_efficiency: float
     """(comm_busy - exposed) / comm_busy; NaN without communication."""
+    host_residual_ns: float = 0.0
+    """Of ``step_ns``: the calibrated host residual (``step_model.predict_step``); 0 as
+    simulated."""
     rank_wait_ns: float = 0.0
     """Of ``exposed_ns`` and ``comm_busy_ns``: a rank's wait for the slowest rank's hand-over
     (``step_model.with_rank_wait``); 0 as simulated, the slowest rank's own."""
@@ -249,9 +241,10 @@ def simulate_step(
         milestones.append((float(work[k] + before[k + 1]), nb + k))  # handed over
     milestones.append((total + float(before[-1]), 2 * nb))  # compute ends, after every hook
     timeline = _play(milestones, service_ns, num_bytes, num_channels, interference)
-    ready, start, end, compute_end, busy = timeline
+    ready, start, end, compute_end = timeline
     comm_end = max(end) if nb else 0.0
-    exposed = max(0.0, comm_end - compute_end)
+    exposed = max(0.0, comm_end - ready[-1]) if nb else 0.0
+    busy = hook_comm_ns(ready, end)
     backward = max(compute_end, comm_end)
     return StepPrediction(
         step_ns=forward_ns + backward + optimizer_ns + other_ns,
@@ -259,7 +252,7 @@ def simulate_step(
         compute_end_ns=compute_end,
         exposed_ns=exposed,
         comm_busy_ns=busy,
-        # clamped: busy and exposed are sums of the same float steps, equal up to rounding
+        # clamped: exposed is part of busy, equal up to float rounding where nothing overlaps
         overlap_efficiency=min(1.0, max(0.0, busy - exposed) / busy) if busy > 0 else math.nan,
         buckets=tuple(
             BucketTiming(
@@ -275,14 +268,27 @@ def simulate_step(
     )
 
 
+def hook_comm_ns(ready_ns: Sequence[float], end_ns: Sequence[float]) -> float:
+    """``|union of [ready_k, end_k)|``: the timing hook's communication time of a step."""
+    if not len(ready_ns):
+        return 0.0
+    order = np.argsort(np.asarray(ready_ns, dtype=np.float64), kind="stable")
+    starts = np.asarray(ready_ns, dtype=np.float64)[order]
+    ends = np.asarray(end_ns, dtype=np.float64)[order]
+    # Sorted by start, interval i adds what reaches past the largest end before it (as
+    # analysis.breakdown.union_length does per step).
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(ends)[:-1]])
+    return float(np.clip(ends - np.maximum(starts, before), 0.0, None).sum())
+
+
 def _play(
     milestones: list[tuple[float, int]],
     service_ns: Sequence[float],
     num_bytes: Sequence[int],
     num_channels: int,
     interference: Interference,
-) -> tuple[list[float], list[float], list[float], float, float]:
-    """The event loop: (ready, start, end per bucket, compute end, comm busy time).
+) -> tuple[list[float], list[float], list[float], float]:
+    """The event loop: (ready, start, end per bucket, compute end).
 
     ``milestones`` are (compute work, event) in order: event k < nb is bucket k's hook entry,
     nb + k its hand-over to the backend, 2 nb the end of compute.
@@ -292,7 +298,7 @@ def _play(
     remaining = [float(s) for s in service_ns]
     queue: list[int] = []
     active: list[int] = []
-    t, w, busy, compute_end = 0.0, 0.0, 0.0, math.nan
+    t, w, compute_end = 0.0, 0.0, math.nan
     pos = 0
     # Each turn: the rates of compute and of every transfer in flight are constant until the
     # next event (a milestone of compute or a transfer's end); advance to it.
@@ -305,11 +311,8 @@ def _play(
         largest = max((num_bytes[k] for k in active), default=0)
         compute_rate = 1.0 / interference.compute_factor(largest) if active else 1.0
         share = 1.0 / len(active) if active else 0.0
-        queued = len(active) + len(queue) > 1
         rates = {
-            k: share
-            / (interference.comm_factor(num_bytes[k]) if computing else 1.0)
-            / (interference.queue_factor(num_bytes[k]) if queued else 1.0)
+            k: share / (interference.comm_factor(num_bytes[k]) if computing else 1.0)
             for k in active
         }
         dt, hits_milestone = math.inf, False
@@ -320,7 +323,6 @@ def _play(
                 dt, hits_milestone = remaining[k] / rate, False
         assert math.isfinite(dt), "simulation stalled"  # internal invariant
         t += dt
-        busy += dt if active else 0.0
         for k, rate in rates.items():
             remaining[k] -= dt * rate
         for k in [k for k in active if remaining[k] <= 1e-9 * max(1.0, float(service_ns[k]))]:
@@ -338,4 +340,4 @@ def _play(
             else:
                 compute_end = t
             pos += 1
-    return ready, start, end, (t if math.isnan(compute_end) else compute_end), busy
+    return ready, start, end, (t if math.isnan(compute_end) else compute_end)
