@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,12 @@ DDP_SETS = (
 """The real A100 and V100 training traces of ../shared/realtraces (SOURCES.txt there)."""
 IDENTITY_TOLERANCE = 0.05
 """The issue's bound on the identity replay (the replay reproduces these traces exactly)."""
+
+
+@cache
+def real(name: str) -> list[StepTimeline]:
+    """The step timelines of a set of ../shared/realtraces, read once for every test."""
+    return read_timelines(REALTRACES / name)
 
 
 def ddp_trace(*, sized: bool = True) -> dict[str, Any]:
@@ -151,7 +158,7 @@ def test_a_faster_link_lowers_exposed_communication(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", DDP_SETS)
 @needs(REALTRACES)
 def test_identity_replay_of_real_traces_within_five_percent(name: str) -> None:
-    steps = read_timelines(REALTRACES / name)
+    steps = real(name)
     assert steps
     for step in steps:
         same = replay(step)
@@ -245,7 +252,7 @@ def test_bucket_cap_on_a_real_trace_says_why(
 def test_real_trace_replay_moves_with_communication_time(name: str) -> None:
     # half the communication time never lengthens a step or its exposed time; twice never
     # shortens them (and no communication exposes none)
-    for step in read_timelines(REALTRACES / name):
+    for step in real(name):
         half, twice = replay(step, step.comm_ns * 0.5), replay(step, step.comm_ns * 2.0)
         assert half.step_ns <= step.measured_step_ns <= twice.step_ns
         assert half.exposed_ns <= step.measured_exposed_ns <= twice.exposed_ns
