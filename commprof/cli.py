@@ -489,9 +489,22 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        return _estimate_trace(args)
+    if args.world_size is None:
+        raise ValueError("--world-size N is required with --model or --params-file")
     from commprof.modeling.estimate import run
 
     return int(run(args, _param_sizes(args)))
+
+
+def _estimate_trace(args: argparse.Namespace) -> int:
+    """``estimate --trace``: the trace layer reads and replays, the model predicts the what-if
+    (each layer imports neither; docs/design.md, "Trace replay")."""
+    from commprof.modeling.trace_replay import run_trace
+    from commprof.traces.step_replay import count_gradient_shapes, read_timelines, replay
+
+    return run_trace(args, read_timelines, replay, count_gradient_shapes)
 
 
 def _collective(args: argparse.Namespace) -> int:

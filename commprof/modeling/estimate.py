@@ -295,7 +295,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="reference model name")
     src.add_argument("--params-file", help="YAML/JSON list of {name, numel, dtype_bytes}")
-    parser.add_argument("--world-size", type=int, required=True, help="ranks (>= 2)")
+    src.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="a rank trace or a folder of them (Kineto): replay its steps, then the what-if of "
+        "--cluster/--interconnect and --world-size (commprof.modeling.trace_replay)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, help="ranks (>= 2); required, but with --trace the trace's own"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--interconnect", help="published link name (see --interconnect-file)")
     where.add_argument(

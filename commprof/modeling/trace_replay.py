@@ -1,0 +1,375 @@
+"""``commprof estimate --trace DIR``: replay a real trace's steps, then what-ifs on them.
+
+The step timelines and their replay are :mod:`commprof.traces.step_replay` (the trace layer);
+this module holds what belongs to the model: which flags apply, the collective model that gives
+the what-if's durations, and the report. The command line hands the two together
+(``commprof.cli``), so neither layer imports the other (docs/design.md, "Layers").
+
+What-if durations (docs/design.md, "Trace replay"): each all-reduce whose size the trace gives
+takes the collective model's predicted time on the what-if's link and world size
+(``--cluster``: :class:`~commprof.modeling.cluster_link.ClusterLink`, NCCL's own tuning model;
+``--interconnect``: the Hockney model of ``cost_model`` on one published link), used directly,
+not as a ratio to the trace's own: a Kineto trace names the GPU, not the fabric between the
+ranks, so a ratio would divide by a prediction for a guessed link. The measured time of an
+NCCL kernel also holds the wait for the slowest peer, which a prediction leaves out; the report
+shows the measured and the predicted time of the same collectives side by side. Collectives of
+other types (all_to_all, send/recv, ...) and those without a size keep their measured time, and
+the report counts them.
+
+``--bucket-cap-mb`` is refused: a DDP trace holds each bucket's all-reduce, not the gradients
+inside it. Where the trace lacks per-parameter gradient sizes the error says so; where its
+``AccumulateGrad`` events carry gradient shapes (``record_shapes=True``) it says that laying a
+new cap out on a trace is not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from commprof.modeling.cluster_link import ClusterLink, cluster_link
+from commprof.modeling.cost_model import LinkParams, allreduce_ns
+from commprof.modeling.estimate import alpha_ns
+from commprof.modeling.interconnects import get_interconnect, load_interconnects
+
+if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
+    from commprof.traces.step_replay import Replayed, StepTimeline
+
+PREDICTED_TYPES = ("all_reduce",)
+"""Collective types the what-if predicts; the others keep their measured time."""
+NS_PER_MS = 1e6
+SOURCE = "commprof.traces.step_replay.replay (docs/design.md, Trace replay)"
+"""Where the replay's rules are written down (printed with the assumptions)."""
+
+NOT_WITH_TRACE: tuple[tuple[str, str, Any], ...] = (
+    ("--fit", "fit", None),
+    ("--fit-backend", "fit_backend", "gloo"),
+    ("--fit-source", "fit_source", "microbench"),
+    ("--timeline", "timeline", None),
+    ("--cell", "cell", None),
+    ("--batch-tokens", "batch_tokens", None),
+    ("--device-tflops", "device_tflops", None),
+    ("--recommend-bucket-cap", "recommend_bucket_cap", False),
+    ("--same-host", "same_host", False),
+    ("--no-interference", "no_interference", False),
+    ("--without", "without", None),
+)
+"""Flags of ``commprof estimate`` that do not apply with ``--trace`` (the trace gives the
+compute and the communication timeline): (flag, argparse dest, its default)."""
+BUCKET_CAP_REFUSAL = (
+    "--bucket-cap-mb with --trace: the trace lacks per-parameter gradient sizes (a DDP trace "
+    "records each bucket's all-reduce, not the gradients in it; AccumulateGrad's 'Input Dims', "
+    "which a trace recorded with record_shapes=True can carry, are absent or empty here), so a "
+    "new cap cannot be laid out from it; give the parameters with --model NAME or --params-file "
+    "FILE (commprof estimate without --trace)"
+)
+BUCKET_CAP_NOT_BUILT = (
+    "--bucket-cap-mb with --trace: the trace carries {n} per-parameter gradient shapes "
+    "(AccumulateGrad's 'Input Dims'), but laying a new cap out on a trace is not built yet (it "
+    "needs each gradient's ready time on the GPU, which the CPU-side AccumulateGrad events do "
+    "not give); give the parameters with --model NAME or --params-file FILE (commprof estimate "
+    "without --trace)"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WhatIf:
+    """The collective model and scale a what-if replays the trace on."""
+
+    link: LinkParams | ClusterLink
+    """Published link (Hockney model) or described cluster (NCCL's model)."""
+    label: str
+    """Where the link came from, for the report."""
+    world_size: int
+    """Ranks of the what-if (the trace's own where ``--world-size`` is not given)."""
+    algorithm: str = "ring"
+    """Cost model of a published link (``cost_model.ALGORITHMS``)."""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 2:
+            raise ValueError(f"--world-size {self.world_size}: an all-reduce needs >= 2 ranks")
+
+
+def check_trace_flags(args: argparse.Namespace) -> None:
+    """Refuse, naming the flag, what does not apply with ``--trace`` (before any trace is read).
+
+    Raises:
+        ValueError: For the model-input flags of ``NOT_WITH_TRACE``, a published link's flags
+            with ``--cluster``, ``--nccl-tests`` without it, and ``--world-size`` without a link.
+    """
+    bad = [
+        flag for flag, dest, default in NOT_WITH_TRACE if getattr(args, dest, default) != default
+    ]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)} do(es) not apply with --trace (the trace gives the compute and "
+            "communication timeline); leave them out"
+        )
+    link_flags = {
+        "--alpha-us": args.alpha_us is not None,
+        "--algorithm": args.algorithm is not None,
+        "--interconnect-file": args.interconnect_file is not None,
+    }
+    if args.cluster and any(link_flags.values()):
+        named = ", ".join(f for f, given in link_flags.items() if given)
+        raise ValueError(
+            f"--cluster {args.cluster}: {named} apply to --interconnect, not a cluster"
+        )
+    if args.nccl_tests and not args.cluster:
+        raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
+    if args.world_size is not None and not (args.cluster or args.interconnect):
+        raise ValueError(
+            f"--world-size {args.world_size} with --trace: give --cluster NAME|FILE or "
+            "--interconnect NAME, the collective model that predicts the new all-reduces"
+        )
+
+
+def what_if(args: argparse.Namespace, trace_world_size: int | None) -> WhatIf | None:
+    """The what-if of ``--cluster``/``--interconnect`` (and ``--world-size``), None without one.
+
+    Args:
+        args: Parsed ``commprof estimate`` options (checked by :func:`check_trace_flags`).
+        trace_world_size: The trace's own world size (None where it does not say).
+    """
+    if not (args.cluster or args.interconnect):
+        return None
+    world_size = args.world_size if args.world_size is not None else trace_world_size
+    if world_size is None:
+        raise ValueError("the trace does not say its world size: give --world-size N")
+    if args.cluster:
+        link = cluster_link(args.cluster, world_size, args.nccl_tests or ())
+        return WhatIf(link=link, label=link.describe(world_size), world_size=world_size)
+    published = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
+    params = LinkParams.from_bandwidth(
+        bandwidth_bytes_per_s=published.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
+    )
+    algorithm = args.algorithm or "ring"
+    label = (
+        f"{published.name} ({published.per_direction_bytes_per_s / 1e9:.1f} GB/s a direction, "
+        f"alpha {params.alpha_ns / 1e3:g} us assumed, {algorithm})"
+    )
+    return WhatIf(link=params, label=label, world_size=world_size, algorithm=algorithm)
+
+
+def predicted_ns(
+    collective_type: Sequence[str],
+    num_bytes: npt.ArrayLike,
+    group_size: npt.ArrayLike,
+    *,
+    trace_world_size: int | None,
+    scenario: WhatIf,
+) -> np.ndarray:
+    """The what-if's time of each collective (ns), NaN where it keeps its measured time.
+
+    An all-reduce of known size in the trace's world group (its group size unknown or the
+    trace's world size) runs on ``scenario.world_size`` ranks; one of a smaller group keeps its
+    group's size. Other types and unknown sizes (< 0) are NaN.
+    """
+    sizes = np.asarray(num_bytes, dtype=np.int64)
+    groups = np.asarray(group_size, dtype=np.int64)
+    out = np.full(sizes.shape, np.nan)
+    kind = np.array([t in PREDICTED_TYPES for t in collective_type], dtype=bool)
+    world_group = (groups < 0) | (groups == (trace_world_size or -2))
+    ranks = np.where(world_group, scenario.world_size, groups)
+    for p in np.unique(ranks[kind & (sizes >= 0)]).tolist():
+        sel = kind & (sizes >= 0) & (ranks == p)
+        if isinstance(scenario.link, ClusterLink):
+            out[sel] = scenario.link.predict_ns(sizes[sel], p)
+        else:
+            out[sel] = allreduce_ns(sizes[sel], p, scenario.link, algorithm=scenario.algorithm)
+    return out
+
+
+def _pct(new: float, old: float) -> float:
+    return 100.0 * (new - old) / old if old else (0.0 if new == old else math.nan)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / NS_PER_MS:.3f}"
+
+
+def replay_report(
+    timelines: Sequence[StepTimeline],
+    replay: Callable[..., Replayed],
+    scenario: WhatIf | None,
+) -> dict[str, Any]:
+    """Every step measured, replayed as measured and, with a scenario, replayed as predicted.
+
+    Returns:
+        The JSON document of ``--json``: ``steps`` (one row a rank-step), ``totals`` (sums over
+        them) and, with a scenario, ``what_if`` (link, world size, what was predicted).
+    """
+    rows = []
+    num_predicted = num_kept = 0
+    kept_types: set[str] = set()
+    for t in timelines:
+        same = replay(t)
+        row: dict[str, Any] = {
+            "rank": t.rank, "step": t.step,
+            "trace_step_ns": t.measured_step_ns, "replay_step_ns": same.step_ns,
+            "step_diff_pct": _pct(same.step_ns, t.measured_step_ns),
+            "trace_exposed_ns": t.measured_exposed_ns, "replay_exposed_ns": same.exposed_ns,
+            "exposed_diff_pct": _pct(same.exposed_ns, t.measured_exposed_ns),
+            "trace_comm_ns": t.measured_comm_ns,
+        }  # fmt: skip
+        if scenario is not None:
+            new = predicted_ns(
+                t.collective_type, t.num_bytes, t.group_size,
+                trace_world_size=t.world_size, scenario=scenario,
+            )  # fmt: skip
+            known = ~np.isnan(new)
+            num_predicted += int(known.sum())
+            num_kept += int((~known).sum())
+            kept_types |= {c for c, k in zip(t.collective_type, known, strict=True) if not k}
+            durations = np.where(known, new, t.comm_ns)
+            moved = replay(t, durations)
+            row |= {
+                "whatif_step_ns": moved.step_ns, "whatif_exposed_ns": moved.exposed_ns,
+                "whatif_comm_ns": moved.comm_ns,
+                "predicted_collectives_trace_ns": int(t.comm_ns[known].sum()),
+                "predicted_collectives_whatif_ns": int(np.rint(new[known].sum())),
+            }  # fmt: skip
+        rows.append(row)
+    sums = [k for k in rows[0] if k.endswith("_ns") and k != "step"] if rows else []
+    totals: dict[str, Any] = {k: int(sum(r[k] for r in rows)) for k in sums}
+    totals |= {
+        "num_steps": len(rows),
+        "ranks": sorted({r["rank"] for r in rows}),
+        "step_diff_pct": _pct(totals.get("replay_step_ns", 0), totals.get("trace_step_ns", 0)),
+        "exposed_diff_pct": _pct(
+            totals.get("replay_exposed_ns", 0), totals.get("trace_exposed_ns", 0)
+        ),
+    }
+    doc: dict[str, Any] = {"steps": rows, "totals": totals}
+    if scenario is not None:
+        if num_predicted == 0:
+            raise ValueError(
+                "--cluster/--interconnect with --trace: no all-reduce in the trace's steps gives "
+                "its size (Kineto writes 'In msg nelems' and 'dtype' in a collective's args, "
+                "which this trace lacks), so the collective model has nothing to predict"
+            )
+        doc["what_if"] = {
+            "link": scenario.label, "world_size": scenario.world_size,
+            "trace_world_size": timelines[0].world_size,
+            "num_predicted": num_predicted, "num_kept_measured": num_kept,
+            "kept_types": sorted(kept_types),
+        }  # fmt: skip
+    doc["assumptions"] = assumptions(scenario)
+    return doc
+
+
+def assumptions(scenario: WhatIf | None) -> list[str]:
+    """What the replay and the what-if assume, one line each (printed and in the JSON)."""
+    lines = [
+        f"replay rules: {SOURCE}; compute keeps its measured kernels and gaps, collectives their "
+        "launch point relative to compute and their stream order",
+    ]
+    if scenario is not None:
+        lines += [
+            f"what-if link: {scenario.label}; {scenario.world_size} ranks",
+            "each all-reduce of known size takes the model's predicted time directly (the trace "
+            "names no fabric to scale from); a measured kernel also holds waits for peers",
+            "compute is the trace's own: a new world size changes the collectives only",
+        ]
+    return lines
+
+
+def report_text(doc: dict[str, Any], trace: str) -> str:
+    """The text report of :func:`replay_report`."""
+    tot = doc["totals"]
+    lines = [
+        f"trace {trace}: {tot['num_steps']} step(s) of rank(s) {tot['ranks']}",
+        f"{'rank':>4} {'step':>6} {'step ms':>10} {'replay':>10} {'diff %':>7} "
+        f"{'exposed ms':>10} {'replay':>10} {'diff %':>7}",
+    ]
+    for r in doc["steps"]:
+        lines.append(
+            f"{r['rank']:>4} {r['step']:>6} {_ms(r['trace_step_ns']):>10} "
+            f"{_ms(r['replay_step_ns']):>10} {r['step_diff_pct']:>7.2f} "
+            f"{_ms(r['trace_exposed_ns']):>10} {_ms(r['replay_exposed_ns']):>10} "
+            f"{r['exposed_diff_pct']:>7.2f}"
+        )
+    lines.append(
+        f"{'all':>11} {_ms(tot['trace_step_ns']):>10} {_ms(tot['replay_step_ns']):>10} "
+        f"{tot['step_diff_pct']:>7.2f} {_ms(tot['trace_exposed_ns']):>10} "
+        f"{_ms(tot['replay_exposed_ns']):>10} {tot['exposed_diff_pct']:>7.2f}"
+    )
+    if "what_if" in doc:
+        w = doc["what_if"]
+        n = tot["num_steps"]
+        lines += [
+            "",
+            f"what-if on {w['world_size']} ranks (trace: {w['trace_world_size']}): mean a step",
+            f"  step     {_ms(tot['trace_step_ns'] / n)} ms -> {_ms(tot['whatif_step_ns'] / n)} ms "
+            f"({_pct(tot['whatif_step_ns'], tot['trace_step_ns']):+.1f} %)",
+            f"  exposed  {_ms(tot['trace_exposed_ns'] / n)} ms -> "
+            f"{_ms(tot['whatif_exposed_ns'] / n)} ms",
+            f"  comm     {_ms(tot['trace_comm_ns'] / n)} ms -> {_ms(tot['whatif_comm_ns'] / n)} ms",
+            f"  {w['num_predicted']} all-reduce(s) predicted: "
+            f"{_ms(tot['predicted_collectives_trace_ns'] / n)} ms measured -> "
+            f"{_ms(tot['predicted_collectives_whatif_ns'] / n)} ms a step",
+        ]
+        if w["num_kept_measured"]:
+            lines.append(
+                f"  {w['num_kept_measured']} collective(s) keep their measured time (no size, "
+                f"or a type the model does not predict: {', '.join(w['kept_types'])})"
+            )
+    lines += ["", "assumptions:"] + [f"  {a}" for a in doc["assumptions"]]
+    return "\n".join(lines)
+
+
+def check_bucket_cap(args: argparse.Namespace, gradient_shapes: Callable[[str], int]) -> None:
+    """Refuse ``--bucket-cap-mb`` with ``--trace``, saying why for this trace.
+
+    Args:
+        args: Parsed options.
+        gradient_shapes: Counts the per-parameter gradient shapes of a trace path
+            (``step_replay.count_gradient_shapes``); read only where a cap is given.
+
+    Raises:
+        ValueError: ``BUCKET_CAP_REFUSAL`` where the trace lacks per-parameter gradient sizes,
+            ``BUCKET_CAP_NOT_BUILT`` where it has them.
+    """
+    if getattr(args, "bucket_cap_mb", None) is None:
+        return
+    found = gradient_shapes(args.trace)
+    raise ValueError(BUCKET_CAP_NOT_BUILT.format(n=found) if found else BUCKET_CAP_REFUSAL)
+
+
+def run_trace(
+    args: argparse.Namespace,
+    read: Callable[[str], Sequence[StepTimeline]],
+    replay: Callable[..., Replayed],
+    gradient_shapes: Callable[[str], int],
+) -> int:
+    """Entry of ``commprof estimate --trace DIR``; prints the report or one JSON document.
+
+    Args:
+        args: Parsed ``commprof estimate`` options.
+        read: Reads the step timelines of a trace path (``step_replay.read_timelines``).
+        replay: Replays one timeline (``step_replay.replay``).
+        gradient_shapes: Counts a trace's per-parameter gradient shapes
+            (``step_replay.count_gradient_shapes``), for ``--bucket-cap-mb``.
+
+    Returns:
+        Process exit status.
+    """
+    check_trace_flags(args)
+    check_bucket_cap(args, gradient_shapes)
+    timelines = read(args.trace)
+    own = next((t.world_size for t in timelines if t.world_size), None)
+    if own is None:  # no distributedInfo: the largest process group the collectives name
+        own = max((int(t.group_size.max()) for t in timelines if t.group_size.size), default=-1)
+        own = own if own >= 2 else None
+    scenario = what_if(args, own)
+    doc = replay_report(timelines, replay, scenario)
+    doc["trace"] = str(args.trace)
+    print(json.dumps(doc) if args.json else report_text(doc, str(args.trace)))
+    return 0
