@@ -1,47 +1,58 @@
 """Does the step simulator predict training out of sample? Side by side with simpler models.
 
-Collection (one run, this machine: gloo over loopback, ranks spawned locally, no Ray): cells
-srn-1m, srn-10m and resnet18 at caps 0.25, 1, 4 and 25 MiB on 2 ranks, and srn-10m at 25 MiB on
-4 ranks, in interleaved rounds (every cell once per round, the order shuffled per round with a
-fixed seed) so that load drifts hit every cap alike; a round's 2-rank cells share one gang of
-rank processes (one process group for all), as a sweep's reused gangs do. Every round's 25 MiB
-cell of each model (the calibration cells) runs with the defaults of ``commprof run``
-(microbenchmark and interference arms); the others with a minimal microbenchmark. Each cell
-records the host's load average when it ended (``cells.load_avg_1m``). The raw dataset is kept
-compressed (``--archive``: ``results/step_model_data.tar.gz``).
+Collection (one run, this machine: gloo over loopback, ranks spawned locally, no Ray): the cells
+declared in ``step_model_split.yaml`` (``step_model_split.load_split``): per model its
+calibration cap and held-out caps at the split's world size (p = 2; srn-100k, srn-1m, srn-10m
+and resnet18) and its held-out world sizes (srn-1m at p = 3, srn-10m at p = 4), in interleaved
+rounds (every cell once per round, the order shuffled per round with a fixed seed) so that load
+drifts hit every cap alike; a round's cells of one world size share one gang of rank processes
+(one process group for all), as a sweep's reused gangs do. Every round's calibration cell of
+each model runs with the defaults of ``commprof run`` (microbenchmark and interference arms);
+the others with a minimal microbenchmark. Each cell records the host's load average when it
+ended (``cells.load_avg_1m``). The raw dataset is kept compressed (``--archive``:
+``results/step_model_data.tar.gz``); ``collection.json`` in it records the split file's
+SHA-256.
 
-The split, fixed before any error was looked at (the calibrations are in
-``step_model_analysis.py``):
+The split is fixed before the run, in the committed YAML file (the analysis reads the same
+file, ``step_model_analysis.py``):
 
-* Calibration: per model, its 25 MiB cells at p = 2 (every round's pooled, the headline; round
-  0's alone beside it): their timeline and the ring fit of their microbenchmarks; the
-  interference factors from every p = 2 calibration cell of the host. Nothing else.
-* Validation: every other cap of the model at p = 2 (median over rounds of the measured step
+* Calibration: per model, its calibration cells (25 MiB, DDP's default, at p = 2; every round's
+  pooled, the headline; round 0's alone beside it): their timeline and the ring fit of their
+  microbenchmarks; the interference factors from every p = 2 calibration cell of the host.
+  Nothing else.
+* Validation: every held-out cap of the model at p = 2 (median over rounds of the measured step
   time and of the per-step exposed communication, both from the timing hook's own records);
-  and srn-10m at p = 4, predicted from the p = 2 calibration.
+  and each held-out world size, predicted from the p = 2 calibration. Cells never used before
+  the split was declared: srn-100k (latency-bound: 0.38 MiB of gradients) at 0.05, 0.1, 0.25 and
+  25 MiB, and srn-1m at p = 3.
 
 Models compared (all from the same calibration): ``simulator`` (step_sim with interference; its
 exposed communication counts a rank's wait for the slowest rank, as the hook's own records do,
-``StepCalibration.rank_wait_ns``), ``simulator_median`` (the same with median interference
-factors in place of means, an ablation), ``idle_ring`` (the same timeline and fit, no
-interference, one channel: ``commprof estimate``'s model), ``bucket_sum`` (compute plus the sum
-of the buckets' in-training times from the ``buckets`` fit of the calibration cell, no overlap),
-``no_overlap`` (compute plus the sum of idle all-reduce times). Error: step time APE, and
-|predicted - measured exposed| / measured step.
+``StepCalibration.rank_wait_ns``), ``simulator_median`` (calibrated with median interference
+factors in place of means), ``idle_ring`` (the same timeline and fit, no interference, one
+channel: ``commprof estimate``'s model), ``bucket_sum`` (compute plus the sum of the buckets'
+in-training times from the ``buckets`` fit of the calibration cell, no overlap), ``no_overlap``
+(compute plus the sum of idle all-reduce times). Error: step time APE, and |predicted - measured
+exposed| / measured step. Ablation (``step_model_analysis.ablation``): the simulator with each
+correction off in turn (the host stall, the in-training link scale, the wait for the slowest
+rank, mean interference factors, interference), on the same held-out cells.
 
-Advice by regret: the cap the simulator recommends among the four (calibration only) against the
-best measured cap; within 3 % counts as a hit. The headline reading is ``interleaved``: each
-round also trains each model's four caps side by side in one gang, step by step in a shuffled
-order (``_pairs_gang``, ``PAIR_STEPS`` cycles), so that the host's drift, which moves whole cells
-by 6 to 7 % on this host, hits every cap alike; a round's pair is the recommended and the best
-measured cap's medians over that round's interleaved steps. Reported beside it, on the cells:
-``pairs`` (the two caps' cells of each round), ``round_best`` (against the shortest of the
-round's four cells) and ``same_layout`` (two caps that DDP buckets identically count as one
-configuration).
+Goals (issue #28), per model and in one run: held-out step MAPE <= 10 %, and the advice within
+3 % of the best measured cap. The cap the simulator recommends among the model's caps
+(calibration only) against the best measured cap, read on step-interleaved pairs: each round
+also trains each model's caps side by side in one gang, step by step in a shuffled order
+(``_pairs_gang``, the split's ``pair_steps`` cycles), so that the host's drift, which moves
+whole cells by 6 to 7 % on this host, hits every cap alike; the goal's figure is the
+recommended cap's median over all the run's interleaved steps over the best cap's, the rounds'
+hits beside it. Reported beside it, on the cells: ``pairs`` (the two caps' cells of each
+round), ``round_best`` (against the shortest of the round's cells) and ``same_layout`` (two caps
+that DDP buckets identically count as one configuration).
 
-Usage: ``python benchmarks/bench_step_model.py [--rounds 10] [--budget-s 1500]`` writes
+Usage: ``python benchmarks/bench_step_model.py [--rounds 4] [--budget-s 1200]`` writes
 ``benchmarks/results/step_model.json`` and ``benchmarks/results/step_model_data.tar.gz``;
-``--analyze-only`` recomputes the report from that archive (or from a folder, ``--data``).
+``--analyze-only`` recomputes the report from that archive (or from a folder, ``--data``) under
+the committed split (a cell the dataset lacks: ``not collected``); ``--smoke`` collects
+srn-100k and srn-1m only (one round, an eighth of the pairs' cycles) outside ``results/``.
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,29 +77,25 @@ sys.path.insert(0, str(REPO))
 import ledger  # noqa: E402
 import torch  # noqa: E402
 from bench_env import environment  # noqa: E402
-from step_model_analysis import PAIRS_FILE  # noqa: E402
+from step_model_analysis import PAIRS_FILE, ablation_table, analyze, split_sha256  # noqa: E402
+from step_model_split import SPLIT_FILE, Split, load_split  # noqa: E402
 
 from commprof import results  # noqa: E402
 from commprof.matrix import Cell  # noqa: E402
 from commprof.outcomes import merge_rank_records  # noqa: E402
 from commprof.training.launcher import spawn_ranks  # noqa: E402
 
-MODELS = {"srn-1m": 8, "srn-10m": 8, "resnet18": 1}
-"""Models and their per-rank batch size (resnet18 at 1 keeps a round short on a loaded host)."""
-CAPS_MB = (0.25, 1.0, 4.0, 25.0)
-CALIBRATION_CAP_MB = 25.0
-"""The cap each model is calibrated on (DDP's default size)."""
-BIG_WORLD = ("srn-10m", 4, 25.0)
-"""(model, world size, cap) predicted from the model's p = 2 calibration."""
 STEPS, WARMUP = 22, 2
 """Steps 2 to 21 measured (step 0 never is): 20 a cell; with 4, a cell's median moved by up to
 30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 to 30 ms)."""
 SEED = 1
-PAIR_STEPS = {"srn-1m": 480, "srn-10m": 80, "resnet18": 40}
-"""Cycles of the step-interleaved pairs per model and round (each one step of every cap): about
-20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by 1 to 2 %
-between rounds by the step noise measured on this host (median of n steps: 1.25 sigma /
-sqrt(n), per-step sigma about 30 % srn-1m, 8 % srn-10m, 6 % resnet18)."""
+SMOKE_MODELS = ("srn-100k", "srn-1m")
+"""``--smoke``: the smallest models, every cell of theirs (caps and world sizes)."""
+SMOKE_PAIR_DIVISOR = 8
+"""``--smoke`` runs this fraction of each model's ``pair_steps`` (the split's ``pair_steps``:
+about 20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by
+1 to 2 % between rounds by the step noise measured on this host, median of n steps: 1.25 sigma /
+sqrt(n))."""
 ARCHIVE = REPO / "benchmarks/results/step_model_data.tar.gz"
 """The raw dataset of the latest run, compressed (one folder, ``ARCHIVE_ROOT``)."""
 ARCHIVE_ROOT = "step_model_data"
@@ -102,25 +110,29 @@ MINIMAL_MICROBENCH = {
 measured once each): the model never reads them."""
 
 
-def _cells(round_index: int, models: dict[str, int]) -> list[Cell]:
+def _cells(round_index: int, split: Split, models: Sequence[str]) -> list[Cell]:
+    """A round's cells of ``models``: every cap of each at the split's world size (the
+    calibration cap with the defaults of ``commprof run``, the others with a minimal
+    microbenchmark), then each held-out world size."""
     cells = []
-    for model, batch in models.items():
-        for cap in CAPS_MB:
-            calibration = cap == CALIBRATION_CAP_MB
+    for ms in (split.model(name) for name in models):
+        common = dict(
+            model=ms.name, batch_size=ms.batch_size, steps=STEPS, warmup_steps=WARMUP, seed=SEED,
+            repeat=round_index,
+        )  # fmt: skip
+        for cap in ms.caps_mb:
+            calibration = cap == ms.calibration_cap_mb
             extra: dict[str, Any] = {} if calibration else dict(MINIMAL_MICROBENCH)
             cells.append(
+                Cell(world_size=split.world_size, bucket_cap_mb=cap, **common, **extra)  # type: ignore[arg-type]
+            )
+        for world in ms.held_out_worlds:
+            cells.append(
                 Cell(
-                    model=model, world_size=2, bucket_cap_mb=cap, batch_size=batch, steps=STEPS,
-                    warmup_steps=WARMUP, seed=SEED, repeat=round_index, **extra,
+                    world_size=world.world_size, bucket_cap_mb=world.bucket_cap_mb, **common,  # type: ignore[arg-type]
+                    **MINIMAL_MICROBENCH,
                 )
             )  # fmt: skip
-    model, world, cap = BIG_WORLD
-    cells.append(
-        Cell(
-            model=model, world_size=world, bucket_cap_mb=cap, batch_size=MODELS[model],
-            steps=STEPS, warmup_steps=WARMUP, seed=SEED, repeat=round_index, **MINIMAL_MICROBENCH,
-        )
-    )  # fmt: skip
     return cells
 
 
@@ -141,14 +153,16 @@ def _gang(rank: int, world_size: int, store_path: str, cells: list[Cell]) -> lis
 
 
 def _pairs_gang(
-    rank: int, world_size: int, store_path: str, round_index: int, steps: dict[str, int]
-) -> dict[str, dict[str, list[int]]]:
-    """One rank of a round's step-interleaved pairs: per model, its four caps trained side by side.
+    rank: int, world_size: int, store_path: str, round_index: int,
+    plan: dict[str, tuple[tuple[float, ...], int, int]],
+) -> dict[str, dict[str, list[int]]]:  # fmt: skip
+    """One rank of a round's step-interleaved pairs: per model, its caps trained side by side.
 
-    Four DDP replicas of the model (one per cap, the same initial weights, each with the timing
-    hook and its own optimizer) in one process group; two warm-up steps each, then ``steps[model]``
-    cycles, each one step of every cap on the same batch, in an order shuffled every cycle (a
-    seeded generator, the same on every rank; a rotation would keep each cap's neighbours). The
+    ``plan``: per model (caps, batch size, cycles). A DDP replica of the model per cap (the same
+    initial weights, each with the timing hook and its own optimizer) in one process group; two
+    warm-up steps each, then the model's cycles, each one step of every cap on the same batch, in
+    an order shuffled every cycle (a seeded generator, the same on every rank; a rotation would
+    keep each cap's neighbours). The
     steps are timed as a cell's (``trainer._timed_step``). Returns per model and cap the
     measured step times (ns).
     """
@@ -164,9 +178,9 @@ def _pairs_gang(
     out: dict[str, dict[str, list[int]]] = {}
     store = dist.FileStore(store_path, world_size)
     with process_group(backend="gloo", rank=rank, world_size=world_size, store=store):
-        for model, cycles in steps.items():
+        for model, (caps, batch, cycles) in plan.items():
             arms = []
-            for cap_mb in CAPS_MB:
+            for cap_mb in caps:
                 cell = Cell(model=model, world_size=world_size, bucket_cap_mb=cap_mb, seed=SEED)
                 torch.manual_seed(SEED)
                 ddp = torch.nn.parallel.DistributedDataParallel(
@@ -179,7 +193,7 @@ def _pairs_gang(
             order = random.Random(SEED + round_index)  # the same on every rank
             for step in range(WARMUP + cycles):
                 inputs, targets = make_batch(
-                    model, MODELS[model], rank=rank, seed=SEED + round_index, step=step,
+                    model, batch, rank=rank, seed=SEED + round_index, step=step,
                     device=device,
                 )  # fmt: skip
                 order.shuffle(arms)
@@ -204,37 +218,46 @@ def _commit(data: Path, cells: list[Cell], per_rank: list[list[dict[str, Any]]])
 
 
 def collect(
-    data: Path, rounds: int, budget_s: float, models: dict[str, int], pair_steps: dict[str, int]
-) -> dict[str, Any]:
+    data: Path, rounds: int, budget_s: float, split: Split, models: Sequence[str],
+    pair_divisor: int = 1,
+) -> dict[str, Any]:  # fmt: skip
     """Run the rounds into ``data``; stop starting rounds once ``budget_s`` is spent.
 
-    Per round one 2-rank gang (fresh processes) runs the twelve p = 2 cells in a shuffled order
-    in one process group, then a 4-rank gang the p = 4 cell: process start (seconds a cell on a
-    loaded host) is paid once a round instead of once a cell. A third gang then runs the round's
-    step-interleaved pairs (``_pairs_gang``, ``pair_steps`` cycles per model), kept in
+    Per round one gang of fresh processes per world size (the split's first, then each held-out
+    one) runs that world size's cells of ``models`` in a shuffled order in one process group:
+    process start (seconds a cell on a loaded host) is paid once a gang instead of once a cell.
+    A last gang at the split's world size then runs the round's step-interleaved pairs
+    (``_pairs_gang``, each model's ``pair_steps // pair_divisor`` cycles), kept in
     ``data / PAIRS_FILE`` as ``[{"round", "ranks": [{model: {cap: [ns]}}]}]``.
     """
     started = time.monotonic()
     done = 0
     orders = []
     pairs: list[dict[str, Any]] = []
+    plan = {
+        ms.name: (ms.caps_mb, ms.batch_size, max(1, ms.pair_steps // pair_divisor))
+        for ms in (split.model(n) for n in models)
+    }
     for r in range(rounds):
         if r > 0 and time.monotonic() - started > budget_s:
             break
-        cells = _cells(r, models)
+        cells = _cells(r, split, models)
         random.Random(SEED + r).shuffle(cells)
-        for world in (2, 4):
+        worlds = [split.world_size, *sorted({c.world_size for c in cells} - {split.world_size})]
+        for world in worlds:
             group = [c for c in cells if c.world_size == world]
             per_rank = spawn_ranks(_gang, world, args=(group,), limit_s=1800)
             _commit(data, group, per_rank)
             orders.append([c.cell_id for c in group])
-        if pair_steps:
-            per_rank_pairs = spawn_ranks(_pairs_gang, 2, args=(r, pair_steps), limit_s=1800)
-            pairs.append({"round": r, "ranks": per_rank_pairs})
-            (data / PAIRS_FILE).write_text(json.dumps(pairs) + "\n")
+        per_rank_pairs = spawn_ranks(_pairs_gang, split.world_size, args=(r, plan), limit_s=1800)
+        pairs.append({"round": r, "ranks": per_rank_pairs})
+        (data / PAIRS_FILE).write_text(json.dumps(pairs) + "\n")
         done += 1
         print(f"round {r} done at {time.monotonic() - started:.0f} s", flush=True)
-    return {"rounds_done": done, "collect_s": time.monotonic() - started, "orders": orders}
+    return {
+        "rounds_done": done, "collect_s": time.monotonic() - started, "orders": orders,
+        "models": list(models), "pair_cycles": {m: p[2] for m, p in plan.items()},
+    }  # fmt: skip
 
 
 def pack(data: Path, archive: Path) -> None:
@@ -272,47 +295,54 @@ def unpack(archive: Path, into: Path) -> Path:
     return into / ARCHIVE_ROOT
 
 
-def _report(data: Path) -> dict[str, Any]:
-    """The collection's metadata and the analysis of the dataset folder ``data``."""
-    from step_model_analysis import analyze
-
+def _report(data: Path, split_path: Path) -> dict[str, Any]:
+    """The collection's metadata and the analysis of the dataset folder ``data`` under the split
+    in ``split_path``."""
     meta = json.loads((data / "collection.json").read_text())
-    report = {**meta, **analyze(data)}
+    report = {**meta, **analyze(data, split_path)}
     report.pop("orders", None)
     return report
 
 
 def headline(report: dict[str, Any]) -> str:
-    """The ledger's figures: the simulator's held-out step MAPE and worst exposed error per
-    model, its advice hits (interleaved where the run has them), p = 2 to 4, the load average."""
-    names = sorted(report["models"])
+    """The ledger's figures: per model (in the split's order) the simulator's held-out step
+    MAPE, worst exposed error and advice ratio to the best cap (interleaved where the run has
+    it), each held-out world size's step error, the goals met, the load average."""
     summary = report["summary"]
+    names = list(summary["goals"])
 
-    def per_model(values: list[str]) -> str:
-        return " / ".join(values)
+    def figure(name: str, key: str) -> str:
+        entry = summary[name]
+        if not isinstance(entry, dict) or key not in entry:
+            return "n/c"
+        return f"{entry[key]['simulator']:.1f}"
 
-    step = per_model([f"{summary[n]['held_out_step_mape_pct']['simulator']:.1f}" for n in names])
-    exposed = per_model(
-        [f"{summary[n]['held_out_exposed_err_max_pct_of_step']['simulator']:.1f}" for n in names]
+    def ratio(name: str) -> str:
+        entry = summary[name]
+        value = entry["goals"]["advice_ratio_to_best"] if isinstance(entry, dict) else None
+        return "n/c" if value is None else f"{value:.3f}"
+
+    worlds = "; ".join(
+        f"{k} {v if isinstance(v, str) else format(v['same_host'], '.1f') + ' %'}"
+        for k, v in summary["world_sizes_step_ape_pct"].items()
     )
-    advice = [report["models"][n]["advice"]["simulator"] for n in names]
-    reading = "interleaved" if all("interleaved" in a for a in advice) else "cell pairs"
-    hits = per_model(
-        [str(a["interleaved"]["hits"] if "interleaved" in a else a["hits"]) for a in advice]
-    )
+    met = sum(v == "meets both goals" for v in summary["goals"].values())
     env = report["environment"]
+    step = " / ".join(figure(n, "held_out_step_mape_pct") for n in names)
+    exposed = " / ".join(figure(n, "held_out_exposed_err_max_pct_of_step") for n in names)
     return (
-        f"{per_model(names)}: step MAPE {step} %, worst exposed {exposed} % of the step, advice "
-        f"{hits} of {advice[0]['rounds']} ({reading}); p = 2 to 4 "
-        f"{summary['p2_to_p4']['same_host']:.1f} %; load {env['load_avg_1m_at_start']:.1f} to "
+        f"{' / '.join(names)}: step MAPE {step} %, worst exposed {exposed} % of the step, "
+        f"advice / best {' / '.join(ratio(n) for n in names)} (interleaved); "
+        f"{worlds}; goals met {met} of {len(names)}; load {env['load_avg_1m_at_start']:.1f} to "
         f"{env['load_avg_1m_at_end']:.1f}"
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--budget-s", type=float, default=1500.0, help="no new round after this")
+    parser.add_argument("--rounds", type=int, default=4, help="default 4; 1 with --smoke")
+    parser.add_argument("--budget-s", type=float, default=1200.0, help="no new round after this")
+    parser.add_argument("--split", type=Path, default=SPLIT_FILE, help="the declared split (YAML)")
     parser.add_argument(
         "--data", type=Path, default=None,
         help=f"dataset folder: where a collection writes (default {SCRATCH}), or what "
@@ -322,10 +352,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_model.json")
     parser.add_argument("--analyze-only", action="store_true", help="reuse the kept dataset")
     parser.add_argument("--collect-only", action="store_true", help="collect, analyze later")
-    parser.add_argument("--smoke", action="store_true", help="srn-10m only (checks the script)")
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help=f"{', '.join(SMOKE_MODELS)} only, 1/{SMOKE_PAIR_DIVISOR} of the pairs' cycles, one "
+        "round unless --rounds is given (checks the script)",
+    )  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args()
+    split = load_split(args.split)
     if args.smoke:  # never over the kept result
+        if args.rounds == parser.get_default("rounds"):
+            args.rounds = 1
         if args.out == parser.get_default("out"):
             args.out = SCRATCH.parent / "step_model_smoke.json"
         if args.archive == ARCHIVE:
@@ -333,29 +370,31 @@ def main() -> int:
 
     if args.analyze_only:
         if args.data is not None:
-            report = _report(args.data)
+            report = _report(args.data, args.split)
         else:
             with tempfile.TemporaryDirectory(prefix="commprof-step-model-") as tmp:
-                report = _report(unpack(args.archive, Path(tmp)))
+                report = _report(unpack(args.archive, Path(tmp)), args.split)
     else:
         data = args.data or SCRATCH
         if data.exists():
             shutil.rmtree(data)
         load_at_start = os.getloadavg()[0]
-        models = {"srn-10m": MODELS["srn-10m"]} if args.smoke else MODELS
-        pair_steps = {m: PAIR_STEPS[m] for m in models}
-        meta = collect(data, args.rounds, args.budget_s, models, pair_steps)
+        models = [m for m in split.names if m in SMOKE_MODELS] if args.smoke else split.names
+        divisor = SMOKE_PAIR_DIVISOR if args.smoke else 1
+        meta = collect(data, args.rounds, args.budget_s, split, models, divisor)
         meta["environment"] = {**environment("end"), "load_avg_1m_at_start": load_at_start}
+        meta["split_sha256"] = split_sha256(args.split)
         (data / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
         pack(data, args.archive)
         print(f"-> {args.archive}")
         if args.collect_only:
             return 0
-        report = _report(data)
+        report = _report(data, args.split)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=1))
+    print(ablation_table(report["summary"]))
     print(f"-> {args.out}")
-    if not args.analyze_only:
+    if not (args.analyze_only or args.smoke):  # a smoke run is no run of the ledger
         ledger.print_row(
             "step_model", change=args.change, figures=headline(report),
             files=[args.out, args.archive],

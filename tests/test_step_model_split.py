@@ -1,0 +1,62 @@
+"""The step-model benchmark's declared split (``benchmarks/step_model_split.yaml``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from step_model_split import SPLIT_FILE, load_split  # noqa: E402
+
+GOOD = """\
+world_size: 2
+models:
+  srn-1m:
+    batch_size: 8
+    pair_steps: 4
+    calibration_cap_mb: 25
+    held_out_caps_mb: [0.25, 1]
+    held_out_world_sizes: [{world_size: 3, bucket_cap_mb: 25}]
+"""
+
+
+def test_the_committed_split_holds_the_new_cells() -> None:
+    split = load_split(SPLIT_FILE)
+    assert split.world_size == 2
+    tiny = split.model("srn-100k")
+    assert tiny.caps_mb == (0.05, 0.1, 0.25, 25.0)
+    assert tiny.calibration_cap_mb == 25.0
+    assert [(w.world_size, w.bucket_cap_mb) for w in split.model("srn-1m").held_out_worlds] == [
+        (3, 25.0)
+    ]
+
+
+def test_a_valid_file_reads(tmp_path: Path) -> None:
+    path = tmp_path / "split.yaml"
+    path.write_text(GOOD)
+    ms = load_split(path).model("srn-1m")
+    assert ms.caps_mb == (0.25, 1.0, 25.0)
+    assert ms.batch_size == 8 and ms.pair_steps == 4
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("[0.25, 1]", "[0.25, x]", r"models\.srn-1m\.held_out_caps_mb\[1\] must be a number.*'x'"),
+        ("[0.25, 1]", "[0.25, 25]", r"leave out the calibration cap 25"),
+        ("srn-1m:", "srn-1q:", r"models\.srn-1q: unknown model name"),
+        ("batch_size: 8", "batch_size: 0", r"models\.srn-1m\.batch_size must be an integer >= 1"),
+        ("world_size: 3", "world_size: 2", r"world_size 2 is the calibration world size"),
+        ("    pair_steps: 4\n", "", r"missing \['pair_steps'\]"),
+    ],
+)
+def test_errors_name_file_key_and_value(tmp_path: Path, old: str, new: str, message: str) -> None:
+    path = tmp_path / "split.yaml"
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(ValueError, match=message) as err:
+        load_split(path)
+    assert str(path) in str(err.value)
