@@ -52,11 +52,10 @@ from commprof.modeling.step_advice import (
     CapPrediction,
     StepModel,
     best_of,
-    host_residual_ns,
     load_step_model,
     predict_cap,
+    with_residuals,
 )
-from commprof.modeling.step_model import fit_link_scale
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
 
 CALIBRATION_ROUND = 0
@@ -76,7 +75,7 @@ ADVISED = ("simulator", "simulator_median", "idle_ring")
 NOT_COLLECTED = "not collected"
 """What the report says of a cell of the split that the dataset lacks."""
 ABLATIONS = (
-    "full", "no_host_residual", "no_stall", "no_link_scale", "no_rank_wait", "median_factors",
+    "full", "no_host_residual", "no_exposed_residual", "no_stall", "median_factors",
     "no_interference",
 )  # fmt: skip
 """The ablation's rows (:func:`ablation_variants`): the full simulator, then one correction off."""
@@ -248,7 +247,9 @@ def _per_model(
         & measured["bucket_cap_mb"].isin(ms.caps_mb)
     ]  # fmt: skip
     out: dict[str, Any] = {
-        "collected": True, "calibration_cells": cal_id, "link_scale": models[0].link_scale,
+        "collected": True, "calibration_cells": cal_id,
+        "exposed_residual_ns": models[0].exposed_residual_ns,
+        "host_residual_ns": models[0].host_residual_ns,
         "stall_ms": models[0].stall_ns / 1e6, "caps": {}, "world_sizes": {},
     }  # fmt: skip
     predicted: dict[str, list[CapPrediction]] = {m: [] for m in ADVISED}
@@ -478,36 +479,25 @@ def ablation_variants(
     """The full simulator and each correction switched off, one at a time (:data:`ABLATIONS`).
 
     The one place that knows how a correction is switched off, from the calibrated model's
-    fields: ``no_host_residual`` the host residual (0), ``no_stall`` the host stall
-    (``stall_ns`` 0), ``no_link_scale`` the in-training link scale (1), ``no_rank_wait`` the wait
-    for the slowest rank (``calibration.rank_wait_ns`` 0), ``median_factors`` the median pair
-    ratios in place of the mean interference factors, ``no_interference`` the interference
-    factors (none; the other corrections stay). Each variant is calibrated again without its
-    correction, as ``load_step_model`` would: the link scale fitted again (but in
-    ``no_link_scale``), then the host residual (but in ``no_host_residual``), so every row
-    reproduces the calibration cells and the rows differ in what the correction does to the
-    other cells. The calibrated timeline (its compute, taken out of interference with the mean
+    fields: ``no_host_residual`` the host residual (0), ``no_exposed_residual`` the exposed
+    residual (0; the step does not move with it), ``no_stall`` the host stall
+    (``stall_ns`` 0), ``median_factors`` the median pair ratios in place of the mean
+    interference factors, ``no_interference`` the interference factors (none). Each variant
+    is calibrated again without its correction, as ``load_step_model`` would: the residuals
+    fitted again (but the one switched off), so every row reproduces what its corrections can
+    of the calibration cells and the rows differ in what the correction does to the other
+    cells. The calibrated timeline (its compute, taken out of interference with the mean
     factors) is kept in every row.
     """
 
-    def residual(m: StepModel) -> StepModel:
-        return replace(m, host_residual_ns=host_residual_ns(m, param_sizes))
-
     def refit(m: StepModel) -> StepModel:
-        scale = fit_link_scale(
-            m.calibration, param_sizes, link=m.link, interference=m.interference,
-            stall_ns=m.stall_ns,
-        )  # fmt: skip
-        return residual(replace(m, link_scale=scale))
+        return with_residuals(m, param_sizes)
 
     variants = {
         "full": model,
         "no_host_residual": replace(model, host_residual_ns=0.0),
+        "no_exposed_residual": replace(model, exposed_residual_ns=0.0),
         "no_stall": refit(replace(model, stall_ns=0.0)),
-        "no_link_scale": residual(replace(model, link_scale=1.0)),
-        "no_rank_wait": refit(
-            replace(model, calibration=replace(model.calibration, rank_wait_ns=0.0))
-        ),
         "median_factors": refit(replace(model, interference=median_interference)),
         "no_interference": refit(replace(model, interference=NO_INTERFERENCE)),
     }
@@ -548,7 +538,8 @@ def ablation(
             )
         caps = [cells[c.key] for c in held_out if c.world_size == ws]
         out[name] = {
-            "link_scale": variant.link_scale,
+            "exposed_residual_ns": variant.exposed_residual_ns,
+            "host_residual_ns": variant.host_residual_ns,
             "step_mape_pct": statistics.mean(e["step_ape_pct"] for e in caps) if caps else None,
             "exposed_err_max_pct_of_step": (
                 max(e["exposed_err_pct_of_step"] for e in caps) if caps else None

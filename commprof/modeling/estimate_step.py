@@ -63,7 +63,7 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
         "exposed_ns": round(pred.exposed_ns),
         "exposed_ns_low": round(pred.exposed_ns_range[0]),
         "exposed_ns_high": round(pred.exposed_ns_range[1]),
-        "rank_wait_ns": round(pred.prediction.rank_wait_ns),
+        "exposed_residual_ns": round(pred.prediction.exposed_residual_ns),
         "host_residual_ns": round(pred.prediction.host_residual_ns),
         "overlap_efficiency": _finite(pred.overlap_efficiency),
         "compute_end_ns": round(pred.prediction.compute_end_ns),
@@ -96,8 +96,6 @@ def _link(
         label = f"fit of the microbenchmarks of {args.fit} ({model.link.method})"
         if used.stall_ns > 0:
             label += f" + {used.stall_ns / 1e6:.2f} ms stall an all-reduce"
-        if used.link_scale != 1.0:
-            label += f", x {used.link_scale:.2f} in training"
         return None, label
     link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
@@ -235,9 +233,8 @@ def run_step(
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
             "corrections": {n: getattr(corrections, n) for n in CORRECTION_NAMES},
-            "link_scale": used.link_scale,
             "stall_ns": round(used.stall_ns),
-            "rank_wait_ns": round(used.rank_wait_ns),
+            "exposed_residual_ns": round(used.exposed_residual_ns),
             "host_residual_ns": round(used.host_residual_ns),
             "interference": asdict(model.interference) if corrections.interference else None,
             "measured_step_ns": round(cal.measured_step_ns),
@@ -326,7 +323,7 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
             f"{b.start_ns / 1e6:>9.3f} {b.end_ns / 1e6:>9.3f} {b.service_ns / 1e6:>8.3f}"
         )
     eff = main.overlap_efficiency
-    wait = main.prediction.rank_wait_ns
+    exposed_residual = main.prediction.exposed_residual_ns
     residual = main.prediction.host_residual_ns
     lines.append(
         f"step {main.step_ns / 1e6:.2f} ms ({main.step_ns_range[0] / 1e6:.2f} to "
@@ -334,7 +331,7 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
         + (f" with {residual / 1e6:+.2f} host residual" if residual else "")
         + f", exposed communication {main.exposed_ns / 1e6:.2f} ms "
         f"({main.exposed_ns_range[0] / 1e6:.2f} to {main.exposed_ns_range[1] / 1e6:.2f})"
-        + (f" of which {wait / 1e6:.2f} waiting for the slowest rank" if wait else "")
+        + (f" with {exposed_residual / 1e6:+.2f} exposed residual" if exposed_residual else "")
         + f", overlap efficiency {'n/a' if not math.isfinite(eff) else f'{eff:.2f}'}"
     )
     lines.append(

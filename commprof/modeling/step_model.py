@@ -18,16 +18,9 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
 * ``other_ns`` is what backward spends after its last all-reduce and compute (DDP's finalize:
   copying the reduced buckets back into the gradients), forward and optimizer are medians: all
   three are taken as they are at every cap.
-* The in-training link scale (:func:`fit_link_scale`): the multiplier of the link fit's idle
-  all-reduce times (plus the link's per-operation stall) with which the simulator replays the
-  cells' own exposed communication (``measured_exposed_ns``: per cell the median over its
-  rank-steps of the timing hook's exposed time, then the median over cells, as
-  ``measured_step_ns`` is made of the steps).
-* The rank wait ``rank_wait_ns``: the simulator plays the slowest rank (the all-reduces
-  start when it hands over), but every other rank ends its compute earlier and the hook counts
-  its wait as exposed communication. Per step, the smallest exposed time over ranks is the
-  slowest rank's (an all-reduce completes on all ranks at about the same time); the wait is the
-  median exposed time of every rank-step minus the median of those (no cross-host clock).
+* The measured step and exposed communication (``measured_step_ns``, ``measured_exposed_ns``:
+  per cell the median over its rank-steps, the exposed time the timing hook's, then the median
+  over cells), which the two residuals of ``step_advice`` are fitted to.
 
 Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
 world size asked for (the ring model's p dependence), ``stall_ns`` adds the calibrated link's
@@ -35,13 +28,13 @@ expected stall of one operation (``step_advice.link_stall_ns``), :func:`step_sim
 plays the step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on
 another link or world size whose ranks have their own devices; on one CPU host whose cores the
 ranks share, the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale``
-multiplies the link's all-reduce times (stall included): the in-training link scale on the
-calibrated link, times the same core share on one CPU host (gloo over loopback moves and
-reduces the bytes on the ranks' cores). ``rank_wait_ns`` (the calibrated wait, times
-``compute_scale``) is added to the slowest rank's exposed communication and communication time,
-so that both are what a rank's hook measures; the step time is the slowest rank's.
-``host_residual_ns`` (``step_advice.host_residual_ns``, times ``compute_scale``) is added to the
-step: what the calibration cells' step holds beyond the simulated parts. Uncertainty: the same
+multiplies the link's all-reduce times (stall included): the same core share on one CPU host
+(gloo over loopback moves and reduces the bytes on the ranks' cores).
+``exposed_residual_ns`` (``step_advice.exposed_residual_ns``, times ``compute_scale``) is added
+to the exposed communication and communication time (:func:`with_exposed_residual`): what the
+calibration cells' hooks measured exposed beyond the simulated slowest rank. ``host_residual_ns``
+(``step_advice.host_residual_ns``, times ``compute_scale``) is added to the step: what the
+calibration cells' step holds beyond the simulated parts. Uncertainty: the same
 prediction with alpha and beta at the ends of their 95 % intervals and the interference factors
 at their quartiles (:func:`predict_range`).
 
@@ -164,10 +157,7 @@ class StepCalibration:
     cell_step_ns: tuple[float, ...] = ()
     """Each calibration cell's median step time (``cell_ids`` order)."""
     measured_backward_ns: float
-    """Median measured backward time (what :func:`fit_link_scale` replays)."""
-    rank_wait_ns: float = 0.0
-    """Median exposed communication of a rank minus that of the slowest rank (module
-    docstring): the wait for the slowest rank, which the hook counts as exposed."""
+    """Median measured backward time."""
     bucket_cap_mb: float | None
     """The calibration cells' cap (MiB; None: DDP's default)."""
 
@@ -324,11 +314,6 @@ def calibrate_step(
         measured_exposed_ns=float(cell_exposed.median()),
         cell_step_ns=tuple(float(cell_steps[c]) for c in keys["cell_id"]),
         measured_backward_ns=float(steps["backward_ns"].median()),
-        rank_wait_ns=max(
-            0.0,
-            float(np.median([e for v in exposed.values() for e in v]))
-            - float(np.median([min(v) for v in exposed.values()])),
-        ),
         bucket_cap_mb=cap_mb(row.get("bucket_cap_mb")),
     )
 
@@ -392,7 +377,7 @@ def predict_step(
     compute_scale: float = 1.0,
     service_scale: float = 1.0,
     stall_ns: float = 0.0,
-    rank_wait_ns: float = 0.0,
+    exposed_residual_ns: float = 0.0,
     host_residual_ns: float = 0.0,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
@@ -407,14 +392,14 @@ def predict_step(
         num_channels: collectives in flight at once (default: the backend's; NCCL's on a
             cluster, whose GPUs run NCCL).
         compute_scale: multiplies forward, backward compute and optimizer (module docstring).
-        service_scale: multiplies every bucket's all-reduce time (the in-training link
-            scale of :func:`fit_link_scale`, the core share of ranks that share one CPU host).
+        service_scale: multiplies every bucket's all-reduce time (the core share of ranks that
+            share one CPU host).
         stall_ns: added to every bucket's idle all-reduce time from ``link`` before the
             scale: the expected stall of one operation on the calibrated link
             (``step_advice.link_stall_ns``).
-        rank_wait_ns: the calibrated wait of a rank for the slowest one
-            (``calibration.rank_wait_ns``), times ``compute_scale``, added to the exposed
-            communication and communication time (module docstring); 0: the slowest rank's.
+        exposed_residual_ns: the calibrated exposed residual
+            (``step_advice.exposed_residual_ns``), times ``compute_scale``, added to the exposed
+            communication and communication time (:func:`with_exposed_residual`).
         host_residual_ns: the calibrated host residual (``step_advice.host_residual_ns``),
             times ``compute_scale``, added to the step time (``StepPrediction.host_residual_ns``).
 
@@ -429,11 +414,13 @@ def predict_step(
     for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
-    for name, value in (("stall_ns", stall_ns), ("rank_wait_ns", rank_wait_ns)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be finite and >= 0, got {value}")
-    if not math.isfinite(host_residual_ns):
-        raise ValueError(f"host_residual_ns must be finite, got {host_residual_ns}")
+    if not (math.isfinite(stall_ns) and stall_ns >= 0):
+        raise ValueError(f"stall_ns must be finite and >= 0, got {stall_ns}")
+    for name, value in (
+        ("exposed_residual_ns", exposed_residual_ns), ("host_residual_ns", host_residual_ns)
+    ):  # fmt: skip
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
     ws = calibration.world_size if world_size is None else world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
@@ -461,82 +448,24 @@ def predict_step(
     residual = compute_scale * host_residual_ns
     if residual:
         slowest = replace(slowest, step_ns=slowest.step_ns + residual, host_residual_ns=residual)
-    return with_rank_wait(slowest, compute_scale * rank_wait_ns)
+    return with_exposed_residual(slowest, compute_scale * exposed_residual_ns)
 
 
-def with_rank_wait(prediction: StepPrediction, wait_ns: float) -> StepPrediction:
-    """The slowest rank's simulated step as a rank that waits ``wait_ns`` for it measures it:
-    the wait added to its exposed communication and communication time (the step is the same)."""
-    if wait_ns == 0 or prediction.comm_busy_ns == 0:
+def with_exposed_residual(prediction: StepPrediction, residual_ns: float) -> StepPrediction:
+    """The simulated step as the calibration cells' hooks measure it: ``residual_ns`` (signed)
+    added to the exposed communication and the communication time, the exposed time kept within
+    [0, step] and the communication at least the exposed (the step is the same)."""
+    if residual_ns == 0 or prediction.comm_busy_ns == 0:
         return prediction
-    busy = prediction.comm_busy_ns + wait_ns
+    exposed = min(prediction.step_ns, max(0.0, prediction.exposed_ns + residual_ns))
+    busy = max(exposed, prediction.comm_busy_ns + residual_ns)
     return replace(
         prediction,
-        exposed_ns=prediction.exposed_ns + wait_ns,
+        exposed_ns=exposed,
         comm_busy_ns=busy,
-        overlap_efficiency=min(
-            1.0, max(0.0, prediction.comm_busy_ns - prediction.exposed_ns) / busy
-        ),
-        rank_wait_ns=wait_ns,
+        overlap_efficiency=min(1.0, max(0.0, busy - exposed) / busy) if busy else math.nan,
+        exposed_residual_ns=exposed - prediction.exposed_ns,
     )
-
-
-LINK_SCALE_BOUNDS = (1.0 / 8.0, 16.0)
-"""The in-training link scale searched (:func:`fit_link_scale`)."""
-
-
-def fit_link_scale(
-    calibration: StepCalibration,
-    param_sizes: Sequence[ParamSize],
-    *,
-    link: LinkParams | Fit,
-    interference: Interference,
-    stall_ns: float = 0.0,
-) -> float:
-    """The in-training link scale: the multiplier of the link's idle all-reduce times with which
-    the simulator replays the calibration cells' measured exposed communication.
-
-    The microbenchmark times the link idle and its interference arms load it with one
-    matrix-product thread; in training the all-reduces also share the host with the other
-    ranks' backward, the DDP reducer and the allocator, and take longer still (on the 2-core
-    benchmark host a 26 MB bucket 2.5 times the fit of median times). The calibration cells
-    measure that directly: the scale multiplies each bucket's idle time plus ``stall_ns`` and
-    is what the simulator, at the calibration cap with the calibrated timeline, interference
-    and rank wait, needs to expose as much communication as the cells did
-    (``measured_exposed_ns``, the timing hook's definition), found by bisection in log scale
-    within :data:`LINK_SCALE_BOUNDS` (the simulated exposed time grows with the scale). The
-    exposed time is the target, not backward's end (an earlier form of this fit): the part of
-    backward the link does not set (DDP's reducer, a rank's skew) then stays out of the link,
-    and the step's remainder is the host residual's (``step_advice.host_residual_ns``). Where
-    even the smallest scale exposes more than measured, the smallest: the hooks' time and the
-    rank wait already hold what the cells exposed (on a shared CPU host a rank's hook can wait
-    for the other ranks inside the enqueue), and the least link time comes closest.
-
-    Raises:
-        ValueError: the calibration has no measured exposed communication.
-    """
-    target = calibration.measured_exposed_ns
-    if not math.isfinite(target):
-        raise ValueError(
-            f"calibration cell {calibration.cell_id} has no measured exposed communication"
-        )
-
-    def exposed(scale: float) -> float:
-        return predict_step(
-            calibration, param_sizes, bucket_cap_mb=calibration.bucket_cap_mb, link=link,
-            interference=interference, service_scale=scale, stall_ns=stall_ns,
-            rank_wait_ns=calibration.rank_wait_ns,
-        ).exposed_ns  # fmt: skip
-
-    if exposed(LINK_SCALE_BOUNDS[0]) >= target:
-        return LINK_SCALE_BOUNDS[0]
-    if exposed(LINK_SCALE_BOUNDS[1]) <= target:
-        return LINK_SCALE_BOUNDS[1]
-    lo, hi = (math.log(b) for b in LINK_SCALE_BOUNDS)
-    for _ in range(40):  # 40 halvings of a range of log(128): far below a ns of exposed time
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if exposed(math.exp(mid)) < target else (lo, mid)
-    return math.exp((lo + hi) / 2.0)
 
 
 def _fit_bound(fit: Fit, side: int) -> Fit:

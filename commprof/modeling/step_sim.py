@@ -155,9 +155,9 @@ class StepPrediction:
     host_residual_ns: float = 0.0
     """Of ``step_ns``: the calibrated host residual (``step_model.predict_step``); 0 as
     simulated."""
-    rank_wait_ns: float = 0.0
-    """Of ``exposed_ns`` and ``comm_busy_ns``: a rank's wait for the slowest rank's hand-over
-    (``step_model.with_rank_wait``); 0 as simulated, the slowest rank's own."""
+    exposed_residual_ns: float = 0.0
+    """Of ``exposed_ns``: the calibrated exposed residual as applied
+    (``step_model.with_exposed_residual``); 0 as simulated."""
     buckets: tuple[BucketTiming, ...] = field(default=())
     """Per-bucket timeline."""
 
