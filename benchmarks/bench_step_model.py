@@ -33,9 +33,9 @@ stall and the two residuals that make it reproduce its calibration cells, ``step
 ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the ``buckets`` fit of
 the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of idle all-reduce times).
 Error: step time APE, and |predicted - measured exposed| / measured step. Ablation
-(``step_model_analysis.ablation``): the simulator with each correction off in turn (the host residual,
-the exposed residual, the host stall, mean interference factors, interference), on the same
-held-out cells.
+(``step_model_analysis.ablation``): the simulator with each correction off in turn (the host
+residual, the exposed residual, the host stall, mean interference factors, interference), on the
+same held-out cells.
 
 Goals (issue #28), per model and in one run: held-out step MAPE <= 10 %, and the advice within
 3 % of the best measured cap. The cap the simulator recommends among the model's caps

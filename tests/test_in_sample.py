@@ -118,15 +118,21 @@ def test_each_correction_switches_off_alone() -> None:
     common = ["--model", "srn-1m", "--fit", str(DATA), "--world-size", "2", "--json"]
     full = json.loads(estimate(*common))["calibration"]
     assert all(full["corrections"].values())
-    assert full["link_scale"] != 1 and full["stall_ns"] > 0 and full["host_residual_ns"] != 0
-    applied = ("link_scale", "stall_ns", "rank_wait_ns", "host_residual_ns", "interference")
-    neutral = {"link_scale": 1.0, "stall_ns": 0, "rank_wait_ns": 0, "host_residual_ns": 0,
-               "interference": None}  # fmt: skip
-    for name, key in zip(CORRECTION_NAMES, ("interference", *applied[:4]), strict=True):
+    assert full["stall_ns"] > 0 and full["exposed_residual_ns"] != 0
+    assert full["host_residual_ns"] != 0
+    keys = {
+        "interference": "interference",
+        "stall": "stall_ns",
+        "exposed_residual": "exposed_residual_ns",
+        "host_residual": "host_residual_ns",
+    }
+    neutral = {"interference": None, "stall_ns": 0, "exposed_residual_ns": 0, "host_residual_ns": 0}
+    assert set(keys) == set(CORRECTION_NAMES)
+    for name, key in keys.items():
         off = json.loads(estimate(*common, "--without", name))["calibration"]
         assert off["corrections"] == {n: n != name for n in CORRECTION_NAMES}
-        for other in applied:
+        for other in keys.values():
             assert off[other] == (neutral[other] if other == key else full[other]), (name, other)
-    # --no-interference is --without interference: the stall and the link scale stay
+    # --no-interference is --without interference: the stall and the residuals stay
     alias = json.loads(estimate(*common, "--no-interference"))["calibration"]
     assert alias == json.loads(estimate(*common, "--without", "interference"))["calibration"]

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -34,11 +33,9 @@ from commprof.modeling.step_advice import (
     repeats_of,
 )
 from commprof.modeling.step_model import (
-    LINK_SCALE_BOUNDS,
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
-    fit_link_scale,
     interference_from_rows,
     predict_step,
 )
@@ -91,18 +88,17 @@ def test_calibration_takes_interference_out_of_the_timeline() -> None:
     assert (cal.forward_ns, cal.optimizer_ns, cal.measured_step_ns) == (100, 50, 1050)
     idle = calibrate_step(_tables(), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
     assert idle.param_ready_work_ns == (800.0, 300.0)
-    assert idle.rank_wait_ns == 0  # both ranks end compute at 800: neither waits
 
 
-def test_rank_wait_is_what_ranks_wait_for_the_slowest() -> None:
+def test_the_timeline_is_the_slowest_ranks_and_exposed_every_ranks() -> None:
     # rank 0 ends its compute (last hand-over) at 650, rank 1 at 800; both all-reduces end at
-    # 850: rank 0 measures 200 ns exposed, rank 1 (the slowest) 50. The median over rank-steps
-    # is 125, the slowest rank's 50: a rank waits 75 ns in the median
+    # 850: rank 0 measures 200 ns exposed, rank 1 (the slowest) 50; the measured exposed time is
+    # the median over rank-steps (125), what the exposed residual is fitted to
     tables = _tables()
     early = (tables["buckets"]["rank"] == 0) & (tables["buckets"]["bucket_index"] == 1)
     tables["buckets"].loc[early, ["ready_ns", "launch_ns"]] -= 150
     cal = calibrate_step(tables, CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
-    assert cal.rank_wait_ns == 75
+    assert cal.measured_exposed_ns == 125
     assert cal.param_ready_work_ns == (800.0, 300.0)  # the timeline is the slowest rank's
 
 
@@ -281,26 +277,23 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # the cap in use (DDP's default: no --bucket-cap-mb) is searched with the grid
     assert rec["in_use_bucket_cap_mb"] is None and None in points
     _assert_advised(points, rec["best_bucket_cap_mb"], None)
-    # the calibrated model replays its own cell's backward (the in-training link scale)
+    # the calibrated model reproduces its calibration: the step (host residual) and the exposed
+    # communication (exposed residual), and says so (in sample)
     tables = results.load(data)
     model = load_step_model(tables, "srn-100k", world_size=2, param_sizes=sizes)
     cal = model.calibration
-    assert LINK_SCALE_BOUNDS[0] <= model.link_scale < LINK_SCALE_BOUNDS[1]
-    assert doc["calibration"]["link_scale"] == pytest.approx(model.link_scale)
     replay = predict_cap(model, sizes, bucket_cap_mb=cal.bucket_cap_mb).prediction
-    # it reproduces its calibration: the step (host residual) and the exposed communication
-    # (link scale), within 5 % of the measured step, and says so (in sample)
     assert replay.step_ns == pytest.approx(cal.measured_step_ns, rel=1e-6)
     assert abs(replay.exposed_ns - cal.measured_exposed_ns) <= 0.05 * cal.measured_step_ns
     assert_in_sample(doc)
-    # a rank's exposed communication counts its wait for the slowest; the idle model's does not
-    assert replay.rank_wait_ns == cal.rank_wait_ns >= 0
-    assert doc["calibration"]["rank_wait_ns"] == round(cal.rank_wait_ns)
-    assert pred["rank_wait_ns"] == round(cal.rank_wait_ns)  # p = 2 on the calibration host
+    assert doc["calibration"]["exposed_residual_ns"] == round(model.exposed_residual_ns)
+    assert pred["exposed_residual_ns"] == round(replay.exposed_residual_ns)
+    # the exposed residual is the calibrated link's on its host: the idle model and a published
+    # link leave it out
     idle = predict_cap(model, sizes, bucket_cap_mb=None, corrections=IDLE)
     published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
     elsewhere = predict_cap(model, sizes, bucket_cap_mb=None, link=published)
-    assert idle.prediction.rank_wait_ns == elsewhere.prediction.rank_wait_ns == 0
+    assert idle.prediction.exposed_residual_ns == elsewhere.prediction.exposed_residual_ns == 0
     # p = 4 on the same host, without interference: compute scales by the core share exactly
     env = json.loads(pd.read_parquet(data / "cells")["env_json"].iloc[0])
     cores = env["cpu_count"] / env["num_threads"]
@@ -459,24 +452,29 @@ def test_prediction_in_closed_form() -> None:
     assert two_stalled.buckets[1].end_ns == pytest.approx(150 + 2 * 4500)
     with pytest.raises(ValueError, match="stall_ns"):
         predict_step(cal, sizes, bucket_cap_mb=512, link=link, stall_ns=-1)
-    # a rank that waits 300 ns for the slowest (scaled with the compute, x 2) measures that
-    # much more exposed communication and communication time; the step is the slowest rank's
+    # an exposed residual of 300 ns (scaled with the compute, x 2) adds that much exposed
+    # communication and communication time; the step does not move
     waited = predict_step(
-        cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, rank_wait_ns=300
+        cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, exposed_residual_ns=300
     )
     slowest = predict_step(cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2)
-    assert waited.step_ns == slowest.step_ns and waited.rank_wait_ns == 600
+    assert waited.step_ns == slowest.step_ns and waited.exposed_residual_ns == 600
     assert waited.exposed_ns == pytest.approx(slowest.exposed_ns + 600)
     assert waited.comm_busy_ns == pytest.approx(slowest.comm_busy_ns + 600)
-    assert waited.overlap_efficiency == 0.0  # all of it exposed, wait included
+    assert waited.overlap_efficiency == 0.0  # all of it exposed, residual included
     assert (
         two.overlap_efficiency
         > predict_step(
-            cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, rank_wait_ns=300
+            cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, exposed_residual_ns=300
         ).overlap_efficiency
     )
-    with pytest.raises(ValueError, match="rank_wait_ns"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, rank_wait_ns=math.inf)
+    # a negative residual takes exposed time off, never below 0 (what is applied is said)
+    less = predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=-1000)
+    assert less.exposed_ns == pytest.approx(p.exposed_ns - 1000)
+    floor = predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=-1e9)
+    assert floor.exposed_ns == 0 and floor.exposed_residual_ns == -p.exposed_ns
+    with pytest.raises(ValueError, match="exposed_residual_ns"):
+        predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=math.inf)
     # the host residual (scaled with the compute, x 2) adds to the step alone, either sign
     for residual in (250.0, -250.0):
         moved = predict_step(
@@ -487,20 +485,6 @@ def test_prediction_in_closed_form() -> None:
         assert moved.exposed_ns == slowest.exposed_ns and moved.buckets == slowest.buckets
     with pytest.raises(ValueError, match="host_residual_ns"):
         predict_step(cal, sizes, bucket_cap_mb=512, link=link, host_residual_ns=math.nan)
-
-    # the in-training link scale replays the measured exposed communication: the 90 ns hook,
-    # then the all-reduce; measured 2 x 8000 for it gives a scale of 2
-    def scale_for(exposed_ns: float) -> float:
-        measured = replace(cal, measured_exposed_ns=exposed_ns)
-        return fit_link_scale(measured, sizes, link=link, interference=NO_INTERFERENCE)
-
-    assert scale_for(90 + 2 * 8000) == pytest.approx(2.0, rel=1e-9)
-    assert scale_for(90 + 0.5 * 8000) == pytest.approx(0.5, rel=1e-9)
-    # less than the hook alone: the least link time; beyond the bounds: clamped
-    assert scale_for(90) == LINK_SCALE_BOUNDS[0]
-    assert scale_for(1e9) == LINK_SCALE_BOUNDS[1]
-    with pytest.raises(ValueError, match="no measured exposed"):
-        scale_for(math.nan)
 
 
 def _point(cap: float, step_ns: float, num_buckets: int) -> CapPrediction:
