@@ -33,7 +33,7 @@ stall and the two residuals that make it reproduce its calibration cells, ``step
 ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the ``buckets`` fit of
 the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of idle all-reduce times).
 Error: step time APE, and |predicted - measured exposed| / measured step. Ablation
-(``step_model_analysis.ablation``): the simulator with each correction off in turn (the host
+(``step_model_ablation.ablation``): the simulator with each correction off in turn (the host
 residual, the exposed residual, the host stall, mean interference factors, interference), on the
 same held-out cells.
 
@@ -77,7 +77,8 @@ sys.path.insert(0, str(REPO))
 import ledger  # noqa: E402
 import torch  # noqa: E402
 from bench_env import environment  # noqa: E402
-from step_model_analysis import PAIRS_FILE, ablation_table, analyze, split_sha256  # noqa: E402
+from step_model_ablation import ablation_table  # noqa: E402
+from step_model_analysis import PAIRS_FILE, analyze, split_sha256  # noqa: E402
 from step_model_split import SPLIT_FILE, Split, load_split  # noqa: E402
 
 from commprof import results  # noqa: E402

@@ -20,9 +20,9 @@ pairs (the recommended cap's median step over all the run's interleaved steps ag
 measured cap's), a verdict, and the error at each held-out world size. A cell of the split that
 the dataset lacks is reported as ``not collected``, never guessed.
 
-The ablation (:func:`ablation`): the simulator with each of its corrections switched off one at a
-time, scored on the same held-out cells as the full model. A correction that does not lower the
-held-out error there goes (issue #28).
+The ablation (``step_model_ablation.ablation``): the simulator with each of its corrections switched
+off one at a time, scored on the same held-out cells as the full model. A correction that does not
+lower the held-out error there goes (issue #28).
 """
 
 from __future__ import annotations
@@ -31,17 +31,15 @@ import hashlib
 import json
 import statistics
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from step_model_ablation import HeldOut, ablation, ablation_summary, errors, round1
 from step_model_split import SPLIT_FILE, ModelSplit, Split, WorldCell, load_split
 
 from commprof import results
 from commprof.catalog import parameter_sizes
-from commprof.modeling.buckets import ParamSize
 from commprof.modeling.ring_fit import (
     CalibrationWarning,
     bucket_latency_points,
@@ -54,9 +52,7 @@ from commprof.modeling.step_advice import (
     best_of,
     load_step_model,
     predict_cap,
-    with_residuals,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
 
 CALIBRATION_ROUND = 0
 """The round whose calibration cell alone is the ``round0`` calibration."""
@@ -74,11 +70,6 @@ ADVISED = ("simulator", "simulator_median", "idle_ring")
 """Models whose cap advice is scored."""
 NOT_COLLECTED = "not collected"
 """What the report says of a cell of the split that the dataset lacks."""
-ABLATIONS = (
-    "full", "no_host_residual", "no_exposed_residual", "no_stall", "median_factors",
-    "no_interference",
-)  # fmt: skip
-"""The ablation's rows (:func:`ablation_variants`): the full simulator, then one correction off."""
 
 
 def _measured(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -168,15 +159,6 @@ def _baselines(
     }, {"simulator": sim, "simulator_median": sim_median, "idle_ring": idle}
 
 
-def _errors(pred: tuple[float, float], step: float, exposed: float) -> dict[str, float]:
-    return {
-        "pred_step_ms": pred[0] / 1e6,
-        "pred_exposed_ms": pred[1] / 1e6,
-        "step_ape_pct": 100 * abs(pred[0] - step) / step,
-        "exposed_err_pct_of_step": 100 * abs(pred[1] - exposed) / step,
-    }
-
-
 def _rows(measured: pd.DataFrame, name: str, world_size: int, cap: float) -> pd.DataFrame:
     """The measured cells of ``name`` at ``world_size`` and ``cap``, by round."""
     return measured[
@@ -203,22 +185,6 @@ def _link_cells(measured: pd.DataFrame, split: Split, split_name: str) -> list[s
         c for ms in split.models
         for c in _calibration_cells(measured, ms, split.world_size, split_name)
     ]  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HeldOut:
-    """One held-out cell as measured: what a model is scored on."""
-
-    key: str
-    """How the report names it: the cap (``0.25``) or the world size and cap (``p3@25``)."""
-    bucket_cap_mb: float
-    """The cap (MiB)."""
-    world_size: int
-    """Ranks."""
-    step_ns: float
-    """Median step over its rounds."""
-    exposed_ns: float
-    """Median exposed communication over its rounds."""
 
 
 def _world_key(cell: WorldCell) -> str:
@@ -270,7 +236,7 @@ def _per_model(
             "measured_step_ms": step / 1e6,
             "measured_exposed_ms": exposed / 1e6,
             "rounds": len(rows),
-            **{m: _errors(preds[m], step, exposed) for m in MODELS},
+            **{m: errors(preds[m], step, exposed) for m in MODELS},
         }
         if is_held_out:
             held_out.append(HeldOut(key=str(cap), bucket_cap_mb=cap, world_size=ws,
@@ -337,7 +303,7 @@ def _world(
             models, tables, sizes, cell.bucket_cap_mb, cell.world_size, same_host=same_host
         )
         out["same_host" if same_host else "own_devices"] = {
-            m: _errors(preds[m], step, exposed) for m in MODELS
+            m: errors(preds[m], step, exposed) for m in MODELS
         }
     return out
 
@@ -473,162 +439,6 @@ def _regret_interleaved(
     }
 
 
-def ablation_variants(
-    model: StepModel, param_sizes: Sequence[ParamSize], *, median_interference: Interference
-) -> dict[str, StepModel]:
-    """The full simulator and each correction switched off, one at a time (:data:`ABLATIONS`).
-
-    The one place that knows how a correction is switched off, from the calibrated model's
-    fields: ``no_host_residual`` the host residual (0), ``no_exposed_residual`` the exposed
-    residual (0; the step does not move with it), ``no_stall`` the host stall
-    (``stall_ns`` 0), ``median_factors`` the median pair ratios in place of the mean
-    interference factors, ``no_interference`` the interference factors (none). Each variant
-    is calibrated again without its correction, as ``load_step_model`` would: the residuals
-    fitted again (but the one switched off), so every row reproduces what its corrections can
-    of the calibration cells and the rows differ in what the correction does to the other
-    cells. The calibrated timeline (its compute, taken out of interference with the mean
-    factors) is kept in every row.
-    """
-
-    def refit(m: StepModel) -> StepModel:
-        return with_residuals(m, param_sizes)
-
-    variants = {
-        "full": model,
-        "no_host_residual": replace(model, host_residual_ns=0.0),
-        "no_exposed_residual": replace(model, exposed_residual_ns=0.0),
-        "no_stall": refit(replace(model, stall_ns=0.0)),
-        "median_factors": refit(replace(model, interference=median_interference)),
-        "no_interference": refit(replace(model, interference=NO_INTERFERENCE)),
-    }
-    assert tuple(variants) == ABLATIONS
-    return variants
-
-
-def ablation(
-    model: StepModel, param_sizes: Sequence[ParamSize], held_out: Sequence[HeldOut], *,
-    median_interference: Interference,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """The simulator's held-out errors with each correction off (:func:`ablation_variants`).
-
-    Args:
-        model: the calibrated model (mean interference factors), the ``full`` row.
-        param_sizes: its model's parameter sizes.
-        held_out: the measured held-out cells (caps at the calibration's world size, and other
-            world sizes, predicted with the ranks sharing the host, ``same_host``).
-        median_interference: the host's median-pair-ratio factors (``median_factors``).
-
-    Returns:
-        Per variant: ``step_mape_pct`` and ``exposed_err_max_pct_of_step`` over the held-out
-        caps at the calibration's world size (None where there are none), and per cell
-        (``HeldOut.key``) its step APE and exposed error.
-    """
-    ws = model.calibration.world_size
-    out: dict[str, dict[str, Any]] = {}
-    variants = ablation_variants(model, param_sizes, median_interference=median_interference)
-    for name, variant in variants.items():
-        cells = {}
-        for cell in held_out:
-            pred = predict_cap(
-                variant, param_sizes, bucket_cap_mb=cell.bucket_cap_mb,
-                world_size=cell.world_size, same_host=True,
-            )  # fmt: skip
-            cells[cell.key] = _errors(
-                (pred.step_ns, pred.exposed_ns), cell.step_ns, cell.exposed_ns
-            )
-        caps = [cells[c.key] for c in held_out if c.world_size == ws]
-        out[name] = {
-            "exposed_residual_ns": variant.exposed_residual_ns,
-            "host_residual_ns": variant.host_residual_ns,
-            "step_mape_pct": statistics.mean(e["step_ape_pct"] for e in caps) if caps else None,
-            "exposed_err_max_pct_of_step": (
-                max(e["exposed_err_pct_of_step"] for e in caps) if caps else None
-            ),
-            "cells": cells,
-        }
-    return out
-
-
-def _ablation_summary(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The ablation table: per row and model of the split the held-out step MAPE, worst exposed
-    error (% of the step) and each held-out world size's step APE (None: not collected); per
-    correction whether it lowers the held-out error: its row's mean over the models scored of
-    the step MAPE, or of the worst exposed error, or its mean step APE over the world-size
-    cells, is above the full model's (switching it off raises that error)."""
-    done = {n: r["ablation"] for n, r in per_model.items() if "ablation" in r}
-    rows: dict[str, Any] = {}
-    for variant in ABLATIONS:
-        row: dict[str, Any] = {}
-        for name, r in per_model.items():
-            v = done[name][variant] if name in done else None
-            entry = {
-                m: None if v is None else _round(v[m])
-                for m in ("step_mape_pct", "exposed_err_max_pct_of_step")
-            }
-            for key in r.get("world_sizes", {}):
-                cell = None if v is None else v["cells"].get(key)
-                entry[f"{key}_step_ape_pct"] = (
-                    None if cell is None else _round(cell["step_ape_pct"])
-                )
-            row[name] = entry
-        rows[variant] = row
-    for variant in ABLATIONS[1:]:
-        lowers = {}
-        for measure in ("step_mape_pct", "exposed_err_max_pct_of_step"):
-            scored = [n for n in done if done[n]["full"][measure] is not None]
-            full = [done[n]["full"][measure] for n in scored]
-            off = [done[n][variant][measure] for n in scored]
-            lowers[measure] = bool(full) and statistics.mean(off) > statistics.mean(full)
-        world_full = [
-            e["step_ape_pct"] for n in done for k, e in done[n]["full"]["cells"].items()
-            if k.startswith("p")
-        ]  # fmt: skip
-        world_off = [
-            e["step_ape_pct"] for n in done for k, e in done[n][variant]["cells"].items()
-            if k.startswith("p")
-        ]  # fmt: skip
-        lowers["world_size_step_ape_pct"] = bool(world_full) and statistics.mean(
-            world_off
-        ) > statistics.mean(world_full)
-        rows[variant]["lowers_held_out_error"] = any(lowers.values())
-        rows[variant]["lowers"] = lowers
-    return rows
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
-def ablation_table(summary: dict[str, Any]) -> str:
-    """The ablation as a Markdown table (for the README): a row per variant; per model "held-out
-    step MAPE / worst exposed error" (%), each held-out world size's step APE, and whether the
-    correction lowers the held-out error; ``n/c``: not collected."""
-    rows = summary["ablation"]
-    names = list(rows["full"])
-    worlds = [(n, k) for n in names for k in rows["full"][n] if k.endswith("_step_ape_pct")]
-    head = [
-        "correction off", *names, *(f"{n} {k.removesuffix('_step_ape_pct')}" for n, k in worlds),
-        "lowers held-out error",
-    ]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for variant in ABLATIONS:
-        row = rows[variant]
-        cells = [
-            f"{_text(row[n]['step_mape_pct'])} / {_text(row[n]['exposed_err_max_pct_of_step'])}"
-            for n in names
-        ]
-        cells += [_text(row[n][k]) for n, k in worlds]
-        verdict = "(the full model)" if variant == "full" else (
-            "yes" if row["lowers_held_out_error"] else "no: goes"
-        )  # fmt: skip
-        lines.append("| " + " | ".join([variant, *cells, verdict]) + " |")
-    return "\n".join(lines)
-
-
-def _text(value: float | None) -> str:
-    return "n/c" if value is None else f"{value:.1f}"
-
-
 def _split(
     tables: dict[str, pd.DataFrame], measured: pd.DataFrame, split: Split, split_name: str,
     pairs: list[dict[str, Any]], with_ablation: bool,
@@ -647,7 +457,7 @@ def _split(
         summary[name] = {
             "goals": {
                 **goals,
-                "step_mape_pct": _round(goals["step_mape_pct"]),
+                "step_mape_pct": round1(goals["step_mape_pct"]),
                 "advice_ratio_to_best": (
                     None if goals["advice_ratio_to_best"] is None
                     else round(goals["advice_ratio_to_best"], 3)
@@ -694,7 +504,7 @@ def _split(
         for n, r in per_model.items()
     }
     if with_ablation:
-        summary["ablation"] = _ablation_summary(per_model)
+        summary["ablation"] = ablation_summary(per_model)
     return {"summary": summary, "models": per_model}
 
 

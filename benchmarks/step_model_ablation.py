@@ -1,0 +1,202 @@
+"""The step-model benchmark's ablation: the simulator with each correction off in turn.
+
+A correction earns its place when switching it off raises the held-out error
+(:func:`ablation_summary`); :func:`ablation_variants` is the one place that knows how each is
+switched off. Used by ``step_model_analysis.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from commprof.modeling.buckets import ParamSize
+from commprof.modeling.step_advice import StepModel, predict_cap, with_residuals
+from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
+
+ABLATIONS = (
+    "full", "no_host_residual", "no_exposed_residual", "no_stall", "median_factors",
+    "no_interference",
+)  # fmt: skip
+"""The ablation's rows (:func:`ablation_variants`): the full simulator, then one correction off."""
+
+
+def errors(pred: tuple[float, float], step: float, exposed: float) -> dict[str, float]:
+    return {
+        "pred_step_ms": pred[0] / 1e6,
+        "pred_exposed_ms": pred[1] / 1e6,
+        "step_ape_pct": 100 * abs(pred[0] - step) / step,
+        "exposed_err_pct_of_step": 100 * abs(pred[1] - exposed) / step,
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeldOut:
+    """One held-out cell as measured: what a model is scored on."""
+
+    key: str
+    """How the report names it: the cap (``0.25``) or the world size and cap (``p3@25``)."""
+    bucket_cap_mb: float
+    """The cap (MiB)."""
+    world_size: int
+    """Ranks."""
+    step_ns: float
+    """Median step over its rounds."""
+    exposed_ns: float
+    """Median exposed communication over its rounds."""
+
+
+def ablation_variants(
+    model: StepModel, param_sizes: Sequence[ParamSize], *, median_interference: Interference
+) -> dict[str, StepModel]:
+    """The full simulator and each correction switched off, one at a time (:data:`ABLATIONS`).
+
+    The one place that knows how a correction is switched off, from the calibrated model's
+    fields: ``no_host_residual`` the host residual (0), ``no_exposed_residual`` the exposed
+    residual (0; the step does not move with it), ``no_stall`` the host stall
+    (``stall_ns`` 0), ``median_factors`` the median pair ratios in place of the mean
+    interference factors, ``no_interference`` the interference factors (none). Each variant
+    is calibrated again without its correction, as ``load_step_model`` would: the residuals
+    fitted again (but the one switched off), so every row reproduces what its corrections can
+    of the calibration cells and the rows differ in what the correction does to the other
+    cells. The calibrated timeline (its compute, taken out of interference with the mean
+    factors) is kept in every row.
+    """
+
+    def refit(m: StepModel) -> StepModel:
+        return with_residuals(m, param_sizes)
+
+    variants = {
+        "full": model,
+        "no_host_residual": replace(model, host_residual_ns=0.0),
+        "no_exposed_residual": replace(model, exposed_residual_ns=0.0),
+        "no_stall": refit(replace(model, stall_ns=0.0)),
+        "median_factors": refit(replace(model, interference=median_interference)),
+        "no_interference": refit(replace(model, interference=NO_INTERFERENCE)),
+    }
+    assert tuple(variants) == ABLATIONS
+    return variants
+
+
+def ablation(
+    model: StepModel, param_sizes: Sequence[ParamSize], held_out: Sequence[HeldOut], *,
+    median_interference: Interference,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The simulator's held-out errors with each correction off (:func:`ablation_variants`).
+
+    Args:
+        model: the calibrated model (mean interference factors), the ``full`` row.
+        param_sizes: its model's parameter sizes.
+        held_out: the measured held-out cells (caps at the calibration's world size, and other
+            world sizes, predicted with the ranks sharing the host, ``same_host``).
+        median_interference: the host's median-pair-ratio factors (``median_factors``).
+
+    Returns:
+        Per variant: ``step_mape_pct`` and ``exposed_err_max_pct_of_step`` over the held-out
+        caps at the calibration's world size (None where there are none), and per cell
+        (``HeldOut.key``) its step APE and exposed error.
+    """
+    ws = model.calibration.world_size
+    out: dict[str, dict[str, Any]] = {}
+    variants = ablation_variants(model, param_sizes, median_interference=median_interference)
+    for name, variant in variants.items():
+        cells = {}
+        for cell in held_out:
+            pred = predict_cap(
+                variant, param_sizes, bucket_cap_mb=cell.bucket_cap_mb,
+                world_size=cell.world_size, same_host=True,
+            )  # fmt: skip
+            cells[cell.key] = errors((pred.step_ns, pred.exposed_ns), cell.step_ns, cell.exposed_ns)
+        caps = [cells[c.key] for c in held_out if c.world_size == ws]
+        out[name] = {
+            "exposed_residual_ns": variant.exposed_residual_ns,
+            "host_residual_ns": variant.host_residual_ns,
+            "step_mape_pct": statistics.mean(e["step_ape_pct"] for e in caps) if caps else None,
+            "exposed_err_max_pct_of_step": (
+                max(e["exposed_err_pct_of_step"] for e in caps) if caps else None
+            ),
+            "cells": cells,
+        }
+    return out
+
+
+def ablation_summary(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ablation table: per row and model of the split the held-out step MAPE, worst exposed
+    error (% of the step) and each held-out world size's step APE (None: not collected); per
+    correction whether it lowers the held-out error: its row's mean over the models scored of
+    the step MAPE, or of the worst exposed error, or its mean step APE over the world-size
+    cells, is above the full model's (switching it off raises that error)."""
+    done = {n: r["ablation"] for n, r in per_model.items() if "ablation" in r}
+    rows: dict[str, Any] = {}
+    for variant in ABLATIONS:
+        row: dict[str, Any] = {}
+        for name, r in per_model.items():
+            v = done[name][variant] if name in done else None
+            entry = {
+                m: None if v is None else round1(v[m])
+                for m in ("step_mape_pct", "exposed_err_max_pct_of_step")
+            }
+            for key in r.get("world_sizes", {}):
+                cell = None if v is None else v["cells"].get(key)
+                entry[f"{key}_step_ape_pct"] = (
+                    None if cell is None else round1(cell["step_ape_pct"])
+                )
+            row[name] = entry
+        rows[variant] = row
+    for variant in ABLATIONS[1:]:
+        lowers = {}
+        for measure in ("step_mape_pct", "exposed_err_max_pct_of_step"):
+            scored = [n for n in done if done[n]["full"][measure] is not None]
+            full = [done[n]["full"][measure] for n in scored]
+            off = [done[n][variant][measure] for n in scored]
+            lowers[measure] = bool(full) and statistics.mean(off) > statistics.mean(full)
+        world_full = [
+            e["step_ape_pct"] for n in done for k, e in done[n]["full"]["cells"].items()
+            if k.startswith("p")
+        ]  # fmt: skip
+        world_off = [
+            e["step_ape_pct"] for n in done for k, e in done[n][variant]["cells"].items()
+            if k.startswith("p")
+        ]  # fmt: skip
+        lowers["world_size_step_ape_pct"] = bool(world_full) and statistics.mean(
+            world_off
+        ) > statistics.mean(world_full)
+        rows[variant]["lowers_held_out_error"] = any(lowers.values())
+        rows[variant]["lowers"] = lowers
+    return rows
+
+
+def round1(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def ablation_table(summary: dict[str, Any]) -> str:
+    """The ablation as a Markdown table (for the README): a row per variant; per model "held-out
+    step MAPE / worst exposed error" (%), each held-out world size's step APE, and whether the
+    correction lowers the held-out error; ``n/c``: not collected."""
+    rows = summary["ablation"]
+    names = list(rows["full"])
+    worlds = [(n, k) for n in names for k in rows["full"][n] if k.endswith("_step_ape_pct")]
+    head = [
+        "correction off", *names, *(f"{n} {k.removesuffix('_step_ape_pct')}" for n, k in worlds),
+        "lowers held-out error",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant in ABLATIONS:
+        row = rows[variant]
+        cells = [
+            f"{_text(row[n]['step_mape_pct'])} / {_text(row[n]['exposed_err_max_pct_of_step'])}"
+            for n in names
+        ]
+        cells += [_text(row[n][k]) for n, k in worlds]
+        verdict = "(the full model)" if variant == "full" else (
+            "yes" if row["lowers_held_out_error"] else "no: goes"
+        )  # fmt: skip
+        lines.append("| " + " | ".join([variant, *cells, verdict]) + " |")
+    return "\n".join(lines)
+
+
+def _text(value: float | None) -> str:
+    return "n/c" if value is None else f"{value:.1f}"
