@@ -357,6 +357,8 @@ _LATER_ID_DEFAULTS = {
 WORKLOAD_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.role == "workload")
 """Fields that make a configuration: cells equal in all of them are repeats of one, whatever
 their seeds, step counts or measurement settings (the step model pools such repeats)."""
+INSTRUMENT_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.role == "instrument")
+"""Fields of what the measurement adds to the workload (the profiler)."""
 LINK_FIELDS = tuple(name for name, spec in CELL_FIELDS.items() if spec.link)
 """Fields of the link a cell measures (backend, device, world size): cells equal in these share
 their microbenchmarks' link fit and interference factors."""

@@ -278,10 +278,10 @@ def step_finding(data: Processed, q: prose.Quotes) -> str:
 _ADVICE_CAPTION = (
     "Predicted: the step model's cap per model and world size, calibrated on one configuration "
     "(its repeats pooled; the link a fit of the host's microbenchmarks plus their expected "
-    "stall per all-reduce, scaled so that the model replays the measured backward) at the cap "
-    "named, and its predicted median step with the range under the "
-    "calibration's uncertainty (link fit at its 95\\% interval ends, interference at its "
-    "quartiles); caps predicted within "
+    "stall per all-reduce, and two residuals fitted so that the model gives the configuration's "
+    "measured step and exposed communication) at the cap named, and its predicted median step "
+    "with the range under the calibration's uncertainty (link fit at its 95\\% interval ends, "
+    "interference at its quartiles); caps predicted within "
     f"{fmt(100 * TIE_TOLERANCE, 0)}\\% of the fastest count as tied and the one with fewest "
     "buckets is named, or the calibration cap where it is predicted within as much of that one"
 )

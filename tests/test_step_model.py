@@ -131,8 +131,9 @@ def test_repeats_of_a_configuration() -> None:
         base | {"cell_id": "b", "repeat": 2, "batch_size": 16},  # another configuration
         base | {"cell_id": "d", "repeat": 3, "status": "failed"},
         base | {"cell_id": "e", "repeat": 4},  # recorded no buckets
+        base | {"cell_id": "f", "repeat": 5, "profile": True},  # measured another way
     ])  # fmt: skip
-    buckets = pd.DataFrame({"cell_id": ["a", "b", "c", "d"]})
+    buckets = pd.DataFrame({"cell_id": ["a", "b", "c", "d", "f"]})
     assert repeats_of({"cells": cells, "buckets": buckets}, "c") == ["c", "a"]
 
 

@@ -30,7 +30,7 @@ from typing import Final, Literal
 import pandas as pd
 
 from commprof.caps import cap_label
-from commprof.matrix import LINK_FIELDS, WORKLOAD_FIELDS
+from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
@@ -121,7 +121,8 @@ def select_calibration_cell(
     tables: dict[str, pd.DataFrame], model: str, *, backend: str = "gloo", world_size: int
 ) -> str:
     """The cell to calibrate on: latest ok cell of ``model`` and ``backend``, preferring this
-    world size, then DDP's default cap (25 MiB or unset), then the latest start.
+    world size, then DDP's default cap (25 MiB or unset), then a cell run without the profiler,
+    then the latest start.
 
     Raises:
         ValueError: naming the models and backends the dataset has, when none matches.
@@ -139,10 +140,12 @@ def select_calibration_cell(
             f"{world_size} --out DIR"
         )
     cap = ok["bucket_cap_mb"]
+    profiled = ok["profile"].fillna(False).astype(bool) if "profile" in ok else False
     ranked = ok.assign(
         _ws=(ok["world_size"] != world_size).astype(int),
         _cap=~(cap.isna() | (cap == DEFAULT_BUCKET_CAP_MB)),
-    ).sort_values(["_ws", "_cap", "started_unix_s"], ascending=[True, True, False])
+        _prof=profiled,
+    ).sort_values(["_ws", "_cap", "_prof", "started_unix_s"], ascending=[True, True, True, False])
     return str(ranked["cell_id"].iloc[0])
 
 
@@ -411,9 +414,12 @@ def _like(
     ]
 
 
-REPEAT_KEYS = WORKLOAD_FIELDS
-"""Cells equal in these are repeats of one configuration (``repeat``, seeds and measurement
-settings may differ): the cell's workload fields (``commprof.matrix.FieldSpec.role``)."""
+REPEAT_KEYS = (*WORKLOAD_FIELDS, *INSTRUMENT_FIELDS)
+"""Cells equal in these are repeats of one configuration, measured the same way (``repeat``,
+seeds and measurement settings may differ): the cell's workload and instrument fields
+(``commprof.matrix.FieldSpec.role``). The profiler moves the step (1.43 times in one run of the
+README demo), so a profiled cell is no repeat of an unprofiled one for the step model, and the
+reports compare its predictions with unprofiled cells."""
 
 
 def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
