@@ -16,10 +16,10 @@ SHA-256.
 The split is fixed before the run, in the committed YAML file (the analysis reads the same
 file, ``step_model_analysis.py``):
 
-* Calibration: per model, its calibration cells (25 MiB, DDP's default, at p = 2; every round's
-  pooled, the headline; round 0's alone beside it): their timeline and the ring fit of their
-  microbenchmarks; the interference factors from every p = 2 calibration cell of the host.
-  Nothing else.
+* Calibration: per model, its calibration cells (25 MiB, DDP's default size set explicitly, at
+  p = 2; every round's pooled, the headline; round 0's alone beside it): their timeline and the
+  ring fit of their microbenchmarks; the interference factors from every p = 2 calibration cell
+  of the host. Nothing else.
 * Validation: every held-out cap of the model at p = 2 (median over rounds of the measured step
   time and of the per-step exposed communication, both from the timing hook's own records);
   and each held-out world size, predicted from the p = 2 calibration. Cells never used before

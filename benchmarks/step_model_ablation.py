@@ -13,8 +13,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.step_advice import StepModel, predict_cap, with_residuals
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference
+from commprof.modeling.step_advice import (
+    StepModel,
+    predict_cap,
+    recalibrated_without,
+    with_residuals,
+)
+from commprof.modeling.step_sim import Interference
 
 ABLATIONS = (
     "full", "no_host_residual", "no_exposed_residual", "no_stall", "median_factors",
@@ -53,28 +58,24 @@ def ablation_variants(
 ) -> dict[str, StepModel]:
     """The full simulator and each correction switched off, one at a time (:data:`ABLATIONS`).
 
-    The one place that knows how a correction is switched off, from the calibrated model's
-    fields: ``no_host_residual`` the host residual (0), ``no_exposed_residual`` the exposed
-    residual (0; the step does not move with it), ``no_stall`` the host stall
-    (``stall_ns`` 0), ``median_factors`` the median pair ratios in place of the mean
-    interference factors, ``no_interference`` the interference factors (none). Each variant
-    is calibrated again without its correction, as ``load_step_model`` would: the residuals
-    fitted again (but the one switched off), so every row reproduces what its corrections can
-    of the calibration cells and the rows differ in what the correction does to the other
-    cells. The calibrated timeline (its compute, taken out of interference with the mean
-    factors) is kept in every row.
+    Each correction off is ``step_advice.recalibrated_without``, what ``commprof estimate
+    --without NAME`` predicts with: the stall or the interference factors removed and the
+    residuals fitted again, a residual set to 0 (the exposed residual moves no step).
+    ``median_factors`` takes the median pair ratios in place of the mean interference factors,
+    the residuals fitted again. Every row reproduces what its corrections can of the
+    calibration cells, so the rows differ in what the correction does to the other cells; the
+    calibrated timeline (its compute, taken out of interference with the mean factors) is kept
+    in every row.
     """
-
-    def refit(m: StepModel) -> StepModel:
-        return with_residuals(m, param_sizes)
-
     variants = {
         "full": model,
-        "no_host_residual": replace(model, host_residual_ns=0.0),
-        "no_exposed_residual": replace(model, exposed_residual_ns=0.0),
-        "no_stall": refit(replace(model, stall_ns=0.0)),
-        "median_factors": refit(replace(model, interference=median_interference)),
-        "no_interference": refit(replace(model, interference=NO_INTERFERENCE)),
+        "no_host_residual": recalibrated_without(model, ["host_residual"], param_sizes),
+        "no_exposed_residual": recalibrated_without(model, ["exposed_residual"], param_sizes),
+        "no_stall": recalibrated_without(model, ["stall"], param_sizes),
+        "median_factors": with_residuals(
+            replace(model, interference=median_interference), param_sizes
+        ),
+        "no_interference": recalibrated_without(model, ["interference"], param_sizes),
     }
     assert tuple(variants) == ABLATIONS
     return variants

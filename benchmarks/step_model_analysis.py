@@ -1,18 +1,18 @@
 """Analysis of ``bench_step_model.py``'s dataset: the declared split, five models, an ablation.
 
-The split is declared in ``step_model_split.yaml`` (read by :func:`step_model_split.load_split`,
-the same file the collection read): per model its calibration cap at the split's world size (25
-MiB, DDP's default, at p = 2), its held-out caps at that world size and held-out world sizes.
-Two calibrations, both reported: ``pooled`` (the headline): the calibration cells of every round
-pooled (``calibrate_step`` on repeats; each runs the full microbenchmark, whose mean times are
-pooled for the link fit); ``round0``: round 0's calibration cell alone. Both take the
-interference factors of the host (``step_advice.host_interference``: every cell at the split's
-world size that ran the arms, which in this benchmark are the calibration cells of every model).
-One cell is not enough: in one collection round 0's calibration cells ran 0.83 to 0.90 times
-their configuration's median step, so every cap was under-predicted by about as much. No
-held-out cell enters either calibration. The other world sizes run on the same 2-core host as
-the calibration, so their headline prediction uses ``same_host=True`` (compute slowed by the core
-share, known before running); the prediction without it is reported too.
+The split is declared in ``step_model_split.yaml`` (read by :func:`step_model_split.load_split`, the
+same file the collection read): per model its calibration cap at the split's world size (25 MiB,
+DDP's default size set explicitly, at p = 2), its held-out caps at that world size and held-out
+world sizes. Two calibrations, both reported: ``pooled`` (the headline): the calibration cells of
+every round pooled (``calibrate_step`` on repeats; each runs the full microbenchmark, whose mean
+times are pooled for the link fit); ``round0``: round 0's calibration cell alone. Both take the
+interference factors of the host (``step_advice.host_interference``: every cell at the split's world
+size that ran the arms, which in this benchmark are the calibration cells of every model). One cell
+is not enough: in one collection round 0's calibration cells ran 0.83 to 0.90 times their
+configuration's median step, so every cap was under-predicted by about as much. No held-out cell
+enters either calibration. The other world sizes run on the same 2-core host as the calibration, so
+their headline prediction uses ``same_host=True`` (compute slowed by the core share, known before
+running); the prediction without it is reported too.
 
 Per model (the issue's goals, :data:`STEP_MAPE_GOAL_PCT` and :data:`REGRET_TOLERANCE`): the
 simulator's step MAPE over the held-out caps, and the advice's regret on the step-interleaved

@@ -220,6 +220,19 @@ def test_serial_estimate_says_what_it_assumed_and_refuses_what_it_ignores(
     ):
         with pytest.raises(ValueError, match=f"^{flag} do"):
             run(parser().parse_args([*step, *extra]), PARAMS)
+    # a fitted link is the link: a published one beside it is refused, and the fit's choosers
+    # without a fit; the step simulator's flags name where they apply
+    buckets = [*step, "--fit-source", "buckets"]
+    for args, flag in (
+        ([*buckets, "--interconnect", "nvlink4"], "--interconnect"),
+        ([*buckets, "--interconnect-file", "x.yaml"], "--interconnect-file"),
+        ([*common, "--fit-source", "buckets"], "--fit-source"),
+        ([*common, "--fit-backend", "nccl"], "--fit-backend"),
+    ):
+        with pytest.raises(ValueError, match=f"^{flag} do"):
+            run(parser().parse_args(args), PARAMS)
+    with pytest.raises(ValueError, match="only --fit DIR with the microbenchmark fit"):
+        run(parser().parse_args([*buckets, "--without", "stall"]), PARAMS)
 
 
 def test_serial_advice_marks_the_cap_it_picks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -240,3 +253,20 @@ def test_serial_advice_marks_the_cap_it_picks(capsys: pytest.CaptureFixture[str]
         else:
             cap = float(marked[0].split()[0])
             assert verdict.startswith(f"verdict: change to {cap:g} MiB: predicted exposed")
+
+
+def test_serial_advice_keeps_a_cap_in_use_that_is_on_the_grid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 4 MiB is both the cap in use and a point of the grid: where no cap saves anything it is
+    # kept, the "in use" row is the one marked, and the verdict says keep (not "change to 4")
+    common = ["--model", "m", "--world-size", "2", "--interconnect", "100gbe", "--alpha-us", "0"]
+    common += ["--device-tflops", "1e9", "--bucket-cap-mb", "4", "--recommend-bucket-cap"]
+    assert run(parser().parse_args(common), PARAMS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    marked = [line for line in lines if "<- best" in line]
+    assert len(marked) == 1 and marked[0].split()[:2] == ["in", "use"]
+    assert lines[-1].startswith("verdict: keep 4 MiB: ")
+    assert run(parser().parse_args([*common, "--json"]), PARAMS) == 0
+    rec = json.loads(capsys.readouterr().out)["recommendation"]
+    assert rec["kept_cap_in_use"] is True and rec["best_bucket_cap_mb"] == 4

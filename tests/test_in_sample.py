@@ -105,6 +105,10 @@ def test_what_it_assumed_and_its_advice_are_printed() -> None:
     assert rows[0].split()[0] == ("default" if best is None else f"{best:g}")
     verdict = text.splitlines()[-1]
     assert verdict == rec["verdict"]
+    # the README shows this command's in-sample line and verdict: they are what it prints
+    readme = (DATA.parents[2] / "README.md").read_text()
+    assert verdict in readme
+    assert next(line for line in text.splitlines() if line.startswith("in sample")) in readme
     if rec["kept_cap_in_use"]:
         assert best is None and verdict.startswith("verdict: keep DDP default (25 MiB): ")
         assert "(in use)" in rows[0]
@@ -128,11 +132,28 @@ def test_each_correction_switches_off_alone() -> None:
     }
     neutral = {"interference": None, "stall_ns": 0, "exposed_residual_ns": 0, "host_residual_ns": 0}
     assert set(keys) == set(CORRECTION_NAMES)
+    refit = {"interference", "stall"}  # the residuals are fitted again without these
     for name, key in keys.items():
-        off = json.loads(estimate(*common, "--without", name))["calibration"]
+        doc = json.loads(estimate(*common, "--without", name))
+        off = doc["calibration"]
         assert off["corrections"] == {n: n != name for n in CORRECTION_NAMES}
         for other in keys.values():
-            assert off[other] == (neutral[other] if other == key else full[other]), (name, other)
-    # --no-interference is --without interference: the stall and the residuals stay
+            if other == key:
+                assert off[other] == neutral[other], name
+            elif other in ("interference", "stall_ns") or name not in refit:
+                assert off[other] == full[other], (name, other)
+        # the model calibrated without it still reproduces its calibration, but what the
+        # correction switched off was itself: the residual named
+        got = doc["in_sample"]
+        if name != "host_residual":
+            assert got["step_error"] == pytest.approx(0, abs=1e-6), name
+        if name != "exposed_residual":
+            assert got["exposed_error_of_step"] == pytest.approx(0, abs=1e-6), name
+        if name in refit:  # fitted again: a residual moved
+            assert (off["host_residual_ns"], off["exposed_residual_ns"]) != (
+                full["host_residual_ns"],
+                full["exposed_residual_ns"],
+            ), name
+    # --no-interference is --without interference: the stall and the residuals as there
     alias = json.loads(estimate(*common, "--no-interference"))["calibration"]
     assert alias == json.loads(estimate(*common, "--without", "interference"))["calibration"]

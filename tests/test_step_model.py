@@ -419,7 +419,7 @@ def test_prediction_in_closed_form() -> None:
     cal = StepCalibration(
         cell_id=CELL, world_size=2, backend="nccl", param_ready_work_ns=(300.0, 100.0),
         compute_work_ns=300.0, hook_fixed_ns=10.0, hook_ns_per_byte=0.01, forward_ns=50.0,
-        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0, measured_backward_ns=math.nan,
+        optimizer_ns=20.0, other_ns=5.0, measured_step_ns=0.0,
         bucket_cap_mb=512.0,
     )  # fmt: skip
     sizes = [("a", 1000), ("b", 1000)]

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from commprof.caps import cap_label
+from commprof.caps import cap_label, same_cap
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
@@ -407,15 +407,25 @@ def check_serial_flags(args: argparse.Namespace) -> None:
     link or a backward timeline it does not have."""
     _refuse(
         {flag: True for flag in step_flags_given(args)},
-        "without --fit DIR (they switch parts of the step simulator)",
+        "here: they switch parts of the step simulator, which only --fit DIR with the "
+        "microbenchmark fit (--fit-source microbench, the default) runs",
     )
     fitted = bool(args.fit)
     _refuse(
         {
             "--alpha-us": args.alpha_us is not None and fitted,
             "--algorithm": args.algorithm is not None and fitted,
+            "--interconnect": bool(args.interconnect) and fitted,
+            "--interconnect-file": args.interconnect_file is not None and fitted,
         },
-        f"to --fit {args.fit} (the fit gives the latency of a ring)",
+        f"to --fit {args.fit} (the fit is the link, a ring with its own latency)",
+    )
+    _refuse(
+        {
+            "--fit-backend": args.fit_backend != "gloo" and not fitted,
+            "--fit-source": args.fit_source != "microbench" and not fitted,
+        },
+        "without --fit (they choose which fit of a dataset or fits JSON is the link)",
     )
     _refuse(
         {
@@ -592,9 +602,10 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     ]
     if args.recommend_bucket_cap:
         best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
-        # the point picked: the first of the curve at the best cap, else the cap in use
-        picked = next((e for e in curve if e.bucket_cap_mb == best), main)
-        kept = picked is main
+        # the point picked: the cap in use where it is kept (it may be on the grid too), else
+        # the curve's point at the best cap
+        kept = same_cap(best, main.bucket_cap_mb)
+        picked = main if kept else next(e for e in curve if same_cap(e.bucket_cap_mb, best))
         in_use = cap_label(main.bucket_cap_mb, with_size=True)
         if kept:
             gain = max(0, max(main.exposed_ns - e.exposed_ns for e in curve))

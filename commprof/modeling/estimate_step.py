@@ -45,6 +45,7 @@ from commprof.modeling.step_advice import (
     applied,
     load_step_model,
     predict_cap,
+    recalibrated_without,
     recommend_cap,
 )
 
@@ -176,9 +177,9 @@ def in_sample(
         "world_size": cal.world_size,
         "predicted_step_ns": round(pred.step_ns),
         "measured_step_ns": round(step),
-        "step_error": (pred.step_ns - step) / step,
+        "step_error": _finite((pred.step_ns - step) / step),
         "predicted_exposed_ns": round(pred.exposed_ns),
-        "measured_exposed_ns": _finite(round(exposed) if math.isfinite(exposed) else math.nan),
+        "measured_exposed_ns": round(exposed) if math.isfinite(exposed) else None,
         "exposed_error_of_step": _finite((pred.exposed_ns - exposed) / step),
     }
 
@@ -209,6 +210,8 @@ def run_step(
         tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
         backend=args.fit_backend, cell_id=args.cell,
     )  # fmt: skip
+    off = [n for n in CORRECTION_NAMES if not getattr(corrections, n)]
+    model = recalibrated_without(model, off, param_sizes)
     link, label = _link(args, model, cluster, alpha_ns, corrections)
     what_if: dict[str, Any] = {
         "link": link, "same_host": args.same_host, "corrections": corrections

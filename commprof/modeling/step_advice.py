@@ -140,7 +140,7 @@ def select_calibration_cell(
             f"{world_size} --out DIR"
         )
     cap = ok["bucket_cap_mb"]
-    profiled = ok["profile"].fillna(False).astype(bool) if "profile" in ok else False
+    profiled = ok["profile"].eq(True) if "profile" in ok else False  # NaN: not profiled
     ranked = ok.assign(
         _ws=(ok["world_size"] != world_size).astype(int),
         _cap=~(cap.isna() | (cap == DEFAULT_BUCKET_CAP_MB)),
@@ -327,6 +327,31 @@ def with_residuals(model: StepModel, param_sizes: Sequence[ParamSize]) -> StepMo
     then the host residual (each with the other corrections on)."""
     exposed = replace(model, exposed_residual_ns=exposed_residual_ns(model, param_sizes))
     return replace(exposed, host_residual_ns=host_residual_ns(exposed, param_sizes))
+
+
+def recalibrated_without(
+    model: StepModel, names: Sequence[str], param_sizes: Sequence[ParamSize]
+) -> StepModel:
+    """The model as calibrating it with the corrections ``names`` (of
+    :data:`CORRECTION_NAMES`) off would give: the stall or the interference factors removed and
+    the residuals fitted again without them (so it still reproduces its calibration), a
+    residual named set to 0. What ``estimate --without NAME`` predicts with, and the
+    benchmark's ablation scores."""
+    bad = sorted(set(names) - set(CORRECTION_NAMES))
+    if bad:
+        raise ValueError(f"unknown corrections {bad}; choose from {list(CORRECTION_NAMES)}")
+    out = model
+    if "stall" in names:
+        out = replace(out, stall_ns=0.0)
+    if "interference" in names:
+        out = replace(out, interference=NO_INTERFERENCE)
+    if out is not model:
+        out = with_residuals(out, param_sizes)
+    if "exposed_residual" in names:
+        out = replace(out, exposed_residual_ns=0.0)
+    if "host_residual" in names:
+        out = replace(out, host_residual_ns=0.0)
+    return out
 
 
 def exposed_residual_ns(model: StepModel, param_sizes: Sequence[ParamSize]) -> float:
@@ -571,12 +596,19 @@ class CapAdvice:
             return f"verdict: use {cap_label(self.best.bucket_cap_mb, with_size=True)}"
         in_use = cap_label(self.in_use.bucket_cap_mb, with_size=True)
         if self.best is self.in_use:
-            others = [c for c in self.curve if c is not self.in_use]
-            gain = max((self.in_use.step_ns - c.step_ns for c in others), default=0.0)
+            # the rule of best_of: the cap it would name otherwise, and the fastest of all
+            pick = min(tied(self.curve), key=lambda c: (c.num_buckets, c.step_ns))
+            gain = max(0.0, self.in_use.step_ns - min(c.step_ns for c in self.curve))
+            why = (
+                "it is the cap the rule names"
+                if pick is self.in_use
+                else f"it is predicted within {TIE_TOLERANCE:.0%} of the cap the rule would "
+                f"name, {cap_label(pick.bucket_cap_mb, with_size=True)}"
+            )
             return (
-                f"verdict: keep {in_use}: no cap is predicted to save more than "
-                f"{max(0.0, gain) / 1e6:.2f} ms ({max(0.0, gain) / self.in_use.step_ns:.1%}; "
-                f"a change needs {TIE_TOLERANCE:.0%} of the step)"
+                f"verdict: keep {in_use}: {why} (the fewest buckets among the caps within "
+                f"{TIE_TOLERANCE:.0%} of the fastest); the fastest cap is predicted to save "
+                f"{gain / 1e6:.2f} ms ({gain / self.in_use.step_ns:.1%})"
             )
         gain = self.in_use.step_ns - self.best.step_ns
         return (

@@ -156,8 +156,6 @@ class StepCalibration:
     ``measured_step_ns`` is made."""
     cell_step_ns: tuple[float, ...] = ()
     """Each calibration cell's median step time (``cell_ids`` order)."""
-    measured_backward_ns: float
-    """Median measured backward time."""
     bucket_cap_mb: float | None
     """The calibration cells' cap (MiB; None: DDP's default)."""
 
@@ -289,6 +287,9 @@ def calibrate_step(
     )
     # per cell the median over its rank-steps, then the median over cells (as repeats are judged)
     cell_steps = steps.groupby("cell_id", sort=False)["step_ns"].median()
+    missing = sorted(set(keys["cell_id"]) - set(cell_steps.index))
+    if missing:
+        raise ValueError(f"calibration cells {missing} have no measured step: leave them out")
     cell_exposed = pd.Series(
         [e for v in exposed.values() for e in v],
         index=[key[0] for key, v in exposed.items() for _ in v],
@@ -313,7 +314,6 @@ def calibrate_step(
         measured_step_ns=float(cell_steps.median()),
         measured_exposed_ns=float(cell_exposed.median()),
         cell_step_ns=tuple(float(cell_steps[c]) for c in keys["cell_id"]),
-        measured_backward_ns=float(steps["backward_ns"].median()),
         bucket_cap_mb=cap_mb(row.get("bucket_cap_mb")),
     )
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -94,7 +93,10 @@ class WhatIf:
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
-            raise ValueError(f"--world-size {self.world_size}: an all-reduce needs >= 2 ranks")
+            raise ValueError(
+                f"a what-if on {self.world_size} rank(s): an all-reduce needs >= 2; give "
+                "--world-size N (>= 2)"
+            )
 
 
 def check_trace_flags(args: argparse.Namespace) -> None:
@@ -117,11 +119,13 @@ def check_trace_flags(args: argparse.Namespace) -> None:
         "--algorithm": args.algorithm is not None,
         "--interconnect-file": args.interconnect_file is not None,
     }
-    if args.cluster and any(link_flags.values()):
-        named = ", ".join(f for f, given in link_flags.items() if given)
+    named = ", ".join(f for f, given in link_flags.items() if given)
+    if args.cluster and named:
         raise ValueError(
             f"--cluster {args.cluster}: {named} apply to --interconnect, not a cluster"
         )
+    if named and not args.interconnect:
+        raise ValueError(f"{named} describe a published link: give --interconnect NAME too")
     if args.nccl_tests and not args.cluster:
         raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
     if args.world_size is not None and not (args.cluster or args.interconnect):
@@ -187,8 +191,13 @@ def predicted_ns(
     return out
 
 
-def _pct(new: float, old: float) -> float:
-    return 100.0 * (new - old) / old if old else (0.0 if new == old else math.nan)
+def _pct(new: float, old: float) -> float | None:
+    """The change in percent; None (JSON null) where the old value is 0 and the new is not."""
+    return 100.0 * (new - old) / old if old else (0.0 if new == old else None)
+
+
+def _pct_text(value: float | None, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def _ms(ns: float) -> str:
@@ -199,8 +208,12 @@ def replay_report(
     timelines: Sequence[StepTimeline],
     replay: Callable[..., Replayed],
     scenario: WhatIf | None,
+    trace_world_size: int | None = None,
 ) -> dict[str, Any]:
     """Every step measured, replayed as measured and, with a scenario, replayed as predicted.
+
+    ``trace_world_size``: the trace's own world size (:func:`trace_world_size`); the
+    collectives of a group that size move to the scenario's.
 
     Returns:
         The JSON document of ``--json``: ``steps`` (one row a rank-step), ``totals`` (sums over
@@ -222,7 +235,7 @@ def replay_report(
         if scenario is not None:
             new = predicted_ns(
                 t.collective_type, t.num_bytes, t.group_size,
-                trace_world_size=t.world_size, scenario=scenario,
+                trace_world_size=trace_world_size, scenario=scenario,
             )  # fmt: skip
             known = ~np.isnan(new)
             num_predicted += int(known.sum())
@@ -237,7 +250,7 @@ def replay_report(
                 "predicted_collectives_whatif_ns": int(np.rint(new[known].sum())),
             }  # fmt: skip
         rows.append(row)
-    sums = [k for k in rows[0] if k.endswith("_ns") and k != "step"] if rows else []
+    sums = [k for k in rows[0] if k.endswith("_ns")] if rows else []
     totals: dict[str, Any] = {k: int(sum(r[k] for r in rows)) for k in sums}
     totals |= {
         "num_steps": len(rows),
@@ -257,7 +270,7 @@ def replay_report(
             )
         doc["what_if"] = {
             "link": scenario.label, "world_size": scenario.world_size,
-            "trace_world_size": timelines[0].world_size,
+            "trace_world_size": trace_world_size,
             "num_predicted": num_predicted, "num_kept_measured": num_kept,
             "kept_types": sorted(kept_types),
         }  # fmt: skip
@@ -292,14 +305,14 @@ def report_text(doc: dict[str, Any], trace: str) -> str:
     for r in doc["steps"]:
         lines.append(
             f"{r['rank']:>4} {r['step']:>6} {_ms(r['trace_step_ns']):>10} "
-            f"{_ms(r['replay_step_ns']):>10} {r['step_diff_pct']:>7.2f} "
+            f"{_ms(r['replay_step_ns']):>10} {_pct_text(r['step_diff_pct']):>7} "
             f"{_ms(r['trace_exposed_ns']):>10} {_ms(r['replay_exposed_ns']):>10} "
-            f"{r['exposed_diff_pct']:>7.2f}"
+            f"{_pct_text(r['exposed_diff_pct']):>7}"
         )
     lines.append(
         f"{'all':>11} {_ms(tot['trace_step_ns']):>10} {_ms(tot['replay_step_ns']):>10} "
-        f"{tot['step_diff_pct']:>7.2f} {_ms(tot['trace_exposed_ns']):>10} "
-        f"{_ms(tot['replay_exposed_ns']):>10} {tot['exposed_diff_pct']:>7.2f}"
+        f"{_pct_text(tot['step_diff_pct']):>7} {_ms(tot['trace_exposed_ns']):>10} "
+        f"{_ms(tot['replay_exposed_ns']):>10} {_pct_text(tot['exposed_diff_pct']):>7}"
     )
     if "what_if" in doc:
         w = doc["what_if"]
@@ -308,7 +321,7 @@ def report_text(doc: dict[str, Any], trace: str) -> str:
             "",
             f"what-if on {w['world_size']} ranks (trace: {w['trace_world_size']}): mean a step",
             f"  step     {_ms(tot['trace_step_ns'] / n)} ms -> {_ms(tot['whatif_step_ns'] / n)} ms "
-            f"({_pct(tot['whatif_step_ns'], tot['trace_step_ns']):+.1f} %)",
+            f"({_pct_text(_pct(tot['whatif_step_ns'], tot['trace_step_ns']), '+.1f')} %)",
             f"  exposed  {_ms(tot['trace_exposed_ns'] / n)} ms -> "
             f"{_ms(tot['whatif_exposed_ns'] / n)} ms",
             f"  comm     {_ms(tot['trace_comm_ns'] / n)} ms -> {_ms(tot['whatif_comm_ns'] / n)} ms",
@@ -343,6 +356,16 @@ def check_bucket_cap(args: argparse.Namespace, gradient_shapes: Callable[[str], 
     raise ValueError(BUCKET_CAP_NOT_BUILT.format(n=found) if found else BUCKET_CAP_REFUSAL)
 
 
+def trace_world_size(timelines: Sequence[StepTimeline]) -> int | None:
+    """The trace's world size: its ``distributedInfo``'s, else the largest process group its
+    collectives name (None below 2)."""
+    own = next((t.world_size for t in timelines if t.world_size), None)
+    if own is None:
+        own = max((int(t.group_size.max()) for t in timelines if t.group_size.size), default=-1)
+        own = own if own >= 2 else None
+    return own
+
+
 def run_trace(
     args: argparse.Namespace,
     read: Callable[[str], Sequence[StepTimeline]],
@@ -364,12 +387,9 @@ def run_trace(
     check_trace_flags(args)
     check_bucket_cap(args, gradient_shapes)
     timelines = read(args.trace)
-    own = next((t.world_size for t in timelines if t.world_size), None)
-    if own is None:  # no distributedInfo: the largest process group the collectives name
-        own = max((int(t.group_size.max()) for t in timelines if t.group_size.size), default=-1)
-        own = own if own >= 2 else None
+    own = trace_world_size(timelines)
     scenario = what_if(args, own)
-    doc = replay_report(timelines, replay, scenario)
+    doc = replay_report(timelines, replay, scenario, own)
     doc["trace"] = str(args.trace)
     print(json.dumps(doc) if args.json else report_text(doc, str(args.trace)))
     return 0
