@@ -60,3 +60,14 @@ def test_errors_name_file_key_and_value(tmp_path: Path, old: str, new: str, mess
     with pytest.raises(ValueError, match=message) as err:
         load_split(path)
     assert str(path) in str(err.value)
+
+
+def test_the_committed_split_is_the_one_the_latest_run_collected_under() -> None:
+    # the split is declared before a run: editing it (a comment included) after the run that
+    # the committed result scores makes --analyze-only report another split, so it fails here
+    import hashlib
+    import json
+
+    latest = json.loads((BENCHMARKS / "results" / "step_model.json").read_text())
+    assert latest["split_as_collected"] == "same"
+    assert hashlib.sha256(SPLIT_FILE.read_bytes()).hexdigest() == latest["split_sha256"]
