@@ -62,8 +62,8 @@ def same_cap(a: Any, b: Any) -> bool:
 
 
 DDP_DEFAULT_CAP_MB = 25.0
-"""DDP's default ``bucket_cap_mb`` (its first bucket is 1 MiB; ``buckets.DEFAULT_BUCKET_CAP_MB``
-of the modeling layer, which this core module may not import)."""
+"""DDP's default ``bucket_cap_mb`` (its first bucket is 1 MiB); ``modeling.buckets`` takes it
+from here."""
 
 
 def cap_label(value: Any, *, with_size: bool = False) -> str:

@@ -30,10 +30,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from commprof.caps import DDP_DEFAULT_CAP_MB
+
 MIB = 1 << 20
 """Bytes in one MiB; DDP's ``bucket_cap_mb`` is in MiB."""
-DEFAULT_BUCKET_CAP_MB = 25.0
-"""DDP's default ``bucket_cap_mb``."""
+DEFAULT_BUCKET_CAP_MB = DDP_DEFAULT_CAP_MB
+"""DDP's default ``bucket_cap_mb`` (one value, ``commprof.caps``)."""
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 """``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``."""
 DEFAULT_ELEMENT_SIZE_BYTES = 4
