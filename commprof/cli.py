@@ -502,9 +502,9 @@ def _estimate_trace(args: argparse.Namespace) -> int:
     """``estimate --trace``: the trace layer reads and replays, the model predicts the what-if
     (each layer imports neither; docs/design.md, "Trace replay")."""
     from commprof.modeling.trace_replay import run_trace
-    from commprof.traces.step_replay import count_gradient_shapes, read_timelines, replay
+    from commprof.traces.step_replay import Layout, read_timelines, replay
 
-    return run_trace(args, read_timelines, replay, count_gradient_shapes)
+    return run_trace(args, read_timelines, replay, Layout)
 
 
 def _collective(args: argparse.Namespace) -> int:

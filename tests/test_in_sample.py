@@ -109,6 +109,7 @@ def test_what_it_assumed_and_its_advice_are_printed() -> None:
     readme = (DATA.parents[2] / "README.md").read_text()
     assert verdict in readme
     assert next(line for line in text.splitlines() if line.startswith("in sample")) in readme
+    assert next(line for line in text.splitlines() if line.startswith("spec stall")) in readme
     if rec["kept_cap_in_use"]:
         assert best is None and verdict.startswith("verdict: keep DDP default (25 MiB): ")
         assert "(in use)" in rows[0]

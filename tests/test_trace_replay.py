@@ -255,7 +255,10 @@ def test_estimate_without_trace_still_needs_a_world_size(
     ("name", "why"),
     [
         ("hta_nccl_parser_r0of2", "lacks per-parameter gradient sizes"),
-        ("hta_a100_r0of16", "per-parameter gradient shapes (AccumulateGrad's 'Input Dims'), but"),
+        ("hta_dfindex_r1of2", "lacks per-parameter gradient sizes"),
+        ("hta_a100_r0of16", "runs a step or more behind its CPU"),
+        ("hta_tracediff_control_r3of8", "1 gradient(s) written after the step's last bucket"),
+        ("hta_tracediff_test_r1of2", "written after the step's last bucket launch"),
     ],
 )
 @needs(REALTRACES)

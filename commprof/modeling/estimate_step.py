@@ -48,6 +48,7 @@ from commprof.modeling.step_advice import (
     recalibrated_without,
     recommend_cap,
 )
+from commprof.modeling.step_spec import spec_doc, spec_text
 
 
 def _finite(value: float) -> float | None:
@@ -244,11 +245,13 @@ def run_step(
         },
         "assumptions": assumptions(args, model, label, alpha_ns, _batch_size(tables, cal.cell_id)),
         "in_sample": in_sample(model, param_sizes, corrections),
+        "spec": spec_doc(model, used, corrections),
         "world_size": args.world_size,
     }
     text = [
         _table(main, idle, label, args.world_size, cal.cell_id),
         assumptions_text(doc["assumptions"]),
+        spec_text(doc["spec"]),
         in_sample_text(doc["in_sample"]),
     ]
     if args.recommend_bucket_cap:

@@ -36,6 +36,7 @@ from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.step_model import (
+    INTERFERENCE_STATISTIC,
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
@@ -270,7 +271,7 @@ def load_step_model(
     param_sizes: Sequence[ParamSize],
     backend: str = "gloo",
     cell_id: str | Sequence[str] | None = None,
-    interference_statistic: str = "mean",
+    interference_statistic: str = INTERFERENCE_STATISTIC,
     link_cells: Sequence[str] | None = None,
 ) -> StepModel:
     """Calibrate the simulator for ``model`` from a dataset.

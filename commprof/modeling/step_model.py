@@ -73,9 +73,14 @@ FACTOR_STATISTICS = ("mean", "median")
 """What an interference factor is made of: ``mean`` (``slowdown_mean``: mean loaded over mean
 alone time, so stalls of a few iterations count as they count in a step's time) or ``median``
 (``slowdown``: the median pair ratio)."""
+INTERFERENCE_STATISTIC = "mean"
+"""The statistic the step model's factors are made of (its spec, ``step_spec``): a step pays
+for the stalls of a few loaded all-reduces, which a median hides."""
 
 
-def interference_from_rows(rows: pd.DataFrame, *, statistic: str = "mean") -> Interference:
+def interference_from_rows(
+    rows: pd.DataFrame, *, statistic: str = INTERFERENCE_STATISTIC
+) -> Interference:
     """Interference factors from ``interference`` table rows (median over cells per size).
 
     Args:

@@ -16,10 +16,10 @@ shows the measured and the predicted time of the same collectives side by side. 
 other types (all_to_all, send/recv, ...) and those without a size keep their measured time, and
 the report counts them.
 
-``--bucket-cap-mb`` is refused: a DDP trace holds each bucket's all-reduce, not the gradients
-inside it. Where the trace lacks per-parameter gradient sizes the error says so; where its
-``AccumulateGrad`` events carry gradient shapes (``record_shapes=True``) it says that laying a
-new cap out on a trace is not built yet.
+``--bucket-cap-mb`` lays DDP's buckets out again over the trace's own gradients
+(:mod:`commprof.modeling.trace_buckets`) where it was recorded with ``record_shapes=True``; a
+trace without per-parameter gradient sizes, or whose all-reduces are not one DDP module's
+buckets, is refused with the reason.
 """
 
 from __future__ import annotations
@@ -37,9 +37,18 @@ from commprof.modeling.cluster_link import ClusterLink, cluster_link
 from commprof.modeling.cost_model import LinkParams, allreduce_ns
 from commprof.modeling.estimate import alpha_ns
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
+from commprof.modeling.trace_buckets import (
+    OwnBuckets,
+    fit_bucket_cost,
+    launch_delays,
+    new_layout,
+    own_buckets,
+    own_cap_range,
+    own_layout,
+)
 
 if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
-    from commprof.traces.step_replay import Replayed, StepTimeline
+    from commprof.traces.step_replay import Layout, Replayed, StepTimeline
 
 PREDICTED_TYPES = ("all_reduce",)
 """Collective types the what-if predicts; the others keep their measured time."""
@@ -63,19 +72,32 @@ NOT_WITH_TRACE: tuple[tuple[str, str, Any], ...] = (
 """Flags of ``commprof estimate`` that do not apply with ``--trace`` (the trace gives the
 compute and the communication timeline): (flag, argparse dest, its default)."""
 BUCKET_CAP_REFUSAL = (
-    "--bucket-cap-mb with --trace: the trace lacks per-parameter gradient sizes (a DDP trace "
-    "records each bucket's all-reduce, not the gradients in it; AccumulateGrad's 'Input Dims', "
-    "which a trace recorded with record_shapes=True can carry, are absent or empty here), so a "
-    "new cap cannot be laid out from it; give the parameters with --model NAME or --params-file "
-    "FILE (commprof estimate without --trace)"
+    "--bucket-cap-mb with --trace: the trace lacks per-parameter gradient sizes with bucket "
+    "launches (a DDP trace records each bucket's all-reduce, not the gradients in it; "
+    "AccumulateGrad's 'Input Dims' and 'Input type', which a trace recorded with "
+    "record_shapes=True carries, are absent or empty here, or no c10d::allreduce_ launches a "
+    "bucket), so a new cap cannot be laid out from it; record with "
+    "torch.profiler.profile(record_shapes=True), or give the parameters with --model NAME or "
+    "--params-file FILE (commprof estimate without --trace)"
 )
-BUCKET_CAP_NOT_BUILT = (
-    "--bucket-cap-mb with --trace: the trace carries {n} per-parameter gradient shapes "
-    "(AccumulateGrad's 'Input Dims'), but laying a new cap out on a trace is not built yet (it "
-    "needs each gradient's ready time on the GPU, which the CPU-side AccumulateGrad events do "
-    "not give); give the parameters with --model NAME or --params-file FILE (commprof estimate "
-    "without --trace)"
-)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapWhatIf:
+    """A new bucket cap on the trace's steps (:mod:`commprof.modeling.trace_buckets`)."""
+
+    bucket_cap_mb: float | None
+    """The new cap (MiB); None is DDP's default."""
+    own: dict[tuple[int, int], OwnBuckets]
+    """The trace's own buckets by (rank, step)."""
+    cap_range_mb: tuple[float, float]
+    """The caps ``(low, high]`` (MiB) for which DDP's rule gives the trace's own buckets."""
+    launch_delay_ns: int
+    """Median from ready to start of the trace's buckets that did not queue."""
+    cost: Callable[[npt.NDArray[np.int64]], npt.ArrayLike]
+    """All-reduce time (ns) of a new bucket of given bytes."""
+    cost_label: str
+    """Where that time comes from."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -209,11 +231,15 @@ def replay_report(
     replay: Callable[..., Replayed],
     scenario: WhatIf | None,
     trace_world_size: int | None = None,
+    cap: CapWhatIf | None = None,
+    layout: Callable[..., Layout] | None = None,
 ) -> dict[str, Any]:
-    """Every step measured, replayed as measured and, with a scenario, replayed as predicted.
+    """Every step measured, replayed as measured and, with a scenario or a cap, replayed as
+    predicted.
 
     ``trace_world_size``: the trace's own world size (:func:`trace_world_size`); the
-    collectives of a group that size move to the scenario's.
+    collectives of a group that size move to the scenario's. ``cap``: a new bucket cap
+    (:func:`cap_what_if`), with the trace layer's ``Layout`` as ``layout``.
 
     Returns:
         The JSON document of ``--json``: ``steps`` (one row a rank-step), ``totals`` (sums over
@@ -232,6 +258,7 @@ def replay_report(
             "exposed_diff_pct": _pct(same.exposed_ns, t.measured_exposed_ns),
             "trace_comm_ns": t.measured_comm_ns,
         }  # fmt: skip
+        durations, lay = t.comm_ns, None
         if scenario is not None:
             new = predicted_ns(
                 t.collective_type, t.num_bytes, t.group_size,
@@ -242,15 +269,29 @@ def replay_report(
             num_kept += int((~known).sum())
             kept_types |= {c for c, k in zip(t.collective_type, known, strict=True) if not k}
             durations = np.where(known, new, t.comm_ns)
-            moved = replay(t, durations)
             row |= {
-                "whatif_step_ns": moved.step_ns, "whatif_exposed_ns": moved.exposed_ns,
-                "whatif_comm_ns": moved.comm_ns,
                 "predicted_collectives_trace_ns": int(t.comm_ns[known].sum()),
                 "predicted_collectives_whatif_ns": int(np.rint(new[known].sum())),
             }  # fmt: skip
+        if cap is not None:
+            assert layout is not None
+            own = cap.own[t.rank, t.step]
+            mine = replay(t, None, own_layout(t, own, cap.launch_delay_ns, layout))
+            lay, num_buckets = new_layout(
+                t, own, cap.bucket_cap_mb, cap.cost, cap.launch_delay_ns, layout
+            )
+            row |= {
+                "own_buckets": len(own.members), "whatif_buckets": num_buckets,
+                "own_layout_step_ns": mine.step_ns, "own_layout_exposed_ns": mine.exposed_ns,
+            }  # fmt: skip
+        if scenario is not None or cap is not None:
+            moved = replay(t, durations, lay)
+            row |= {
+                "whatif_step_ns": moved.step_ns, "whatif_exposed_ns": moved.exposed_ns,
+                "whatif_comm_ns": moved.comm_ns,
+            }  # fmt: skip
         rows.append(row)
-    sums = [k for k in rows[0] if k.endswith("_ns")] if rows else []
+    sums = [k for k in rows[0] if k.endswith(("_ns", "_buckets"))] if rows else []
     totals: dict[str, Any] = {k: int(sum(r[k] for r in rows)) for k in sums}
     totals |= {
         "num_steps": len(rows),
@@ -262,7 +303,7 @@ def replay_report(
     }
     doc: dict[str, Any] = {"steps": rows, "totals": totals}
     if scenario is not None:
-        if num_predicted == 0:
+        if num_predicted == 0 and cap is None:
             raise ValueError(
                 "--cluster/--interconnect with --trace: no all-reduce in the trace's steps gives "
                 "its size (Kineto writes 'In msg nelems' and 'dtype' in a collective's args, "
@@ -274,12 +315,28 @@ def replay_report(
             "num_predicted": num_predicted, "num_kept_measured": num_kept,
             "kept_types": sorted(kept_types),
         }  # fmt: skip
-    doc["assumptions"] = assumptions(scenario)
+    if cap is not None:
+        doc["bucket_cap"] = {
+            "bucket_cap_mb": cap.bucket_cap_mb,
+            "own_cap_range_mb": [cap.cap_range_mb[0], _finite(cap.cap_range_mb[1])],
+            "launch_delay_ns": cap.launch_delay_ns, "cost": cap.cost_label,
+            "own_layout_step_diff_pct": _pct(
+                totals["own_layout_step_ns"], totals["trace_step_ns"]
+            ),
+            "own_layout_exposed_diff_pct": _pct(
+                totals["own_layout_exposed_ns"], totals["trace_exposed_ns"]
+            ),
+        }  # fmt: skip
+    doc["assumptions"] = assumptions(scenario, cap)
     return doc
 
 
-def assumptions(scenario: WhatIf | None) -> list[str]:
-    """What the replay and the what-if assume, one line each (printed and in the JSON)."""
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def assumptions(scenario: WhatIf | None, cap: CapWhatIf | None = None) -> list[str]:
+    """What the replay and the what-ifs assume, one line each (printed and in the JSON)."""
     lines = [
         f"replay rules: {SOURCE}; compute keeps its measured kernels and gaps, collectives their "
         "launch point relative to compute and their stream order",
@@ -290,6 +347,17 @@ def assumptions(scenario: WhatIf | None) -> list[str]:
             "each all-reduce of known size takes the model's predicted time directly (the trace "
             "names no fabric to scale from); a measured kernel also holds waits for peers",
             "compute is the trace's own: a new world size changes the collectives only",
+        ]
+    if cap is not None:
+        lines += [
+            "new buckets: DDP's greedy over the trace's gradients in the order it wrote them "
+            "(a bucket closes once it holds the cap; the first holds the first-bucket cap), "
+            "each ready when its last gradient was on the device, launched in order, "
+            f"{cap.launch_delay_ns / 1e3:.0f} us after ready (the trace's median), on the "
+            "trace's bucket streams",
+            f"new buckets' all-reduce time: {cap.cost_label}",
+            "compute is the trace's own: a new cap changes the buckets only (no change to "
+            "the time the backward spends in DDP's hooks)",
         ]
     return lines
 
@@ -314,21 +382,44 @@ def report_text(doc: dict[str, Any], trace: str) -> str:
         f"{_pct_text(tot['step_diff_pct']):>7} {_ms(tot['trace_exposed_ns']):>10} "
         f"{_ms(tot['replay_exposed_ns']):>10} {_pct_text(tot['exposed_diff_pct']):>7}"
     )
-    if "what_if" in doc:
-        w = doc["what_if"]
-        n = tot["num_steps"]
+    n = tot["num_steps"]
+    if "bucket_cap" in doc:
+        b = doc["bucket_cap"]
+        low, high = b["own_cap_range_mb"]
+        cap_text = "DDP's default" if b["bucket_cap_mb"] is None else f"{b['bucket_cap_mb']:g} MiB"
         lines += [
             "",
-            f"what-if on {w['world_size']} ranks (trace: {w['trace_world_size']}): mean a step",
+            f"the trace's own buckets: {tot['own_buckets'] / n:.1f} a step, DDP's rule gives "
+            f"them for a cap in ({low:.3g}, {'inf' if high is None else format(high, '.3g')}] MiB",
+            f"  laid out again as measured (in-sample): step {_ms(tot['own_layout_step_ns'] / n)} "
+            f"ms ({_pct_text(b['own_layout_step_diff_pct'], '+.1f')} % against the trace), "
+            f"exposed {_ms(tot['own_layout_exposed_ns'] / n)} ms "
+            f"({_pct_text(b['own_layout_exposed_diff_pct'], '+.1f')} %)",
+            f"at --bucket-cap-mb {cap_text}: {tot['whatif_buckets'] / n:.1f} bucket(s) a step",
+        ]
+    if "whatif_step_ns" in tot:
+        title = (
+            f"what-if on {doc['what_if']['world_size']} ranks (trace: "
+            f"{doc['what_if']['trace_world_size']})"
+            if "what_if" in doc
+            else "what-if"
+        )
+        lines += [
+            "",
+            f"{title}: mean a step",
             f"  step     {_ms(tot['trace_step_ns'] / n)} ms -> {_ms(tot['whatif_step_ns'] / n)} ms "
             f"({_pct_text(_pct(tot['whatif_step_ns'], tot['trace_step_ns']), '+.1f')} %)",
             f"  exposed  {_ms(tot['trace_exposed_ns'] / n)} ms -> "
             f"{_ms(tot['whatif_exposed_ns'] / n)} ms",
             f"  comm     {_ms(tot['trace_comm_ns'] / n)} ms -> {_ms(tot['whatif_comm_ns'] / n)} ms",
+        ]
+    if "what_if" in doc:
+        w = doc["what_if"]
+        lines.append(
             f"  {w['num_predicted']} all-reduce(s) predicted: "
             f"{_ms(tot['predicted_collectives_trace_ns'] / n)} ms measured -> "
             f"{_ms(tot['predicted_collectives_whatif_ns'] / n)} ms a step",
-        ]
+        )
         if w["num_kept_measured"]:
             lines.append(
                 f"  {w['num_kept_measured']} collective(s) keep their measured time (no size, "
@@ -338,22 +429,70 @@ def report_text(doc: dict[str, Any], trace: str) -> str:
     return "\n".join(lines)
 
 
-def check_bucket_cap(args: argparse.Namespace, gradient_shapes: Callable[[str], int]) -> None:
-    """Refuse ``--bucket-cap-mb`` with ``--trace``, saying why for this trace.
+def cap_what_if(
+    timelines: Sequence[StepTimeline],
+    bucket_cap_mb: float | None,
+    scenario: WhatIf | None,
+    trace_world_size: int | None,
+) -> CapWhatIf:
+    """The trace's own buckets, their launch delay and the new buckets' cost.
 
-    Args:
-        args: Parsed options.
-        gradient_shapes: Counts the per-parameter gradient shapes of a trace path
-            (``step_replay.count_gradient_shapes``); read only where a cap is given.
+    The cost is the scenario's collective model where there is one; else ``alpha + bytes *
+    beta`` fitted on the trace's own buckets, each bucket of a step taken at its shortest time
+    over the ranks given (the last rank to arrive waits for no peer; docs/design.md, "Trace
+    replay").
 
     Raises:
-        ValueError: ``BUCKET_CAP_REFUSAL`` where the trace lacks per-parameter gradient sizes,
-            ``BUCKET_CAP_NOT_BUILT`` where it has them.
+        ValueError: ``BUCKET_CAP_REFUSAL`` where no step has gradient sizes; where a step lacks
+            them, its buckets do not line up, or no cap gives them under DDP's rule (naming the
+            rank and step).
     """
-    if getattr(args, "bucket_cap_mb", None) is None:
-        return
-    found = gradient_shapes(args.trace)
-    raise ValueError(BUCKET_CAP_NOT_BUILT.format(n=found) if found else BUCKET_CAP_REFUSAL)
+    if not any(t.gradients is not None for t in timelines):
+        raise ValueError(BUCKET_CAP_REFUSAL)
+    lacking = [f"rank {t.rank} step {t.step}" for t in timelines if t.gradients is None]
+    if lacking:
+        raise ValueError(
+            f"--bucket-cap-mb with --trace: {', '.join(lacking[:4])} hold(s) no gradient sizes "
+            "with a bucket launch, where the trace's other steps do; give a trace whose every "
+            "step window holds a backward (or the rank files that do)"
+        )
+    own = {(t.rank, t.step): own_buckets(t) for t in timelines}
+    ranges = [own_cap_range(t, own[t.rank, t.step]) for t in timelines]
+    low, high = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    if not low < high:
+        raise ValueError(
+            f"--bucket-cap-mb with --trace: the steps' buckets follow DDP's rule for no one cap "
+            f"(one needs more than {low:.3f} MiB, another at most {high:.3f} MiB)"
+        )
+    delays = [d for t in timelines for d in launch_delays(t, own[t.rank, t.step])]
+    delay = int(np.median(delays)) if delays else 0
+    if scenario is not None:
+
+        def cost(num_bytes: npt.NDArray[np.int64]) -> npt.ArrayLike:
+            return predicted_ns(
+                ("all_reduce",) * num_bytes.size, num_bytes, np.full(num_bytes.size, -1),
+                trace_world_size=trace_world_size, scenario=scenario,
+            )  # fmt: skip
+
+        label = f"the what-if link's model ({scenario.label})"
+        return CapWhatIf(
+            bucket_cap_mb=bucket_cap_mb, own=own, cap_range_mb=(low, high),
+            launch_delay_ns=delay, cost=cost, cost_label=label,
+        )  # fmt: skip
+    shortest: dict[tuple[int, int], tuple[int, int]] = {}
+    for t in timelines:
+        o = own[t.rank, t.step]
+        for k, (size, c) in enumerate(
+            zip(o.num_bytes.tolist(), o.collective.tolist(), strict=True)
+        ):
+            took = int(t.comm_ns[c])
+            key = (t.step, k)
+            shortest[key] = (size, min(took, shortest.get(key, (size, took))[1]))
+    fit = fit_bucket_cost([v[0] for v in shortest.values()], [v[1] for v in shortest.values()])
+    return CapWhatIf(
+        bucket_cap_mb=bucket_cap_mb, own=own, cap_range_mb=(low, high),
+        launch_delay_ns=delay, cost=fit, cost_label=fit.describe(),
+    )  # fmt: skip
 
 
 def trace_world_size(timelines: Sequence[StepTimeline]) -> int | None:
@@ -368,28 +507,29 @@ def trace_world_size(timelines: Sequence[StepTimeline]) -> int | None:
 
 def run_trace(
     args: argparse.Namespace,
-    read: Callable[[str], Sequence[StepTimeline]],
+    read: Callable[..., Sequence[StepTimeline]],
     replay: Callable[..., Replayed],
-    gradient_shapes: Callable[[str], int],
+    layout: Callable[..., Layout],
 ) -> int:
     """Entry of ``commprof estimate --trace DIR``; prints the report or one JSON document.
 
     Args:
         args: Parsed ``commprof estimate`` options.
-        read: Reads the step timelines of a trace path (``step_replay.read_timelines``).
+        read: Reads the step timelines of a trace path, with their gradients where asked
+            (``step_replay.read_timelines``).
         replay: Replays one timeline (``step_replay.replay``).
-        gradient_shapes: Counts a trace's per-parameter gradient shapes
-            (``step_replay.count_gradient_shapes``), for ``--bucket-cap-mb``.
+        layout: The trace layer's ``Layout`` (new buckets for ``--bucket-cap-mb``).
 
     Returns:
         Process exit status.
     """
     check_trace_flags(args)
-    check_bucket_cap(args, gradient_shapes)
-    timelines = read(args.trace)
+    new_cap = getattr(args, "bucket_cap_mb", None)
+    timelines = read(args.trace, gradients=new_cap is not None)
     own = trace_world_size(timelines)
     scenario = what_if(args, own)
-    doc = replay_report(timelines, replay, scenario, own)
+    cap = None if new_cap is None else cap_what_if(timelines, new_cap, scenario, own)
+    doc = replay_report(timelines, replay, scenario, own, cap, layout)
     doc["trace"] = str(args.trace)
     print(json.dumps(doc) if args.json else report_text(doc, str(args.trace)))
     return 0

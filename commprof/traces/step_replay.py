@@ -38,10 +38,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from commprof.traces.gradients import StepGradients, read_step_gradients
 from commprof.traces.intervals import Int64Array, IntervalSet, clip, difference, total_length
 from commprof.traces.metrics import step_metrics
 from commprof.traces.trace_parser import ParsedTrace, parse_trace
-from commprof.traces.trace_reader import stream_trace
 
 QUEUED_GAP_NS = 10_000
 """A collective that starts at most this long (10 us) after the previous one on its stream ended
@@ -51,9 +51,6 @@ RESUME_GAP_NS = 50_000
 between, waited on it (a stream wait on the collective's event, then a kernel launch)."""
 UNKNOWN = -1
 """Size or group size that the trace does not give."""
-GRADIENT_OP = "torch::autograd::AccumulateGrad"
-"""The autograd op that writes a parameter's gradient; with ``record_shapes=True`` its ``Input
-Dims`` give the gradient's shape (empty in some traces)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,6 +91,9 @@ class StepTimeline:
     """Exposed communication as ``commprof analyze`` reports it (``exposed_ns``)."""
     measured_comm_ns: int
     """Communication time as ``commprof analyze`` reports it (``comm_ns``)."""
+    gradients: StepGradients | None = None
+    """The step's per-parameter gradients (read where a new bucket cap is asked for and the
+    trace gives them; :mod:`commprof.traces.gradients`)."""
 
     @property
     def comm_ns(self) -> Int64Array:
@@ -128,11 +128,14 @@ def _window_collectives(collectives: pd.DataFrame, lo: int, hi: int) -> pd.DataF
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
-def step_timelines(parsed: ParsedTrace) -> list[StepTimeline]:
+def step_timelines(
+    parsed: ParsedTrace, gradients: dict[int, StepGradients] | None = None
+) -> list[StepTimeline]:
     """Every step window of a parsed trace as a replayable timeline.
 
     Args:
         parsed: One rank's trace (:func:`commprof.traces.trace_parser.parse_trace`).
+        gradients: Its steps' gradients by step number (:func:`read_step_gradients`), if read.
 
     Returns:
         One timeline per step window, in step order; the measured figures are those of
@@ -169,14 +172,19 @@ def step_timelines(parsed: ParsedTrace) -> list[StepTimeline]:
                 measured_step_ns=int(row["window_ns"]),
                 measured_exposed_ns=int(row["exposed_ns"]),
                 measured_comm_ns=int(row["comm_ns"]),
+                gradients=(gradients or {}).get(int(step)),
             )
         )
     return out
 
 
-def read_timelines(path: Path | str) -> list[StepTimeline]:
+def read_timelines(path: Path | str, *, gradients: bool = False) -> list[StepTimeline]:
     """The step timelines of every rank trace at ``path`` (a trace file, or a folder of them as
     ``commprof analyze`` reads it), rank by rank.
+
+    Args:
+        path: A trace file or folder.
+        gradients: Also read each step's per-parameter gradients (a second pass over each file).
 
     Raises:
         ValueError: Where ``path`` holds no trace, or its traces have no communication.
@@ -184,7 +192,9 @@ def read_timelines(path: Path | str) -> list[StepTimeline]:
     path = Path(path)
     out = []
     for f in _trace_files(path):
-        out.extend(step_timelines(parse_trace(f)))
+        parsed = parse_trace(f)
+        grads = read_step_gradients(f, parsed.rank)[0] if gradients else None
+        out.extend(step_timelines(parsed, grads))
     if not any(t.comm_start_ns.size for t in out):
         raise ValueError(
             f"--trace {path}: no collective runs in any step window of its trace(s); a replay of "
@@ -202,24 +212,6 @@ def _trace_files(path: Path) -> list[Path]:
     return files
 
 
-def count_gradient_shapes(path: Path | str) -> int:
-    """How many ``AccumulateGrad`` events of the traces at ``path`` carry a gradient's shape
-    (a non-empty first ``Input Dims``): the per-parameter gradient sizes a new bucket cap needs.
-    Streams the events (bounded memory)."""
-    found = 0
-
-    def count(event: object) -> None:
-        nonlocal found
-        if isinstance(event, dict) and event.get("name") == GRADIENT_OP:
-            dims = (event.get("args") or {}).get("Input Dims")
-            if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
-                found += 1
-
-    for f in _trace_files(Path(path)):
-        stream_trace(f, count)
-    return found
-
-
 def _waited_collective(
     ends_sorted: Int64Array, order: npt.NDArray[np.intp], prev_end: int, start: int
 ) -> int:
@@ -234,13 +226,53 @@ def _waited_collective(
     return int(order[j])
 
 
-def replay(timeline: StepTimeline, comm_ns: npt.ArrayLike | None = None) -> Replayed:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """New buckets in place of a timeline's own (a new bucket cap, docs/design.md "Trace
+    replay"); built by :mod:`commprof.modeling.trace_replay`."""
+
+    replaced: npt.NDArray[np.bool_]
+    """Which of the timeline's collectives the new buckets replace (the trace's own buckets)."""
+    ready_ns: Int64Array
+    """Each new bucket's ready time on the trace's clock (its last gradient's), launch order."""
+    duration_ns: Int64Array
+    """Each new bucket's all-reduce time (ns)."""
+    launch_delay_ns: int
+    """From a bucket's ready time to the start of its all-reduce on an idle stream (ns)."""
+    streams: tuple[int, ...]
+    """The streams the new buckets run on: each on the one free first (NCCL's one stream; gloo's
+    worker threads, which take the next queued all-reduce when free)."""
+
+    def __post_init__(self) -> None:
+        if self.ready_ns.shape != self.duration_ns.shape or not self.streams:
+            raise ValueError("a layout needs one ready time and one duration a bucket, a stream")
+
+
+def _durations(t: StepTimeline, comm_ns: npt.ArrayLike | None) -> Int64Array:
+    dur = (
+        t.comm_ns if comm_ns is None else np.rint(np.asarray(comm_ns, np.float64)).astype(np.int64)
+    )
+    if dur.shape != t.comm_start_ns.shape or (dur.size and int(dur.min()) < 0):
+        raise ValueError(
+            f"comm_ns must hold {t.comm_start_ns.size} durations >= 0, got shape {dur.shape}"
+        )
+    return dur
+
+
+def replay(
+    timeline: StepTimeline, comm_ns: npt.ArrayLike | None = None, layout: Layout | None = None
+) -> Replayed:
     """Replay a step with the measured or new collective durations (module docstring).
 
     Args:
         timeline: The step.
         comm_ns: New duration of each collective (ns, the order of ``timeline.comm_start_ns``);
             None replays the measured ones (the identity replay).
+        layout: New buckets in place of the collectives it replaces: each is ready its
+            ``launch_delay_ns`` after its ready point (mapped like a launch point), never before
+            the bucket launched before it, and runs after the previous item on its stream;
+            compute that waited on a replaced collective waits on every new bucket ready before
+            it (DDP's end of backward waits for all buckets).
 
     Returns:
         The replayed step and exposed communication.
@@ -248,55 +280,81 @@ def replay(timeline: StepTimeline, comm_ns: npt.ArrayLike | None = None) -> Repl
     t = timeline
     cs, ce = t.compute_start_ns, t.compute_end_ns
     ms, me = t.comm_start_ns, t.comm_end_ns
-    dur = (
-        t.comm_ns if comm_ns is None else np.rint(np.asarray(comm_ns, np.float64)).astype(np.int64)
-    )
-    if dur.shape != ms.shape or (dur.size and int(dur.min()) < 0):
-        raise ValueError(f"comm_ns must hold {ms.size} durations >= 0, got shape {dur.shape}")
-    lo = t.window_start_ns
+    dur = _durations(t, comm_ns)
+    lo, m = t.window_start_ns, ms.size
     order = np.argsort(me, kind="stable")
     ends_sorted = me[order]
+    empty = np.zeros(0, np.int64)
+    replaced = np.zeros(m, bool) if layout is None else np.asarray(layout.replaced, bool)
+    bucket_ready = empty if layout is None else layout.ready_ns
+    kept = np.flatnonzero(~replaced)
+    # what to play, by the point it is placed at: kept collectives (slot j) by measured start,
+    # new buckets (slot m + b) by ready time
+    keys = np.concatenate([ms[kept], bucket_ready])
+    slots = np.concatenate([kept, m + np.arange(bucket_ready.size)])
+    sequence = slots[np.argsort(keys, kind="stable")]
+    keys = np.sort(keys, kind="stable")
     new_cs, new_ce = np.empty_like(cs), np.empty_like(ce)
-    new_ms, new_me = np.empty_like(ms), np.empty_like(me)
-    ready = np.empty_like(ms)
+    new_s = np.zeros(m + bucket_ready.size, np.int64)
+    new_e, ready = np.zeros_like(new_s), np.zeros_like(new_s)
     last_on: dict[int, int] = {}
-    # one pass in measured start order, compute before a collective that starts with it
-    i = j = 0
-    while i < cs.size or j < ms.size:
-        if i < cs.size and (j >= ms.size or cs[i] <= ms[j]):
+    prev_bucket_ready = lo
+    i = q = 0
+    while i < cs.size or q < sequence.size:
+        if i < cs.size and (q >= sequence.size or cs[i] <= keys[q]):
             prev_end, prev_new = (int(ce[i - 1]), int(new_ce[i - 1])) if i else (lo, lo)
             start = int(cs[i])
             c = _waited_collective(ends_sorted, order, prev_end, start)
-            if c >= 0:
-                new_cs[i] = max(prev_new, int(new_me[c]) + start - int(me[c]))
+            waited = -1 if c < 0 else int(new_e[c])
+            if c >= 0 and replaced[c]:  # the trace's buckets: wait on the new ones before it
+                before = m + np.flatnonzero(bucket_ready < start)
+                waited = int(new_e[before].max()) if before.size else -1
+            if waited >= 0:
+                new_cs[i] = max(prev_new, waited + start - int(me[c]))
             else:
                 new_cs[i] = prev_new + start - prev_end
             new_ce[i] = new_cs[i] + int(ce[i]) - start
             i += 1
             continue
-        start, stream = int(ms[j]), int(t.stream[j])
+        slot, point = int(sequence[q]), int(keys[q])
+        q += 1
         if i:  # the compute interval it was launched in or after
             k = i - 1
-            inside = start < int(ce[k])
-            ready[j] = new_cs[k] + start - cs[k] if inside else new_ce[k] + start - ce[k]
+            inside = point < int(ce[k])
+            mapped = new_cs[k] + point - cs[k] if inside else new_ce[k] + point - ce[k]
         else:
-            ready[j] = start
+            mapped = point
+        if slot >= m:  # a new bucket
+            assert layout is not None
+            ready[slot] = max(int(mapped) + layout.launch_delay_ns, prev_bucket_ready)
+            prev_bucket_ready = int(ready[slot])
+            free = {
+                s: (lo if last_on.get(s) is None else int(new_e[last_on[s]]))
+                for s in layout.streams
+            }
+            stream = min(layout.streams, key=lambda s: (free[s], s))
+            new_s[slot] = max(int(ready[slot]), free[stream])
+            new_e[slot] = new_s[slot] + int(layout.duration_ns[slot - m])
+            last_on[stream] = slot
+            continue
+        ready[slot] = mapped
+        stream = int(t.stream[slot])
         p = last_on.get(stream)
         if p is None:
-            new_ms[j] = ready[j]
-        elif start - int(me[p]) <= QUEUED_GAP_NS:
-            ready[j] = ready[p]
-            new_ms[j] = max(int(ready[p]), int(new_me[p]) + start - int(me[p]))
+            new_s[slot] = ready[slot]
+        elif p < m and point - int(me[p]) <= QUEUED_GAP_NS:
+            ready[slot] = ready[p]
+            new_s[slot] = max(int(ready[p]), int(new_e[p]) + point - int(me[p]))
         else:
-            new_ms[j] = max(int(ready[j]), int(new_me[p]))
-        new_me[j] = new_ms[j] + dur[j]
-        last_on[stream] = j
-        j += 1
+            new_s[slot] = max(int(ready[slot]), int(new_e[p]))
+        new_e[slot] = new_s[slot] + dur[slot]
+        last_on[stream] = slot
+    played = np.concatenate([kept, m + np.arange(bucket_ready.size)])
     ends = [int(x.max()) for x in (ce, me) if x.size]
-    new_ends = [int(x.max()) for x in (new_ce, new_me) if x.size]
+    new_ends = [int(x.max()) for x in (new_ce, new_e[played]) if x.size]
     tail = t.window_end_ns - max(ends, default=lo)
     end = max(new_ends, default=lo) + tail
-    comm = IntervalSet.from_arrays(new_ms, new_me)
+    comm = IntervalSet.from_arrays(new_s[played], new_e[played])
     compute = IntervalSet.from_arrays(new_cs, new_ce)
     return Replayed(
         step_ns=end - lo,

@@ -1,0 +1,189 @@
+"""The step model's declared spec: every correction and rule between the idle ring model and a
+prediction, in one frozen table (docs/design.md, "The step model's spec", a section each).
+
+Each :class:`SpecEntry` names its formula, what it is fitted from, where it applies, how it is
+switched off and, for a fitted model, its value (:func:`spec_doc`); ``commprof estimate --fit
+DIR`` prints the table beside every prediction. The entries are what the code applies, not a
+description beside it: the corrections are :data:`step_advice.CORRECTION_NAMES` (checked by
+``tests/test_step_spec.py``), the constants are read from the modules that use them, and the
+removed entries are named so that no one adds them back without an ablation
+(docs/design.md says which removed them and why). This module imports no torch and no ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from commprof.modeling.step_advice import (
+    TIE_TOLERANCE,
+    Applied,
+    Corrections,
+    StepModel,
+)
+from commprof.modeling.step_model import HOOK_QUANTILE, INTERFERENCE_STATISTIC
+
+Kind = Literal["correction", "fitted", "rule", "removed"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpecEntry:
+    """One correction or rule of the step model."""
+
+    name: str
+    """Its name (a correction's is the one ``--without`` takes)."""
+    kind: Kind
+    """``correction``: fitted, applied, switched off on its own; ``fitted``: a part of the
+    calibration, always on; ``rule``: a constant of the advice or the fit; ``removed``: once a
+    correction, gone after an ablation."""
+    formula: str
+    """What it adds or decides, as a formula."""
+    fitted_from: str
+    """Where its value comes from."""
+    applies_to: str
+    """The predictions it applies to."""
+    switch: str
+    """How it is switched off."""
+    section: str
+    """Its heading in docs/design.md."""
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:+.3f} ms"
+
+
+SPEC: Final[tuple[SpecEntry, ...]] = (
+    SpecEntry(
+        name="stall", kind="correction",
+        formula="t_k = alpha + beta * n_k + stall, for every all-reduce k",
+        fitted_from="the host's microbenchmarks: mean minus median time of a cell's iterations "
+        "(all sizes), median over cells",
+        applies_to="the calibrated link", switch="--without stall", section="Stall",
+    ),
+    SpecEntry(
+        name="interference", kind="correction",
+        formula="an all-reduce of n bytes runs comm_factor(n) times slower while compute runs; "
+        "compute compute_factor(n) times slower while it runs",
+        fitted_from="the interference arms of every cell of the host, median over cells",
+        applies_to="every prediction", switch="--without interference (--no-interference)",
+        section="Interference",
+    ),
+    SpecEntry(
+        name="interference_statistic", kind="rule",
+        formula=f"factor = {INTERFERENCE_STATISTIC} loaded time / {INTERFERENCE_STATISTIC} "
+        "alone time",
+        fitted_from="constant", applies_to="the interference factors", switch="none",
+        section="Interference statistic",
+    ),
+    SpecEntry(
+        name="hook_cost", kind="fitted",
+        formula=f"L(n) = a + b * n on the training thread a bucket, the {HOOK_QUANTILE:g} "
+        "quantile of launch - ready per bucket size",
+        fitted_from="the calibration cells' timing-hook records (one size: all per byte)",
+        applies_to="every prediction", switch="none: part of the calibrated timeline",
+        section="Hook cost",
+    ),
+    SpecEntry(
+        name="exposed_residual", kind="correction",
+        formula="exposed += (measured exposed - model exposed at the calibration cap) * "
+        "compute scale",
+        fitted_from="the calibration cells", applies_to="the calibrated link",
+        switch="--without exposed_residual", section="Exposed residual",
+    ),
+    SpecEntry(
+        name="host_residual", kind="correction",
+        formula="step += (measured step - model step at the calibration cap) * compute scale",
+        fitted_from="the calibration cells", applies_to="every prediction",
+        switch="--without host_residual", section="Host residual",
+    ),
+    SpecEntry(
+        name="advice_tolerance", kind="rule",
+        formula=f"caps with step <= (1 + {TIE_TOLERANCE:g}) * the shortest are tied; of them "
+        "the fewest buckets",
+        fitted_from="constant", applies_to="the cap advice", switch="none",
+        section="Advice tolerance",
+    ),
+    SpecEntry(
+        name="in_use_rule", kind="rule",
+        formula=f"keep the cap in use where its step <= (1 + {TIE_TOLERANCE:g}) * the tied "
+        "pick's",
+        fitted_from="constant", applies_to="the cap advice", switch="none",
+        section="In-use rule",
+    ),
+    SpecEntry(
+        name="link_scale", kind="removed",
+        formula="(was) the link's times times the factor that replays the calibration's "
+        "exposed time",
+        fitted_from="-", applies_to="-", switch="removed", section="Link scale (removed)",
+    ),
+    SpecEntry(
+        name="straggler_wait", kind="removed",
+        formula="(was) exposed += median exposed of every rank-step - the slowest rank's",
+        fitted_from="-", applies_to="-", switch="removed", section="Straggler wait (removed)",
+    ),
+    SpecEntry(
+        name="queue_factor", kind="removed",
+        formula="(was) a queued all-reduce's time times the comm_burst arm's factor",
+        fitted_from="-", applies_to="-", switch="removed", section="Queue factor (removed)",
+    ),
+)  # fmt: skip
+"""The step model's spec, in the order a prediction applies it."""
+
+
+def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
+    cal = model.calibration
+    f = model.interference
+    return {
+        "stall": lambda: f"{_ms(used.stall_ns)} an all-reduce",
+        "interference": lambda: (
+            f"comm x{min(f.comm_slowdown):.2f} to x{max(f.comm_slowdown):.2f}, compute "
+            f"x{min(f.compute_slowdown):.2f} to x{max(f.compute_slowdown):.2f} over "
+            f"{len(f.sizes_bytes)} size(s)"
+        ),
+        "interference_statistic": lambda: INTERFERENCE_STATISTIC,
+        "hook_cost": lambda: (
+            f"a = {cal.hook_fixed_ns / 1e3:.1f} us, b = {cal.hook_ns_per_byte:.3g} ns/B"
+        ),
+        "exposed_residual": lambda: _ms(used.exposed_residual_ns),
+        "host_residual": lambda: _ms(used.host_residual_ns),
+        "advice_tolerance": lambda: f"{TIE_TOLERANCE:.0%}",
+        "in_use_rule": lambda: f"within {TIE_TOLERANCE:.0%}",
+    }
+
+
+def spec_doc(model: StepModel, used: Applied, corrections: Corrections) -> list[dict[str, Any]]:
+    """The spec of a fitted model: per entry its kind, whether it is on, its value (None for a
+    removed one) and its declaration.
+
+    Args:
+        model: The fitted model (``step_advice.load_step_model``).
+        used: What the prediction applies (``step_advice.applied``: a correction of the
+            calibrated link is 0 on another link).
+        corrections: Which corrections are switched on.
+    """
+    values = _values(model, used)
+    out = []
+    for e in SPEC:
+        on = getattr(corrections, e.name) if e.kind == "correction" else e.kind != "removed"
+        out.append({
+            "name": e.name, "kind": e.kind, "on": bool(on),
+            "value": values[e.name]() if e.name in values and on else None,
+            "formula": e.formula, "fitted_from": e.fitted_from, "applies_to": e.applies_to,
+            "switch": e.switch,
+        })  # fmt: skip
+    return out
+
+
+def spec_text(doc: list[dict[str, Any]]) -> str:
+    """The spec as lines: ``spec <name> (<kind>, on|off): <value>; <formula>``."""
+    lines = []
+    for e in doc:
+        if e["kind"] == "removed":
+            continue
+        state = "on" if e["on"] else "off"
+        value = f"{e['value']}; " if e["value"] is not None else ""
+        lines.append(f"spec {e['name']} ({e['kind']}, {state}): {value}{e['formula']}")
+    removed = [e["name"] for e in doc if e["kind"] == "removed"]
+    lines.append(f"spec removed after ablations: {', '.join(removed)} (docs/design.md)")
+    return "\n".join(lines)

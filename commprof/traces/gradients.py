@@ -1,0 +1,187 @@
+"""Per-parameter gradients of a DDP trace: their sizes, when each was written, and the buckets
+the trace's own all-reduces held (``commprof estimate --trace DIR --bucket-cap-mb MB``).
+
+A trace recorded with ``record_shapes=True`` gives each ``AccumulateGrad`` (the autograd op that
+writes a parameter's gradient) its gradient's shape and dtype, and each bucket's launch through
+``c10d::allreduce_`` on the thread that ran the backward (DDP's reducer launches a bucket from
+the autograd hook of its last gradient). For each step window of a rank (``ProfilerStep#N`` on
+the host) this module keeps, in the order they were written:
+
+- each gradient's bytes (``Input Dims`` times the size of ``Input type``) and dtype;
+- when it was written on the host (the op's end) and when it was ready on the device: the end of
+  the last non-communication kernel that thread launched before the op ended (the kernel that
+  computed or accumulated the gradient; CUPTI correlation ids). A trace without kernels (gloo on
+  CPU) is ready when written;
+- the host start of each ``c10d::allreduce_`` the thread launched in the window: a gradient
+  written before launch k and after launch k-1 was in the trace's bucket k.
+
+Pure reading; what a new cap does with these is :mod:`commprof.modeling.trace_replay`'s.
+docs/design.md, "Trace replay".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from commprof.traces.intervals import Int64Array
+from commprof.traces.trace_reader import stream_trace
+from commprof.traces.trace_rules import COMM_KERNEL_PATTERN, LAUNCH_CALL_PATTERN, LAUNCH_CATS
+
+GRADIENT_OP = "torch::autograd::AccumulateGrad"
+"""The autograd op that writes a parameter's gradient; with ``record_shapes=True`` its ``Input
+Dims`` give the gradient's shape (empty in some traces)."""
+BUCKET_LAUNCH_OP = "c10d::allreduce_"
+"""The op through which DDP's reducer launches a bucket's all-reduce (the default comm hook and
+commprof's timing hook alike)."""
+STEP_PREFIX = "ProfilerStep#"
+DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "int": 4, "long int": 8,
+}  # fmt: skip
+"""Bytes of an element of each ``Input type`` Kineto writes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepGradients:
+    """The gradients of one step window of one rank, in the order they were written."""
+
+    rank: int
+    """Rank of the trace."""
+    step: int
+    """Step number (``ProfilerStep#N``)."""
+    thread: int
+    """The thread that wrote them and launched the buckets (the backward's)."""
+    num_bytes: Int64Array
+    """Bytes of each gradient."""
+    dtype: tuple[str, ...]
+    """Each gradient's ``Input type``."""
+    written_ns: Int64Array
+    """When each was written on the host (its ``AccumulateGrad``'s end, ns)."""
+    ready_ns: Int64Array
+    """When each was ready on the device (ns; the host time where the trace has no kernels)."""
+    launch_ns: Int64Array
+    """Host starts of the thread's bucket launches (``c10d::allreduce_``) in the window, sorted."""
+
+    @property
+    def trace_bucket(self) -> Int64Array:
+        """The trace's bucket of each gradient (its launch's index; ``launch_ns.size`` for a
+        gradient written after the last launch)."""
+        return np.searchsorted(self.launch_ns, self.written_ns, side="left").astype(np.int64)
+
+
+def _ns(us: Any) -> int:
+    return int(np.rint(float(us) * 1000.0))
+
+
+def _numel(dims: Any) -> int | None:
+    """Elements of a shape from ``Input Dims``' first entry; None where it gives none."""
+    if not (isinstance(dims, list) and dims and isinstance(dims[0], list)):
+        return None
+    if not all(isinstance(d, int) and d >= 0 for d in dims[0]):
+        return None
+    return math.prod(dims[0])
+
+
+class _Collect:
+    """One pass over a trace's events: what :func:`read_step_gradients` needs."""
+
+    def __init__(self) -> None:
+        self.grads: list[tuple[int, int, int, int, str]] = []  # start, end, thread, bytes, dtype
+        self.launch_ops: list[tuple[int, int]] = []  # start, thread
+        self.steps: list[tuple[int, int, int]] = []  # step, start, end
+        self.runtime: list[tuple[int, int, int]] = []  # start, thread, correlation
+        self.kernel_end: dict[int, int] = {}  # correlation -> end, non-communication kernels
+        self.unsized = 0
+
+    def __call__(self, e: Any) -> None:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            return
+        name, cat = str(e.get("name", "")), e.get("cat")
+        args = e.get("args") or {}
+        if name == GRADIENT_OP:
+            numel = _numel(args.get("Input Dims"))
+            types = args.get("Input type") or [""]
+            dtype = str(types[0]) if isinstance(types, list) and types else ""
+            if numel is None or dtype not in DTYPE_BYTES:
+                self.unsized += 1
+                return
+            start = _ns(e["ts"])
+            self.grads.append((
+                start, start + _ns(e.get("dur", 0)), int(e.get("tid", 0)),
+                numel * DTYPE_BYTES[dtype], dtype,
+            ))  # fmt: skip
+        elif name == BUCKET_LAUNCH_OP:
+            self.launch_ops.append((_ns(e["ts"]), int(e.get("tid", 0))))
+        elif name.startswith(STEP_PREFIX) and cat != "gpu_user_annotation":
+            step = name[len(STEP_PREFIX) :]
+            if step.isdigit():
+                start = _ns(e["ts"])
+                self.steps.append((int(step), start, start + _ns(e.get("dur", 0))))
+        elif cat in LAUNCH_CATS and LAUNCH_CALL_PATTERN.match(name) and "correlation" in args:
+            self.runtime.append((_ns(e["ts"]), int(e.get("tid", 0)), int(args["correlation"])))
+        elif cat == "kernel" and "correlation" in args and not COMM_KERNEL_PATTERN.search(name):
+            self.kernel_end[int(args["correlation"])] = _ns(e["ts"]) + _ns(e.get("dur", 0))
+
+
+def _device_ready(c: _Collect, thread: int, written: Int64Array) -> Int64Array:
+    """End of the last non-communication kernel ``thread`` launched before each write ended;
+    the write itself where the trace has no kernels or none was launched before it."""
+    if not c.kernel_end:
+        return written.copy()
+    launches = sorted(
+        (start, c.kernel_end[corr])
+        for start, tid, corr in c.runtime
+        if tid == thread and corr in c.kernel_end
+    )
+    if not launches:
+        return written.copy()
+    starts = np.array([s for s, _ in launches], np.int64)
+    ends = np.maximum.accumulate(np.array([e for _, e in launches], np.int64))
+    pos = np.searchsorted(starts, written, side="right") - 1
+    return np.where(pos >= 0, ends[np.maximum(pos, 0)], written).astype(np.int64)
+
+
+def read_step_gradients(path: Path | str, rank: int) -> tuple[dict[int, StepGradients], int]:
+    """The gradients of every step window of one rank's trace file.
+
+    Args:
+        path: A trace file.
+        rank: Its rank (as :func:`commprof.traces.trace_parser.parse_trace` names it).
+
+    Returns:
+        The step's gradients by step number (steps with a bucket launch and a sized gradient on
+        one thread), and how many ``AccumulateGrad`` events gave no usable shape or dtype.
+    """
+    c = _Collect()
+    stream_trace(path, c)
+    out = {}
+    for step, lo, hi in sorted(c.steps):
+        grads = [g for g in c.grads if lo <= g[0] < hi]
+        launches = [op for op in c.launch_ops if lo <= op[0] < hi]
+        if not grads or not launches:
+            continue
+        # the backward's thread: the one that launched buckets and wrote the most gradients
+        launching = {tid for _, tid in launches}
+        counts = Counter(g[2] for g in grads if g[2] in launching)
+        if not counts:
+            continue
+        thread = counts.most_common(1)[0][0]
+        mine = sorted((g for g in grads if g[2] == thread), key=lambda g: g[1])
+        written = np.array([g[1] for g in mine], np.int64)
+        out[step] = StepGradients(
+            rank=rank,
+            step=step,
+            thread=thread,
+            num_bytes=np.array([g[3] for g in mine], np.int64),
+            dtype=tuple(g[4] for g in mine),
+            written_ns=written,
+            ready_ns=_device_ready(c, thread, written),
+            launch_ns=np.array(sorted(s for s, tid in launches if tid == thread), np.int64),
+        )
+    return out, c.unsized

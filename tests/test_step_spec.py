@@ -1,0 +1,98 @@
+"""The step model's declared spec (``commprof.modeling.step_spec``) is the code's: its
+corrections are the ones the model switches, its constants the ones the code uses, each entry
+has a section of docs/design.md of at most five lines, and ``estimate --fit`` prints it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from commprof.cli import main
+from commprof.modeling import step_advice, step_model
+from commprof.modeling.step_advice import CORRECTION_NAMES, IDLE
+from commprof.modeling.step_spec import SPEC
+
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+SMOKE = Path(__file__).parent / "data" / "results_smoke"
+MAX_SECTION_LINES = 5
+
+
+def sections() -> dict[str, list[str]]:
+    """The ``###`` sections under "The step model's spec": heading -> its non-empty lines."""
+    text = DESIGN.read_text(encoding="utf-8")
+    body = text.split("## The step model's spec\n", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, list[str]] = {}
+    for block in re.split(r"^### ", body, flags=re.M)[1:]:
+        head, *lines = block.splitlines()
+        out[head.strip()] = [ln for ln in lines if ln.strip()]
+    return out
+
+
+def test_the_spec_declares_exactly_the_corrections_the_model_switches() -> None:
+    declared = [e.name for e in SPEC if e.kind == "correction"]
+    assert sorted(declared) == sorted(CORRECTION_NAMES)
+    removed = {e.name for e in SPEC if e.kind == "removed"}
+    assert removed == {"link_scale", "straggler_wait", "queue_factor"}
+    assert not removed & set(CORRECTION_NAMES)
+    assert len({e.name for e in SPEC}) == len(SPEC)
+
+
+def test_every_entry_has_a_short_section_with_its_formula_and_why() -> None:
+    found = sections()
+    assert set(found) == {e.section for e in SPEC}
+    for e in SPEC:
+        lines = found[e.section]
+        assert 1 <= len(lines) <= MAX_SECTION_LINES, (e.section, len(lines))
+        text = " ".join(lines)
+        if e.kind == "removed":
+            assert text.startswith("Was:") and ("ablation" in text or "constant" in text)
+        else:
+            assert text.startswith("Formula:") and "Why:" in text, e.section
+
+
+def test_the_spec_names_the_constants_the_code_uses() -> None:
+    by = {e.name: e for e in SPEC}
+    assert f"{step_advice.TIE_TOLERANCE:g}" in by["advice_tolerance"].formula
+    assert f"{step_advice.TIE_TOLERANCE:g}" in by["in_use_rule"].formula
+    assert f"{step_model.HOOK_QUANTILE:g} quantile" in by["hook_cost"].formula
+    assert step_model.INTERFERENCE_STATISTIC in step_model.FACTOR_STATISTICS
+    assert by["interference_statistic"].formula.startswith(
+        f"factor = {step_model.INTERFERENCE_STATISTIC} loaded"
+    )
+
+
+@pytest.mark.parametrize("without", [None, "stall"])
+def test_estimate_prints_the_spec_with_its_fitted_values(
+    capsys: pytest.CaptureFixture[str], without: str | None
+) -> None:
+    args = ["estimate", "--fit", str(SMOKE), "--model", "srn-1m", "--world-size", "2"]
+    args += ["--bucket-cap-mb", "25", "--json"] + (["--without", without] if without else [])
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    spec = {e["name"]: e for e in doc["spec"]}
+    assert list(spec) == [e.name for e in SPEC]
+    cal = doc["calibration"]
+    assert spec["stall"]["on"] is (without != "stall")
+    if without == "stall":
+        assert spec["stall"]["value"] is None and cal["stall_ns"] == 0
+    else:
+        assert spec["stall"]["value"] == f"{cal['stall_ns'] / 1e6:+.3f} ms an all-reduce"
+    assert spec["host_residual"]["value"] == f"{cal['host_residual_ns'] / 1e6:+.3f} ms"
+    assert spec["link_scale"]["on"] is False and spec["link_scale"]["value"] is None
+    assert spec["advice_tolerance"]["value"] == "1%"
+
+
+def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["estimate", "--fit", str(SMOKE), "--model", "srn-1m", "--world-size", "2"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    for e in SPEC:
+        if e.kind != "removed":
+            assert f"spec {e.name} ({e.kind}, on)" in text
+    assert "spec removed after ablations: link_scale, straggler_wait, queue_factor" in text
+    assert not any(getattr(IDLE, n) for n in CORRECTION_NAMES)

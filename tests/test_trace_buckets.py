@@ -1,0 +1,234 @@
+"""``commprof estimate --trace DIR --bucket-cap-mb MB``: a new bucket cap laid out over a trace's
+own gradients. Closed-form replays of a hand-built GPU step, the real gloo traces of
+tests/data/golden_gloo2 (recorded at 0.25 MiB), and the refusals that name why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from commprof.cli import main
+from commprof.modeling.buckets import MIB
+from commprof.modeling.trace_buckets import (
+    OwnBuckets,
+    fit_bucket_cost,
+    launch_delays,
+    new_layout,
+    own_buckets,
+    own_cap_range,
+    own_layout,
+)
+from commprof.traces.gradients import read_step_gradients
+from commprof.traces.step_replay import Layout, StepTimeline, read_timelines, replay
+from tests.prereqs import REALTRACES, needs
+from tests.trace_events import x
+
+US = 1000
+"""ns per us."""
+GRAD_NUMEL = MIB // 16
+"""Elements of each hand-built gradient: a quarter MiB of float32."""
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
+
+
+def launch(ts: float, corr: int, tid: int = 2) -> dict[str, Any]:
+    return x("cudaLaunchKernel", "cuda_runtime", ts, 0.5, tid, correlation=corr)
+
+
+def gpu_step(*, late_gradient: bool = False, sized: bool = True) -> dict[str, Any]:
+    """One step [0, 1000) us on the GPU. The backward thread (tid 2) launches four gradient
+    kernels (device [0, 100), [100, 200), [200, 300), [300, 400)), writes each gradient
+    (AccumulateGrad, a quarter MiB) just after, and launches two buckets after the second and
+    the fourth: all-reduces [250, 450) and [450, 680) (the second queued behind the first).
+    The optimizer [700, 800) waited on the last; the step's window ends with it
+    (``commprof analyze`` ends a GPU step window at its last kernel)."""
+    grad = {"Input Dims": [[GRAD_NUMEL]], "Input type": ["float"]}
+    sized_args = {"In msg nelems": 2 * GRAD_NUMEL, "dtype": "Float"} if sized else {}
+    coll = {"Collective name": "allreduce", "Group size": 2, **sized_args}
+    events = [x("ProfilerStep#1", "user_annotation", 0.0, 1000.0, 1)]
+    for k in range(4):
+        events += [
+            launch(9.0 + 10 * k, k + 1),
+            x("gemm_backward", "kernel", 100.0 * k, 100.0, 7, correlation=k + 1),
+            x("torch::autograd::AccumulateGrad", "cpu_op", 10.0 + 10 * k, 1.0, 2, **grad),
+        ]
+    events += [
+        x("c10d::allreduce_", "cpu_op", 21.0, 2.0, 2),
+        launch(21.5, 5),
+        x(NCCL, "kernel", 250.0, 200.0, 20, correlation=5, **coll),
+        x("c10d::allreduce_", "cpu_op", 41.0, 2.0, 2),
+        launch(41.5, 6),
+        x(NCCL, "kernel", 450.0, 230.0, 20, correlation=6, **coll),
+        launch(45.0, 7, tid=1),
+        x("adam_step", "kernel", 700.0, 100.0, 7, correlation=7),
+    ]
+    if late_gradient:
+        events.append(x("torch::autograd::AccumulateGrad", "cpu_op", 50.0, 1.0, 2, **grad))
+    return {
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+        "traceEvents": events,
+    }
+
+
+def write(tmp_path: Path, trace: dict[str, Any]) -> Path:
+    folder = tmp_path / "trace"
+    folder.mkdir(parents=True)
+    (folder / "rank0.json").write_text(json.dumps(trace))
+    return folder
+
+
+def step_of(tmp_path: Path, **kw: bool) -> StepTimeline:
+    (step,) = read_timelines(write(tmp_path, gpu_step(**kw)), gradients=True)
+    return step
+
+
+def test_gradients_are_ready_when_their_kernel_ends_on_the_device(tmp_path: Path) -> None:
+    folder = write(tmp_path, gpu_step())
+    grads, unsized = read_step_gradients(folder / "rank0.json", rank=0)
+    g = grads[1]
+    assert unsized == 0 and g.thread == 2
+    assert g.num_bytes.tolist() == [4 * GRAD_NUMEL] * 4
+    assert (g.ready_ns // US).tolist() == [100, 200, 300, 400]  # not the host's 11, 21, 31, 41
+    assert (g.launch_ns // US).tolist() == [21, 41]
+    assert g.trace_bucket.tolist() == [0, 0, 1, 1]
+
+
+def test_own_buckets_replayed_as_measured_give_the_step_back(tmp_path: Path) -> None:
+    step = step_of(tmp_path)
+    own = own_buckets(step)
+    assert own.num_bytes.tolist() == [MIB // 2, MIB // 2]  # = the all-reduces' own sizes
+    assert (own.ready_ns // US).tolist() == [200, 400]
+    assert launch_delays(step, own) == [50 * US]  # 250 - 200; the second queued
+    low, high = own_cap_range(step, own)
+    assert low == 0.25 and high == float("inf")  # the last bucket: only size - last < cap
+    mine = replay(step, None, own_layout(step, own, 50 * US, Layout))
+    assert (step.measured_step_ns, step.measured_exposed_ns) == (800 * US, 280 * US)
+    assert (mine.step_ns, mine.exposed_ns) == (800 * US, 280 * US)
+
+
+@pytest.mark.parametrize(
+    ("cap_mb", "buckets", "step_us", "exposed_us"),
+    [
+        # one bucket of all four, ready at 400 + 50, 300 us: [450, 750); the optimizer waited
+        # on the last bucket: 750 + its measured 20 us resume -> [770, 870)
+        (1.0, 1, 870, 300),
+        # four buckets of one gradient, 100 us each from ready 150, 250, 350, 450: the last
+        # ends 550; the optimizer [570, 670); exposed [400, 550)
+        (0.25, 4, 670, 150),
+    ],
+)
+def test_a_new_cap_replays_in_closed_form(
+    tmp_path: Path, cap_mb: float, buckets: int, step_us: int, exposed_us: int
+) -> None:
+    step = step_of(tmp_path)
+    own = own_buckets(step)
+    took = 300 * US if buckets == 1 else 100 * US
+
+    def cost(num_bytes: np.ndarray) -> np.ndarray:
+        return np.full(num_bytes.size, float(took))
+
+    layout, n = new_layout(step, own, cap_mb, cost, 50 * US, Layout)
+    assert n == buckets
+    out = replay(step, None, layout)
+    assert (out.step_ns, out.exposed_ns) == (step_us * US, exposed_us * US)
+
+
+def test_bucket_cost_fit_recovers_a_line_and_refuses_one_size() -> None:
+    sizes = [1 << 16, 1 << 20, 1 << 24]
+    fit = fit_bucket_cost(sizes, [20_000 + 0.1 * s for s in sizes])
+    assert fit.alpha_ns == pytest.approx(20_000) and fit.ns_per_byte == pytest.approx(0.1)
+    assert fit.mape_pct == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="no two sizes 5 % apart"):
+        fit_bucket_cost([1 << 20, 1 << 20], [1, 2])
+
+
+def test_cli_needs_a_link_where_the_buckets_are_all_one_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write(tmp_path, gpu_step())
+    assert main(["estimate", "--trace", str(folder), "--bucket-cap-mb", "1"]) == 2
+    assert "give --cluster NAME|FILE or --interconnect NAME" in capsys.readouterr().err
+    args = ["--bucket-cap-mb", "1", "--interconnect", "nvlink3", "--json"]
+    assert main(["estimate", "--trace", str(folder), *args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["steps"]
+    assert (row["own_buckets"], row["whatif_buckets"]) == (2, 1)
+    assert doc["bucket_cap"]["own_layout_step_diff_pct"] == 0.0
+    assert row["whatif_step_ns"] < row["trace_step_ns"]  # NVLink beats the trace's 430 us
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"late_gradient": True}, "1 gradient(s) written after the step's last bucket launch"),
+    ],
+)
+def test_buckets_that_are_not_ddps_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kw: dict[str, bool], why: str
+) -> None:
+    folder = write(tmp_path, gpu_step(**kw))
+    args = ["--bucket-cap-mb", "1", "--interconnect", "nvlink3"]
+    assert main(["estimate", "--trace", str(folder), *args]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_bucket_sizes_that_disagree_with_their_all_reduce_are_refused(tmp_path: Path) -> None:
+    trace = gpu_step()
+    for e in trace["traceEvents"]:
+        if e["name"] == NCCL:
+            e["args"]["In msg nelems"] = 3 * GRAD_NUMEL
+    (step,) = read_timelines(write(tmp_path, trace), gradients=True)
+    with pytest.raises(ValueError, match="do not line up as DDP's buckets"):
+        own_buckets(step)
+
+
+def test_buckets_no_cap_gives_are_refused(tmp_path: Path) -> None:
+    step = step_of(tmp_path)
+    g = step.gradients
+    assert g is not None
+    # middle buckets [1, 0.25] MiB (closes only at a cap > 1 MiB) and [0.25] (only at <= 0.25)
+    sizes = np.array([MIB // 4, MIB, MIB // 4, MIB // 4, MIB // 4], np.int64)
+    members = (np.array([0]), np.array([1, 2]), np.array([3]), np.array([4]))
+    own = OwnBuckets(
+        members=members, collective=np.zeros(4, np.intp),
+        num_bytes=np.array([int(sizes[m].sum()) for m in members], np.int64),
+        ready_ns=np.zeros(4, np.int64),
+    )  # fmt: skip
+    wide = dataclasses.replace(step, gradients=dataclasses.replace(g, num_bytes=sizes))
+    with pytest.raises(ValueError, match="follow DDP's rule for no cap"):
+        own_cap_range(wide, own)
+
+
+def test_real_gloo_trace_recorded_at_a_quarter_mib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tests/data/golden_gloo2: two gloo ranks of DDP at bucket_cap_mb=0.25 (make_golden.py)
+    for f in GOLDEN.glob("rank*.json.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    assert main(["estimate", "--trace", str(tmp_path), "--bucket-cap-mb", "25", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    low, high = doc["bucket_cap"]["own_cap_range_mb"]
+    assert low < 0.25 <= high  # the cap it was recorded with is among those DDP's rule allows
+    assert {r["own_buckets"] for r in doc["steps"]} == {3}
+    assert {r["whatif_buckets"] for r in doc["steps"]} == {1}
+    assert abs(doc["bucket_cap"]["own_layout_step_diff_pct"]) < 5.0
+    assert abs(doc["bucket_cap"]["own_layout_exposed_diff_pct"]) < 5.0
+    assert "fitted on the trace's own" in doc["bucket_cap"]["cost"]
+
+
+@needs(REALTRACES)
+def test_real_dlrm_trace_lays_out_a_new_cap() -> None:
+    # PARAM's DLRM: 8 V100 ranks, one step each, three buckets of its dense layers
+    timelines = read_timelines(REALTRACES / "param_dlrm_8rank", gradients=True)
+    assert len(timelines) == 8
+    for t in timelines:
+        own = own_buckets(t)
+        assert len(own.members) == 3
+        mine = replay(t, None, own_layout(t, own, 0, Layout))
+        assert mine.step_ns <= t.measured_step_ns  # launched no later than they were
