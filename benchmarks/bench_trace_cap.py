@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -50,8 +51,11 @@ def record(out: Path, model: str, cap: float, steps: int, repeat: int) -> Path:
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"commprof run at {cap} MiB failed:\n{proc.stderr[-3000:]}")
-    traces = sorted((out / "traces").iterdir(), key=lambda p: p.stat().st_mtime)
-    return traces[-1]
+    found = re.search(r"^cell ([0-9a-f]+) done", proc.stdout + proc.stderr, flags=re.M)
+    if found is None:
+        raise RuntimeError(f"commprof run at {cap} MiB named no cell:\n{proc.stdout[-2000:]}")
+    (trace,) = sorted((out / "traces").glob(f"{found.group(1)}-a*"))[-1:]
+    return trace
 
 
 def estimate(trace: Path, cap: float | None) -> dict[str, Any] | str:
@@ -59,7 +63,7 @@ def estimate(trace: Path, cap: float | None) -> dict[str, Any] | str:
     with_cap = [] if cap is None else ["--bucket-cap-mb", str(cap)]
     proc = _commprof("estimate", "--trace", str(trace), *with_cap, "--json")
     if proc.returncode != 0:
-        return proc.stderr.strip().splitlines()[-1]
+        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
     return dict(json.loads(proc.stdout))
 
 
@@ -140,7 +144,8 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
             if any("refused" in r for r in rows):
                 refused.add(src)
                 continue
-            own.append(abs(rows[0]["own_layout_diff_pct"]))
+            if rows[0]["own_layout_diff_pct"] is not None:
+                own.append(abs(rows[0]["own_layout_diff_pct"]))
             for r in rows:
                 if r["cap_mb"] == src:
                     continue

@@ -45,3 +45,8 @@ def format_bytes(num_bytes: float, *, digits: int = 3) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{sign}{text} {unit}"
+
+
+def finite_or_none(value: float) -> float | None:
+    """``value``, or None (JSON null) where it is infinite or NaN."""
+    return value if math.isfinite(value) else None

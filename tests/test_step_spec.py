@@ -96,3 +96,14 @@ def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(
             assert f"spec {e.name} ({e.kind}, on)" in text
     assert "spec removed after ablations: link_scale, straggler_wait, queue_factor" in text
     assert not any(getattr(IDLE, n) for n in CORRECTION_NAMES)
+
+
+def test_on_another_link_the_calibrated_links_corrections_show_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["estimate", "--fit", str(SMOKE), "--model", "srn-1m", "--world-size", "2"]
+    assert main([*args, "--cluster", "dgx-a100", "--json"]) == 0
+    spec = {e["name"]: e for e in json.loads(capsys.readouterr().out)["spec"]}
+    for name in ("stall", "exposed_residual"):  # the calibrated link's, on its host
+        assert spec[name]["on"] is False and spec[name]["value"] is None
+    assert spec["host_residual"]["on"] is True  # the measured compute timeline's

@@ -41,21 +41,24 @@ def launch(ts: float, corr: int, tid: int = 2) -> dict[str, Any]:
     return x("cudaLaunchKernel", "cuda_runtime", ts, 0.5, tid, correlation=corr)
 
 
-def gpu_step(*, late_gradient: bool = False, sized: bool = True) -> dict[str, Any]:
+def gpu_step(
+    *, late_gradient: bool = False, sized: bool = True, adam_at: float = 700.0,
+    kernel_at: tuple[float, ...] = (0.0, 100.0, 200.0, 300.0), dtype: str = "float",
+) -> dict[str, Any]:  # fmt: skip
     """One step [0, 1000) us on the GPU. The backward thread (tid 2) launches four gradient
     kernels (device [0, 100), [100, 200), [200, 300), [300, 400)), writes each gradient
     (AccumulateGrad, a quarter MiB) just after, and launches two buckets after the second and
     the fourth: all-reduces [250, 450) and [450, 680) (the second queued behind the first).
     The optimizer [700, 800) waited on the last; the step's window ends with it
     (``commprof analyze`` ends a GPU step window at its last kernel)."""
-    grad = {"Input Dims": [[GRAD_NUMEL]], "Input type": ["float"]}
+    grad = {"Input Dims": [[GRAD_NUMEL]], "Input type": [dtype]}
     sized_args = {"In msg nelems": 2 * GRAD_NUMEL, "dtype": "Float"} if sized else {}
     coll = {"Collective name": "allreduce", "Group size": 2, **sized_args}
     events = [x("ProfilerStep#1", "user_annotation", 0.0, 1000.0, 1)]
     for k in range(4):
         events += [
             launch(9.0 + 10 * k, k + 1),
-            x("gemm_backward", "kernel", 100.0 * k, 100.0, 7, correlation=k + 1),
+            x("gemm_backward", "kernel", kernel_at[k], 100.0, 7, correlation=k + 1),
             x("torch::autograd::AccumulateGrad", "cpu_op", 10.0 + 10 * k, 1.0, 2, **grad),
         ]
     events += [
@@ -66,7 +69,7 @@ def gpu_step(*, late_gradient: bool = False, sized: bool = True) -> dict[str, An
         launch(41.5, 6),
         x(NCCL, "kernel", 450.0, 230.0, 20, correlation=6, **coll),
         launch(45.0, 7, tid=1),
-        x("adam_step", "kernel", 700.0, 100.0, 7, correlation=7),
+        x("adam_step", "kernel", adam_at, 100.0, 7, correlation=7),
     ]
     if late_gradient:
         events.append(x("torch::autograd::AccumulateGrad", "cpu_op", 50.0, 1.0, 2, **grad))
@@ -83,16 +86,15 @@ def write(tmp_path: Path, trace: dict[str, Any]) -> Path:
     return folder
 
 
-def step_of(tmp_path: Path, **kw: bool) -> StepTimeline:
+def step_of(tmp_path: Path, **kw: Any) -> StepTimeline:
     (step,) = read_timelines(write(tmp_path, gpu_step(**kw)), gradients=True)
     return step
 
 
 def test_gradients_are_ready_when_their_kernel_ends_on_the_device(tmp_path: Path) -> None:
     folder = write(tmp_path, gpu_step())
-    grads, unsized = read_step_gradients(folder / "rank0.json", rank=0)
-    g = grads[1]
-    assert unsized == 0 and g.thread == 2
+    g = read_step_gradients(folder / "rank0.json", rank=0)[1]
+    assert g.unsized == () and g.thread == 2
     assert g.num_bytes.tolist() == [4 * GRAD_NUMEL] * 4
     assert (g.ready_ns // US).tolist() == [100, 200, 300, 400]  # not the host's 11, 21, 31, 41
     assert (g.launch_ns // US).tolist() == [21, 41]
@@ -139,6 +141,65 @@ def test_a_new_cap_replays_in_closed_form(
     assert (out.step_ns, out.exposed_ns) == (step_us * US, exposed_us * US)
 
 
+def constant(ns: float) -> Any:
+    def cost(num_bytes: np.ndarray) -> np.ndarray:
+        return np.full(num_bytes.size, ns)
+
+    return cost
+
+
+def test_the_end_of_backward_waits_for_every_new_bucket_whatever_its_measured_gap(
+    tmp_path: Path,
+) -> None:
+    # the optimizer started 120 us after the last bucket ended (host work between): no wait the
+    # resume rule can see, yet DDP's end of backward waits on every bucket. One bucket of 500 us
+    # ready at 450: [450, 950); the optimizer after it, [950, 1050)
+    step = step_of(tmp_path, adam_at=800.0)
+    own = own_buckets(step)
+    layout, _ = new_layout(step, own, 1.0, constant(500 * US), 50 * US, Layout)
+    out = replay(step, None, layout)
+    assert out.step_ns == 1050 * US
+
+
+def test_a_wait_in_backward_on_a_replaced_bucket_goes_with_it(tmp_path: Path) -> None:
+    # the fourth gradient's kernel starts 10 us after bucket 0 ended at 450 (the resume rule
+    # reads a wait on it); with four buckets of 300 us that kernel must not wait for them
+    step = step_of(tmp_path, kernel_at=(0.0, 100.0, 200.0, 460.0), adam_at=900.0)
+    own = own_buckets(step)
+    layout, n = new_layout(step, own, 0.25, constant(300 * US), 50 * US, Layout)
+    out = replay(step, None, layout)
+    # compute [0, 300), [460, 560) as measured; buckets ready 150, 250, 350, 610 (the fourth's
+    # kernel ends at 560) -> [150, 450), [450, 750), [750, 1050), [1050, 1350); the optimizer
+    # waits on the last: its measured resume after the trace's last bucket (680 -> 900) is
+    # past RESUME_GAP_NS, so [1350, 1450)
+    assert n == 4 and out.step_ns == 1450 * US
+
+
+def test_gradients_without_a_usable_size_are_refused_naming_it(tmp_path: Path) -> None:
+    trace = gpu_step()
+    third = [e for e in trace["traceEvents"] if e["name"] == "torch::autograd::AccumulateGrad"][2]
+    third["args"]["Input type"] = ["c10::Float4_e2m1"]  # a dtype without a size here
+    (step,) = read_timelines(write(tmp_path, trace), gradients=True)
+    assert step.gradients is not None and len(step.gradients.unsized) == 1
+    with pytest.raises(ValueError, match=r"1 gradient\(s\) .* give no usable size"):
+        own_buckets(step)
+
+
+def test_the_two_layers_queue_rule_is_one_value() -> None:
+    from commprof.modeling import trace_buckets
+    from commprof.traces import step_replay
+
+    assert trace_buckets.QUEUED_GAP_NS == step_replay.QUEUED_GAP_NS
+
+
+def test_a_cap_the_ddp_cannot_take_is_refused_before_reading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in ("inf", "0", "-1"):
+        assert main(["estimate", "--trace", str(tmp_path / "none"), "--bucket-cap-mb", bad]) == 2
+        assert "--bucket-cap-mb must be between 1 byte" in capsys.readouterr().err
+
+
 def test_bucket_cost_fit_recovers_a_line_and_refuses_one_size() -> None:
     sizes = [1 << 16, 1 << 20, 1 << 24]
     fit = fit_bucket_cost(sizes, [20_000 + 0.1 * s for s in sizes])
@@ -160,7 +221,13 @@ def test_cli_needs_a_link_where_the_buckets_are_all_one_size(
     (row,) = doc["steps"]
     assert (row["own_buckets"], row["whatif_buckets"]) == (2, 1)
     assert doc["bucket_cap"]["own_layout_step_diff_pct"] == 0.0
-    assert row["whatif_step_ns"] < row["trace_step_ns"]  # NVLink beats the trace's 430 us
+    # NVLink moves one MiB in tens of us, not the trace's 430 us of buckets: the bucket is
+    # ready at 400 + 50 (launch delay), the optimizer follows its end by the measured 20 us
+    # resume and runs 100 us: the step ends at 570 us plus the all-reduce's time
+    assert row["trace_step_ns"] == 800 * US
+    assert 570 * US < row["whatif_step_ns"] < 670 * US
+    # the trace's two buckets are replaced, not predicted nor kept
+    assert doc["what_if"]["num_predicted"] == 0 and doc["what_if"]["num_kept_measured"] == 0
 
 
 @pytest.mark.parametrize(
@@ -229,6 +296,8 @@ def test_real_dlrm_trace_lays_out_a_new_cap() -> None:
     assert len(timelines) == 8
     for t in timelines:
         own = own_buckets(t)
-        assert len(own.members) == 3
+        assert own.num_bytes.tolist() == [1_576_964, 754_112, 154_176]  # its dense MLPs
+        low, high = own_cap_range(t, own)
+        assert 0.7187 < low < high < 0.7192  # two DDP modules whose buckets fit one cap
         mine = replay(t, None, own_layout(t, own, 0, Layout))
         assert mine.step_ns <= t.measured_step_ns  # launched no later than they were

@@ -49,10 +49,7 @@ from commprof.modeling.step_advice import (
     recommend_cap,
 )
 from commprof.modeling.step_spec import spec_doc, spec_text
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+from commprof.units import finite_or_none
 
 
 def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
@@ -67,7 +64,7 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
         "exposed_ns_high": round(pred.exposed_ns_range[1]),
         "exposed_residual_ns": round(pred.prediction.exposed_residual_ns),
         "host_residual_ns": round(pred.prediction.host_residual_ns),
-        "overlap_efficiency": _finite(pred.overlap_efficiency),
+        "overlap_efficiency": finite_or_none(pred.overlap_efficiency),
         "compute_end_ns": round(pred.prediction.compute_end_ns),
         "buckets": [
             {k: (round(v) if isinstance(v, float) else v) for k, v in asdict(b).items()}
@@ -178,10 +175,10 @@ def in_sample(
         "world_size": cal.world_size,
         "predicted_step_ns": round(pred.step_ns),
         "measured_step_ns": round(step),
-        "step_error": _finite((pred.step_ns - step) / step),
+        "step_error": finite_or_none((pred.step_ns - step) / step),
         "predicted_exposed_ns": round(pred.exposed_ns),
         "measured_exposed_ns": round(exposed) if math.isfinite(exposed) else None,
-        "exposed_error_of_step": _finite((pred.exposed_ns - exposed) / step),
+        "exposed_error_of_step": finite_or_none((pred.exposed_ns - exposed) / step),
     }
 
 
@@ -245,7 +242,7 @@ def run_step(
         },
         "assumptions": assumptions(args, model, label, alpha_ns, _batch_size(tables, cal.cell_id)),
         "in_sample": in_sample(model, param_sizes, corrections),
-        "spec": spec_doc(model, used, corrections),
+        "spec": spec_doc(model, used, corrections, calibrated_link=link is None),
         "world_size": args.world_size,
     }
     text = [

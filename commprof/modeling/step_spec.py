@@ -152,20 +152,24 @@ def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
     }
 
 
-def spec_doc(model: StepModel, used: Applied, corrections: Corrections) -> list[dict[str, Any]]:
-    """The spec of a fitted model: per entry its kind, whether it is on, its value (None for a
-    removed one) and its declaration.
+def spec_doc(
+    model: StepModel, used: Applied, corrections: Corrections, *, calibrated_link: bool = True
+) -> list[dict[str, Any]]:
+    """The spec of a fitted model: per entry its kind, whether it is on, its value (None where
+    off or removed) and its declaration.
 
     Args:
         model: The fitted model (``step_advice.load_step_model``).
-        used: What the prediction applies (``step_advice.applied``: a correction of the
-            calibrated link is 0 on another link).
+        used: What the prediction applies (``step_advice.applied``).
         corrections: Which corrections are switched on.
+        calibrated_link: The prediction is on the calibrated link; on another (a published
+            interconnect, a cluster) the entries that apply to "the calibrated link" are off.
     """
     values = _values(model, used)
     out = []
     for e in SPEC:
         on = getattr(corrections, e.name) if e.kind == "correction" else e.kind != "removed"
+        on = on and (calibrated_link or e.applies_to != "the calibrated link")
         out.append({
             "name": e.name, "kind": e.kind, "on": bool(on),
             "value": values[e.name]() if e.name in values and on else None,

@@ -36,8 +36,10 @@ if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/d
     from commprof.traces.step_replay import Layout, StepTimeline
 
 QUEUED_GAP_NS = 10_000
-"""A bucket whose all-reduce started at most this long after the previous one ended was queued
-behind it (``step_replay.QUEUED_GAP_NS``): its start says nothing of its launch delay."""
+"""A bucket whose all-reduce started at most this long after the previous one on its stream
+ended was queued behind it: its start says nothing of its launch delay. The replay's own
+``step_replay.QUEUED_GAP_NS`` (the trace layer, which this layer does not import; a test holds
+the two equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +95,12 @@ def own_buckets(t: StepTimeline) -> OwnBuckets:
     g = t.gradients
     if g is None:
         raise ValueError(f"{_where(t)}: no gradient sizes with a bucket launch in this step")
+    if g.unsized:
+        raise ValueError(
+            f"{_where(t)}: {len(g.unsized)} gradient(s) of the backward's thread give no usable "
+            f"size (the first: {g.unsized[0]}); a new cap needs every gradient's bytes: record "
+            "with record_shapes=True (a dtype commprof does not know: traces.gradients.DTYPE_BYTES)"
+        )
     which = g.trace_bucket
     n = int(g.launch_ns.size)
     late = int((which >= n).sum())
@@ -126,7 +134,8 @@ def own_buckets(t: StepTimeline) -> OwnBuckets:
             f"written before its launch {int(sizes[k])}; the trace's launches and gradients do "
             "not line up as DDP's buckets"
         )
-    ready = np.array([int(g.ready_ns[m].max()) for m in members], np.int64)
+    # DDP launches buckets in order: none is ready before the one launched before it
+    ready = np.maximum.accumulate(np.array([int(g.ready_ns[m].max()) for m in members], np.int64))
     return OwnBuckets(members=members, collective=colls, num_bytes=sizes, ready_ns=ready)
 
 
@@ -175,17 +184,24 @@ def own_cap_range(t: StepTimeline, own: OwnBuckets) -> tuple[float, float]:
 
 def launch_delays(t: StepTimeline, own: OwnBuckets) -> list[int]:
     """All-reduce start minus ready time of each own bucket that did not queue behind the
-    previous one (ns)."""
+    collective before it on its stream (one that started at most ``QUEUED_GAP_NS`` after that
+    one ended), ns."""
     out = []
     for k, c in enumerate(own.collective.tolist()):
-        if k and t.comm_start_ns[c] - t.comm_end_ns[own.collective[k - 1]] <= QUEUED_GAP_NS:
-            continue
-        out.append(int(t.comm_start_ns[c] - own.ready_ns[k]))
+        stream, start = t.stream[c], int(t.comm_start_ns[c])
+        before = np.flatnonzero((t.stream == stream) & (t.comm_start_ns < start))
+        if before.size:
+            gap = start - int(t.comm_end_ns[before].max())
+            if 0 <= gap <= QUEUED_GAP_NS:
+                continue
+        out.append(start - int(own.ready_ns[k]))
     return out
 
 
 def fit_bucket_cost(num_bytes: Sequence[int], duration_ns: Sequence[int]) -> BucketCost:
-    """Least squares ``alpha + bytes * beta`` (both >= 0) over the trace's own buckets.
+    """``alpha + bytes * beta`` by least squares over the trace's own buckets, kept >= 0 as
+    ``step_model._hook_fit`` keeps its line: a negative slope (time does not grow with size
+    here) gives the median time as a constant, a negative intercept a line through the origin.
 
     Raises:
         ValueError: With fewer than two sizes 5 % apart, where the trace cannot tell latency
@@ -241,17 +257,31 @@ def new_layout(
         g.num_bytes[keep].tolist(), [first, cap], group_keys=[g.dtype[i] for i in keep]
     )
     sizes = np.array([int(g.num_bytes[keep[idx]].sum()) for idx, _ in groups], np.int64)
-    ready = np.array([int(g.ready_ns[keep[idx]].max()) for idx, _ in groups], np.int64)
+    ready = np.maximum.accumulate(
+        np.array([int(g.ready_ns[keep[idx]].max()) for idx, _ in groups], np.int64)
+    )  # launched in order
+    durations = np.rint(np.asarray(cost(sizes), np.float64)).astype(np.int64)
+    return _in_place_of(t, own, ready, durations, launch_delay_ns, layout), len(groups)
+
+
+def _in_place_of(
+    t: StepTimeline,
+    own: OwnBuckets,
+    ready_ns: npt.NDArray[np.int64],
+    duration_ns: npt.NDArray[np.int64],
+    launch_delay_ns: int,
+    layout: Callable[..., Layout],
+) -> Layout:
+    """Buckets in place of the trace's own, on the streams those ran on."""
     replaced = np.zeros(t.comm_start_ns.size, bool)
     replaced[own.collective] = True
-    out = layout(
+    return layout(
         replaced=replaced,
-        ready_ns=ready,
-        duration_ns=np.rint(np.asarray(cost(sizes), np.float64)).astype(np.int64),
+        ready_ns=ready_ns,
+        duration_ns=duration_ns,
         launch_delay_ns=int(launch_delay_ns),
         streams=tuple(sorted(set(t.stream[own.collective].tolist()))),
     )
-    return out, len(groups)
 
 
 def own_layout(
@@ -259,12 +289,5 @@ def own_layout(
 ) -> Layout:
     """The trace's own buckets as a layout, with their measured times: its replay checks the
     layout rules against the trace (the in-sample line of the report)."""
-    replaced = np.zeros(t.comm_start_ns.size, bool)
-    replaced[own.collective] = True
-    return layout(
-        replaced=replaced,
-        ready_ns=own.ready_ns,
-        duration_ns=t.comm_ns[own.collective],
-        launch_delay_ns=int(launch_delay_ns),
-        streams=tuple(sorted(set(t.stream[own.collective].tolist()))),
-    )
+    durations = t.comm_ns[own.collective]
+    return _in_place_of(t, own, own.ready_ns, durations, launch_delay_ns, layout)

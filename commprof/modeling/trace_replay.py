@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from commprof.caps import check_cap_mb
 from commprof.modeling.cluster_link import ClusterLink, cluster_link
 from commprof.modeling.cost_model import LinkParams, allreduce_ns
 from commprof.modeling.estimate import alpha_ns
@@ -46,6 +47,7 @@ from commprof.modeling.trace_buckets import (
     own_cap_range,
     own_layout,
 )
+from commprof.units import finite_or_none
 
 if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
     from commprof.traces.step_replay import Layout, Replayed, StepTimeline
@@ -259,23 +261,28 @@ def replay_report(
             "trace_comm_ns": t.measured_comm_ns,
         }  # fmt: skip
         durations, lay = t.comm_ns, None
+        own = None if cap is None else cap.own[t.rank, t.step]
         if scenario is not None:
             new = predicted_ns(
                 t.collective_type, t.num_bytes, t.group_size,
                 trace_world_size=trace_world_size, scenario=scenario,
             )  # fmt: skip
+            gone = np.zeros(new.size, bool)  # the trace's buckets give way to the new ones
+            if own is not None:
+                gone[own.collective] = True
+            new[gone] = np.nan
             known = ~np.isnan(new)
+            kept = ~known & ~gone
             num_predicted += int(known.sum())
-            num_kept += int((~known).sum())
-            kept_types |= {c for c, k in zip(t.collective_type, known, strict=True) if not k}
+            num_kept += int(kept.sum())
+            kept_types |= {c for c, k in zip(t.collective_type, kept, strict=True) if k}
             durations = np.where(known, new, t.comm_ns)
             row |= {
                 "predicted_collectives_trace_ns": int(t.comm_ns[known].sum()),
                 "predicted_collectives_whatif_ns": int(np.rint(new[known].sum())),
             }  # fmt: skip
         if cap is not None:
-            assert layout is not None
-            own = cap.own[t.rank, t.step]
+            assert layout is not None and own is not None
             mine = replay(t, None, own_layout(t, own, cap.launch_delay_ns, layout))
             lay, num_buckets = new_layout(
                 t, own, cap.bucket_cap_mb, cap.cost, cap.launch_delay_ns, layout
@@ -318,7 +325,7 @@ def replay_report(
     if cap is not None:
         doc["bucket_cap"] = {
             "bucket_cap_mb": cap.bucket_cap_mb,
-            "own_cap_range_mb": [cap.cap_range_mb[0], _finite(cap.cap_range_mb[1])],
+            "own_cap_range_mb": [cap.cap_range_mb[0], finite_or_none(cap.cap_range_mb[1])],
             "launch_delay_ns": cap.launch_delay_ns, "cost": cap.cost_label,
             "own_layout_step_diff_pct": _pct(
                 totals["own_layout_step_ns"], totals["trace_step_ns"]
@@ -329,10 +336,6 @@ def replay_report(
         }  # fmt: skip
     doc["assumptions"] = assumptions(scenario, cap)
     return doc
-
-
-def _finite(x: float) -> float | None:
-    return x if np.isfinite(x) else None
 
 
 def assumptions(scenario: WhatIf | None, cap: CapWhatIf | None = None) -> list[str]:
@@ -524,7 +527,7 @@ def run_trace(
         Process exit status.
     """
     check_trace_flags(args)
-    new_cap = getattr(args, "bucket_cap_mb", None)
+    new_cap = check_cap_mb(getattr(args, "bucket_cap_mb", None), "--bucket-cap-mb")
     timelines = read(args.trace, gradients=new_cap is not None)
     own = trace_world_size(timelines)
     scenario = what_if(args, own)

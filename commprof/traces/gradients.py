@@ -42,7 +42,10 @@ commprof's timing hook alike)."""
 STEP_PREFIX = "ProfilerStep#"
 DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "int": 4, "long int": 8,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "c10::complex<c10::Half>": 4, "int": 4, "long int": 8, "short int": 2, "signed char": 1,
+    "unsigned char": 1, "bool": 1,
 }  # fmt: skip
 """Bytes of an element of each ``Input type`` Kineto writes."""
 
@@ -67,6 +70,9 @@ class StepGradients:
     """When each was ready on the device (ns; the host time where the trace has no kernels)."""
     launch_ns: Int64Array
     """Host starts of the thread's bucket launches (``c10d::allreduce_``) in the window, sorted."""
+    unsized: tuple[str, ...] = ()
+    """What the thread's ``AccumulateGrad`` events in the window that gave no usable size had
+    (their ``Input Dims`` and ``Input type``), one each."""
 
     @property
     def trace_bucket(self) -> Int64Array:
@@ -93,23 +99,30 @@ class _Collect:
 
     def __init__(self) -> None:
         self.grads: list[tuple[int, int, int, int, str]] = []  # start, end, thread, bytes, dtype
+        self.unsized: list[tuple[int, int, str]] = []  # start, thread, what it had
         self.launch_ops: list[tuple[int, int]] = []  # start, thread
         self.steps: list[tuple[int, int, int]] = []  # step, start, end
         self.runtime: list[tuple[int, int, int]] = []  # start, thread, correlation
         self.kernel_end: dict[int, int] = {}  # correlation -> end, non-communication kernels
-        self.unsized = 0
+        self.seen: set[tuple[str, Any, Any, Any]] = set()  # host ops read (duplicates dropped)
 
     def __call__(self, e: Any) -> None:
         if not isinstance(e, dict) or e.get("ph") != "X":
             return
         name, cat = str(e.get("name", "")), e.get("cat")
         args = e.get("args") or {}
+        if name in (GRADIENT_OP, BUCKET_LAUNCH_OP):  # as parse_trace, an exact duplicate once
+            key = (name, e.get("ts"), e.get("dur"), e.get("tid"))
+            if key in self.seen:
+                return
+            self.seen.add(key)
         if name == GRADIENT_OP:
             numel = _numel(args.get("Input Dims"))
             types = args.get("Input type") or [""]
             dtype = str(types[0]) if isinstance(types, list) and types else ""
             if numel is None or dtype not in DTYPE_BYTES:
-                self.unsized += 1
+                had = f"Input Dims {args.get('Input Dims')!r}, Input type {dtype!r}"
+                self.unsized.append((_ns(e["ts"]), int(e.get("tid", 0)), had))
                 return
             start = _ns(e["ts"])
             self.grads.append((
@@ -129,25 +142,36 @@ class _Collect:
             self.kernel_end[int(args["correlation"])] = _ns(e["ts"]) + _ns(e.get("dur", 0))
 
 
-def _device_ready(c: _Collect, thread: int, written: Int64Array) -> Int64Array:
-    """End of the last non-communication kernel ``thread`` launched before each write ended;
-    the write itself where the trace has no kernels or none was launched before it."""
-    if not c.kernel_end:
+def _kernels_by_thread(c: _Collect) -> dict[int, tuple[Int64Array, Int64Array]]:
+    """Per launching thread: its non-communication kernels' launch starts, sorted, and the
+    latest end of those launched up to each."""
+    by: dict[int, list[tuple[int, int]]] = {}
+    for start, tid, corr in c.runtime:
+        if corr in c.kernel_end:
+            by.setdefault(tid, []).append((start, c.kernel_end[corr]))
+    out = {}
+    for tid, launches in by.items():
+        launches.sort()
+        starts = np.array([s for s, _ in launches], np.int64)
+        out[tid] = starts, np.maximum.accumulate(np.array([e for _, e in launches], np.int64))
+    return out
+
+
+def _device_ready(
+    kernels: dict[int, tuple[Int64Array, Int64Array]], thread: int, written: Int64Array
+) -> Int64Array:
+    """When each gradient was ready on the device: the latest end of the non-communication
+    kernels ``thread`` launched before its write ended (the kernel that computed or accumulated
+    it, and any still running before it on the device); the write itself where the thread
+    launched no kernel before it (gloo on CPU)."""
+    if thread not in kernels:
         return written.copy()
-    launches = sorted(
-        (start, c.kernel_end[corr])
-        for start, tid, corr in c.runtime
-        if tid == thread and corr in c.kernel_end
-    )
-    if not launches:
-        return written.copy()
-    starts = np.array([s for s, _ in launches], np.int64)
-    ends = np.maximum.accumulate(np.array([e for _, e in launches], np.int64))
+    starts, ends = kernels[thread]
     pos = np.searchsorted(starts, written, side="right") - 1
     return np.where(pos >= 0, ends[np.maximum(pos, 0)], written).astype(np.int64)
 
 
-def read_step_gradients(path: Path | str, rank: int) -> tuple[dict[int, StepGradients], int]:
+def read_step_gradients(path: Path | str, rank: int) -> dict[int, StepGradients]:
     """The gradients of every step window of one rank's trace file.
 
     Args:
@@ -156,10 +180,11 @@ def read_step_gradients(path: Path | str, rank: int) -> tuple[dict[int, StepGrad
 
     Returns:
         The step's gradients by step number (steps with a bucket launch and a sized gradient on
-        one thread), and how many ``AccumulateGrad`` events gave no usable shape or dtype.
+        one thread; the thread's gradients without a usable size are named in ``unsized``).
     """
     c = _Collect()
     stream_trace(path, c)
+    kernels = _kernels_by_thread(c)
     out = {}
     for step, lo, hi in sorted(c.steps):
         grads = [g for g in c.grads if lo <= g[0] < hi]
@@ -181,7 +206,8 @@ def read_step_gradients(path: Path | str, rank: int) -> tuple[dict[int, StepGrad
             num_bytes=np.array([g[3] for g in mine], np.int64),
             dtype=tuple(g[4] for g in mine),
             written_ns=written,
-            ready_ns=_device_ready(c, thread, written),
+            ready_ns=_device_ready(kernels, thread, written),
             launch_ns=np.array(sorted(s for s, tid in launches if tid == thread), np.int64),
+            unsized=tuple(had for ts, tid, had in c.unsized if tid == thread and lo <= ts < hi),
         )
-    return out, c.unsized
+    return out

@@ -193,7 +193,7 @@ def read_timelines(path: Path | str, *, gradients: bool = False) -> list[StepTim
     out = []
     for f in _trace_files(path):
         parsed = parse_trace(f)
-        grads = read_step_gradients(f, parsed.rank)[0] if gradients else None
+        grads = read_step_gradients(f, parsed.rank) if gradients else None
         out.extend(step_timelines(parsed, grads))
     if not any(t.comm_start_ns.size for t in out):
         raise ValueError(
@@ -270,9 +270,11 @@ def replay(
             None replays the measured ones (the identity replay).
         layout: New buckets in place of the collectives it replaces: each is ready its
             ``launch_delay_ns`` after its ready point (mapped like a launch point), never before
-            the bucket launched before it, and runs after the previous item on its stream;
-            compute that waited on a replaced collective waits on every new bucket ready before
-            it (DDP's end of backward waits for all buckets).
+            the bucket launched before it, and runs on the first of its streams to be free; the
+            first compute interval after the replaced collectives' last measured end (DDP's end
+            of backward) waits until every new bucket has ended, plus its measured resume delay
+            where that was at most ``RESUME_GAP_NS``; a wait of other compute on a replaced
+            collective goes with it.
 
     Returns:
         The replayed step and exposed communication.
@@ -299,20 +301,28 @@ def replay(
     new_e, ready = np.zeros_like(new_s), np.zeros_like(new_s)
     last_on: dict[int, int] = {}
     prev_bucket_ready = lo
+    # DDP's end of backward: the first compute after the trace's last bucket ended waits on them
+    last_own = int(me[replaced].max()) if replaced.any() else -1
+    after = np.flatnonzero(cs >= last_own) if replaced.any() else np.zeros(0, np.intp)
+    finalize = int(after[0]) if after.size else -1
     i = q = 0
     while i < cs.size or q < sequence.size:
         if i < cs.size and (q >= sequence.size or cs[i] <= keys[q]):
             prev_end, prev_new = (int(ce[i - 1]), int(new_ce[i - 1])) if i else (lo, lo)
             start = int(cs[i])
             c = _waited_collective(ends_sorted, order, prev_end, start)
-            waited = -1 if c < 0 else int(new_e[c])
-            if c >= 0 and replaced[c]:  # the trace's buckets: wait on the new ones before it
-                before = m + np.flatnonzero(bucket_ready < start)
-                waited = int(new_e[before].max()) if before.size else -1
-            if waited >= 0:
-                new_cs[i] = max(prev_new, waited + start - int(me[c]))
+            if c >= 0 and replaced[c]:  # a wait on one of the trace's buckets goes with it
+                c = -1
+            if c >= 0:
+                new_cs[i] = max(prev_new, int(new_e[c]) + start - int(me[c]))
             else:
                 new_cs[i] = prev_new + start - prev_end
+            if i == finalize and bucket_ready.size:
+                resume, done = start - last_own, int(new_e[m:].max())
+                if resume <= RESUME_GAP_NS:  # it waited on the buckets: now on the new ones
+                    new_cs[i] = max(prev_new, done + resume)
+                else:  # it started later than the wait asked: never before the new buckets end
+                    new_cs[i] = max(int(new_cs[i]), done)
             new_ce[i] = new_cs[i] + int(ce[i]) - start
             i += 1
             continue
