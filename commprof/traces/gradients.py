@@ -144,16 +144,22 @@ class _Collect:
 
 def _kernels_by_thread(c: _Collect) -> dict[int, tuple[Int64Array, Int64Array]]:
     """Per launching thread: its non-communication kernels' launch starts, sorted, and the
-    latest end of those launched up to each."""
-    by: dict[int, list[tuple[int, int]]] = {}
-    for start, tid, corr in c.runtime:
-        if corr in c.kernel_end:
-            by.setdefault(tid, []).append((start, c.kernel_end[corr]))
+    latest end of those launched up to each (launches matched to kernels by correlation id)."""
+    if not c.runtime or not c.kernel_end:
+        return {}
+    runtime = np.array(c.runtime, np.int64)  # start, thread, correlation
+    corr = np.fromiter(c.kernel_end, np.int64, len(c.kernel_end))
+    end = np.fromiter(c.kernel_end.values(), np.int64, len(c.kernel_end))
+    order = np.argsort(corr)
+    corr, end = corr[order], end[order]
+    pos = np.minimum(np.searchsorted(corr, runtime[:, 2]), corr.size - 1)
+    hit = corr[pos] == runtime[:, 2]
+    runtime, ends = runtime[hit], end[pos[hit]]
     out = {}
-    for tid, launches in by.items():
-        launches.sort()
-        starts = np.array([s for s, _ in launches], np.int64)
-        out[tid] = starts, np.maximum.accumulate(np.array([e for _, e in launches], np.int64))
+    for tid in np.unique(runtime[:, 1]).tolist():
+        mine = runtime[:, 1] == tid
+        by_start = np.argsort(runtime[mine, 0], kind="stable")
+        out[tid] = runtime[mine, 0][by_start], np.maximum.accumulate(ends[mine][by_start])
     return out
 
 
