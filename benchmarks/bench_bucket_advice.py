@@ -7,8 +7,9 @@ One run, on this machine (gloo over loopback, ranks spawned locally, no Ray):
 2. Fit the ring model twice (``ring_fit.fits_from_dataset``): to the microbenchmark (the
    link alone) and to the buckets' in-training service times (``--fit-source buckets``); take
    the backward timeline measured at the default cap (``timeline.parameter_ready_ns``).
-3. Recommend, with each fit, the cap with the least predicted exposed communication; the
-   default stays unless a cap is predicted to expose at least ``MIN_GAIN_NS`` (1 us) less.
+3. Recommend, with each fit, a cap by the step model's rule (``cap_advice.search``) on the
+   predicted backward plus exposed communication: of the caps within 1 % of the shortest the
+   fewest buckets, the default kept where it is within 1 % of that one.
 4. Run each recommended cap and the default cap interleaved (A, B, A, B, ...) and compare the
    median measured step time and the ratio within each pair: < 1 means the advice helps (a
    fit whose advice is to keep the default has nothing to compare).
@@ -39,12 +40,8 @@ from bench_env import environment  # noqa: E402
 from commprof import results  # noqa: E402
 from commprof.catalog import parameter_sizes  # noqa: E402
 from commprof.matrix import Cell, geometric_sizes  # noqa: E402
-from commprof.modeling.estimate import (  # noqa: E402
-    CAP_GRID_MB,
-    Estimate,
-    estimate,
-    recommend_bucket_cap,
-)
+from commprof.modeling.cap_advice import CAP_GRID_MB, search  # noqa: E402
+from commprof.modeling.estimate import Estimate, estimate  # noqa: E402
 from commprof.modeling.ring_fit import (  # noqa: E402
     FIT_SOURCES,
     CalibrationWarning,
@@ -91,8 +88,9 @@ def _advice(data: Path, default: Cell, world_size: int) -> dict[str, dict[str, A
                 ready_ns=ready,
             )
 
-        in_use = predict(DEFAULT_CAP_MB)
-        best, curve = recommend_bucket_cap(CAP_GRID_MB, predict, baseline=in_use)
+        curve, picked, in_use = search(CAP_GRID_MB, predict, DEFAULT_CAP_MB)
+        assert in_use is not None
+        best = picked.bucket_cap_mb
         assert isinstance(fit, RingFit)
         advice[source] = {
             "alpha_ns": fit.alpha_ns,
@@ -194,7 +192,7 @@ def main() -> int:
         if "paired_ratios" not in item:
             print(
                 f"fit on {source}: alpha {item['alpha_ns'] / 1e3:.0f} us, keeps the default "
-                f"{DEFAULT_CAP_MB} MiB (no cap predicted to expose 1 us less); warnings: "
+                f"{DEFAULT_CAP_MB} MiB (no cap predicted 1 % faster than it); warnings: "
                 f"{item['fit_warnings'] or 'none'}"
             )
             continue

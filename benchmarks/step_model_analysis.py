@@ -40,6 +40,7 @@ from step_model_split import SPLIT_FILE, ModelSplit, Split, WorldCell, load_spli
 
 from commprof import results
 from commprof.catalog import parameter_sizes
+from commprof.modeling.cap_advice import best_of
 from commprof.modeling.ring_fit import (
     CalibrationWarning,
     bucket_latency_points,
@@ -49,7 +50,6 @@ from commprof.modeling.step_advice import (
     IDLE,
     CapPrediction,
     StepModel,
-    best_of,
     load_step_model,
     predict_cap,
 )
@@ -356,7 +356,7 @@ def _regret(
     """Is the recommended cap's measured step within 3 % of the best measured cap's?
 
     The recommended cap is the one ``commprof estimate --recommend-bucket-cap`` names from the
-    predicted curve (``step_advice.best_of``: near-ties to fewer buckets, and, as it names it to
+    predicted curve (``cap_advice.best_of``: near-ties to fewer buckets, and, as it names it to
     a user who runs the calibration cap, that cap kept where the model cannot tell it from the
     cap it would name).
 

@@ -27,16 +27,15 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.caps import cap_mb, same_cap
 from commprof.modeling.buckets import ParamSize
+from commprof.modeling.cap_advice import CAP_GRID_MB, recommend_cap
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
 from commprof.modeling.step_advice import (
-    CAP_GRID_MB,
     CapPrediction,
     StepModel,
     load_step_model,
     param_sizes_for,
     predict_cap,
-    recommend_cap,
     repeats_of,
     select_calibration_cell,
 )
@@ -114,8 +113,8 @@ def _advice(
 ) -> tuple[CapPrediction, CapPrediction, float]:  # fmt: skip
     """The point recommended, the point at the calibration cell's cap and :func:`tie_from` of
     the recommended step. The calibration cap is the cap in use: where it is predicted within
-    ``step_advice.TIE_TOLERANCE`` of the cap the search would name, it is the one recommended
-    (``step_advice.best_of``)."""
+    ``cap_advice.TIE_TOLERANCE`` of the cap the search would name, it is the one recommended
+    (``cap_advice.best_of``)."""
     advice = recommend_cap(
         model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap, world_size=world_size
     )

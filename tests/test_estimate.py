@@ -11,15 +11,14 @@ import pytest
 
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
+from commprof.modeling.cap_advice import CAP_GRID_MB, NONE_IN_USE, TIE_TOLERANCE, search
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.estimate import (
-    CAP_GRID_MB,
     Estimate,
     add_arguments,
     backward_ready_ns,
     estimate,
     load_param_sizes_file,
-    recommend_bucket_cap,
     run,
     simulate,
 )
@@ -92,13 +91,19 @@ def test_run_json_and_recommend(tmp_path: Path, capsys: pytest.CaptureFixture[st
     )
     assert run(args, sizes) == 0
     doc = json.loads(capsys.readouterr().out)
-    curve = doc["recommendation"]["curve"]
-    best = min(curve, key=lambda c: (c["exposed_ns"], c["num_buckets"]))
-    # a cap replaces DDP's default (in use here) only when it saves at least 1 us
-    gains = best["exposed_ns"] <= doc["estimate"]["exposed_ns"] - 1000
     rec = doc["recommendation"]
-    assert rec["best_bucket_cap_mb"] == (best["bucket_cap_mb"] if gains else None)
-    assert rec["kept_cap_in_use"] is not gains and rec["in_use_bucket_cap_mb"] is None
+    curve = rec["curve"]
+    # the step model's rule on backward + exposed: of the caps within TIE_TOLERANCE of the
+    # shortest the fewest buckets, but DDP's default (in use here, last) where it ties that one
+    est = doc["estimate"]
+    assert curve[-1]["bucket_cap_mb"] is None
+    assert curve[-1]["step_ns"] == est["backward_ns"] + est["exposed_ns"]
+    shortest = min(c["step_ns"] for c in curve)
+    near = [c for c in curve if c["step_ns"] <= shortest * (1 + TIE_TOLERANCE)]
+    pick = min(near, key=lambda c: (c["num_buckets"], c["step_ns"]))
+    keeps = curve[-1]["step_ns"] <= pick["step_ns"] * (1 + TIE_TOLERANCE)
+    assert rec["best_bucket_cap_mb"] == (None if keeps else pick["bucket_cap_mb"])
+    assert rec["kept_cap_in_use"] is keeps and rec["in_use_bucket_cap_mb"] is None
     assert rec["in_use"]["exposed_ns"] == doc["estimate"]["exposed_ns"]
     assert doc["estimate"]["world_size"] == 4
     args = parser().parse_args(
@@ -116,7 +121,7 @@ def test_run_json_and_recommend(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "<- best" in capsys.readouterr().out
 
 
-def test_recommendation_keeps_the_cap_in_use_when_no_cap_is_predicted_better() -> None:
+def test_serial_advice_is_the_step_models_rule() -> None:
     # beta = 0: every bucket takes 2 (p - 1) alpha = 2000 ns whatever its size. Layers become
     # ready 1 ms apart, so only the bucket holding the last-ready layer (l0) is exposed, by
     # 2000 ns at every cap: the model cannot tell caps apart.
@@ -128,17 +133,16 @@ def test_recommendation_keeps_the_cap_in_use_when_no_cap_is_predicted_better() -
             PARAMS, world_size=2, bucket_cap_mb=cap, link=link, link_label="x", ready_ns=ready
         )
 
-    default = run_one(None)
-    assert default.exposed_ns == 2000
-    best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=default)
-    assert best is None and {e.exposed_ns for e in curve} == {2000}  # keep DDP's default
-    best, _ = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=run_one(8.0))
-    assert best == 8.0  # an explicit cap in use is kept as it is
+    curve, best, in_use = search(CAP_GRID_MB, run_one, None)
+    assert {e.exposed_ns for e in curve} == {2000} and {e.step_ns for e in curve} == {4_002_000}
+    assert best is in_use and best.bucket_cap_mb is None  # keep DDP's default
+    _, best, _ = search(CAP_GRID_MB, run_one, 8.0)
+    assert best.bucket_cap_mb == 8.0  # an explicit cap in use is kept as it is
     # without a cap in use to keep, the tie goes to the fewest buckets: one, at any cap >= 4 MiB
-    best, _ = recommend_bucket_cap(CAP_GRID_MB, run_one)
-    assert best == 4.0
+    _, best, _ = search(CAP_GRID_MB, run_one, NONE_IN_USE)
+    assert best.bucket_cap_mb == 4.0
     # beta > 0 and nothing to hide behind (all layers ready at once): fewer, larger buckets
-    # cost no more bytes but fewer alphas, so a cap that saves >= 1 us replaces the default
+    # cost no more bytes but fewer alphas
     slow = LinkParams(alpha_ns=5000.0, beta_ns_per_byte=1.0)
     at_once = [0.0] * 4
 
@@ -148,11 +152,13 @@ def test_recommendation_keeps_the_cap_in_use_when_no_cap_is_predicted_better() -
         )
 
     # DDP's default: a 1 MiB first bucket and one of 3 MiB, 2 alphas of 2 (p - 1) 5000 ns;
-    # 4 MiB and up: one bucket, one alpha, 10 us less; the tie goes to the fewest buckets
-    # and then to the first cap tried.
-    best, _ = recommend_bucket_cap(CAP_GRID_MB, run_slow, baseline=run_slow(None))
-    assert best == 4.0
+    # 4 MiB and up: one bucket, one alpha, 10 us less of 4.2 ms: under the 1 % that ties caps,
+    # so DDP's default is kept; with no cap in use the fewest buckets, 4 MiB, are named
     assert run_slow(None).exposed_ns - run_slow(4.0).exposed_ns == 2 * (2 - 1) * 5000
+    _, best, in_use = search(CAP_GRID_MB, run_slow, None)
+    assert best is in_use
+    _, best, _ = search(CAP_GRID_MB, run_slow, NONE_IN_USE)
+    assert best.bucket_cap_mb == 4.0
 
 
 def test_errors_list_valid_choices(tmp_path: Path) -> None:
@@ -248,11 +254,13 @@ def test_serial_advice_marks_the_cap_it_picks(capsys: pytest.CaptureFixture[str]
         assert len(marked) == 1  # one point: the one the verdict names
         verdict = lines[-1]
         if keep:
-            assert marked[0].split()[:2] == ["in", "use"]
+            assert marked[0].split()[0] == "default" and marked[0].endswith("(in use)")
             assert verdict.startswith("verdict: keep DDP default (25 MiB): ")
         else:
             cap = float(marked[0].split()[0])
-            assert verdict.startswith(f"verdict: change to {cap:g} MiB: predicted exposed")
+            assert verdict.startswith(
+                f"verdict: change to {cap:g} MiB: predicted backward + exposed -"
+            )
 
 
 def test_serial_advice_keeps_a_cap_in_use_that_is_on_the_grid(
@@ -265,7 +273,8 @@ def test_serial_advice_keeps_a_cap_in_use_that_is_on_the_grid(
     assert run(parser().parse_args(common), PARAMS) == 0
     lines = capsys.readouterr().out.splitlines()
     marked = [line for line in lines if "<- best" in line]
-    assert len(marked) == 1 and marked[0].split()[:2] == ["in", "use"]
+    assert len(marked) == 1 and marked[0].split()[0] == "4" and marked[0].endswith("(in use)")
+    assert sum("(in use)" in line for line in lines) == 1  # the grid's 4 MiB is the cap in use
     assert lines[-1].startswith("verdict: keep 4 MiB: ")
     assert run(parser().parse_args([*common, "--json"]), PARAMS) == 0
     rec = json.loads(capsys.readouterr().out)["recommendation"]

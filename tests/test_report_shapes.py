@@ -25,7 +25,7 @@ import pytest
 
 from commprof.analysis.dataset import Processed, process
 from commprof.catalog import parameter_sizes
-from commprof.modeling import step_advice
+from commprof.modeling import cap_advice, step_advice
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
 from commprof.reporting import build, predicted, prose, report_tables
@@ -331,11 +331,11 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
             continue
         cal_cap = float(row["bucket_cap_mb"])  # every committed cell names its cap
         run = med.loc[model, int(ws)] if (model, int(ws)) in med.index.droplevel(2) else None
-        caps = sorted({*step_advice.CAP_GRID_MB, cal_cap, *([] if run is None else run.index)})
-        advice = step_advice.advise_cap(tables, model, int(ws), caps_mb=caps)
+        caps = sorted({*cap_advice.CAP_GRID_MB, cal_cap, *([] if run is None else run.index)})
+        advice = cap_advice.advise_cap(tables, model, int(ws), caps_mb=caps)
         at = {c.bucket_cap_mb: c for c in advice.curve}
         best = at[advice.best_cap_mb]
-        if not any(c is at[cal_cap] for c in step_advice.tied(advice.curve)):
+        if not any(c is at[cal_cap] for c in cap_advice.tied(advice.curve)):
             # a tie keeps the calibration cap: no gain
             key, cal = f"[{model},p={ws}]", at[cal_cap]
             expected[f"step_pred_gain{key}"] = 100 * (1 - best.step_ns / cal.step_ns)
@@ -350,7 +350,7 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
         for name, gpus in WHAT_IF.items():  # the collective model on the description alone
             link = ClusterLink(cluster=CLUSTERS[name])
             # the cap in use is the calibration cap: kept where best_of keeps it
-            advice = step_advice.recommend_cap(
+            advice = cap_advice.recommend_cap(
                 fitted, sizes, caps_mb=caps, link=link, world_size=gpus, in_use_mb=cal_cap
             )
             worst = advice.best.exposed_ns / 1e6

@@ -15,15 +15,13 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
+from commprof.modeling.cap_advice import TIE_TOLERANCE, advise_cap, best_of
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import (
     IDLE,
     REPEAT_KEYS,
-    TIE_TOLERANCE,
     CapPrediction,
-    advise_cap,
-    best_of,
     host_cells,
     host_interference,
     link_fit,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
-from commprof.modeling import step_advice, step_model
+from commprof.modeling import cap_advice, step_advice, step_model
 from commprof.modeling.step_advice import CORRECTION_NAMES, IDLE
 from commprof.modeling.step_spec import SPEC
 
@@ -40,6 +40,19 @@ def test_the_spec_declares_exactly_the_corrections_the_model_switches() -> None:
     assert len({e.name for e in SPEC}) == len(SPEC)
 
 
+def test_every_entry_names_the_code_that_fits_and_applies_it() -> None:
+    for e in SPEC:
+        if e.kind == "removed":
+            assert e.code == (), e.name
+            continue
+        assert e.code and all(f.__module__.startswith("commprof.modeling.") for f in e.code)
+        if e.kind == "correction":
+            assert len(e.code) >= 2, e.name  # what fits it, then what applies it
+    by = {e.name: e for e in SPEC}
+    assert by["stall"].code[0] is step_advice.link_stall_ns
+    assert cap_advice.best_of in by["in_use_rule"].code
+
+
 def test_every_entry_has_a_short_section_with_its_formula_and_why() -> None:
     found = sections()
     assert set(found) == {e.section for e in SPEC}
@@ -55,8 +68,8 @@ def test_every_entry_has_a_short_section_with_its_formula_and_why() -> None:
 
 def test_the_spec_names_the_constants_the_code_uses() -> None:
     by = {e.name: e for e in SPEC}
-    assert f"{step_advice.TIE_TOLERANCE:g}" in by["advice_tolerance"].formula
-    assert f"{step_advice.TIE_TOLERANCE:g}" in by["in_use_rule"].formula
+    assert f"{cap_advice.TIE_TOLERANCE:g}" in by["advice_tolerance"].formula
+    assert f"{cap_advice.TIE_TOLERANCE:g}" in by["in_use_rule"].formula
     assert f"{step_model.HOOK_QUANTILE:g} quantile" in by["hook_cost"].formula
     assert step_model.INTERFERENCE_STATISTIC in step_model.FACTOR_STATISTICS
     assert by["interference_statistic"].formula.startswith(
@@ -83,6 +96,7 @@ def test_estimate_prints_the_spec_with_its_fitted_values(
     assert spec["host_residual"]["value"] == f"{cal['host_residual_ns'] / 1e6:+.3f} ms"
     assert spec["link_scale"]["on"] is False and spec["link_scale"]["value"] is None
     assert spec["advice_tolerance"]["value"] == "1%"
+    assert spec["stall"]["code"][0] == "commprof.modeling.step_advice.link_stall_ns"
 
 
 def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(

@@ -39,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from commprof.caps import cap_label, same_cap
+from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
+from commprof.modeling.cap_advice import CAP_GRID_MB, search, verdict
 from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.estimate_step import (
@@ -61,10 +62,6 @@ DEFAULT_DEVICE_FLOPS_PER_S = 100e12
 """Assumed sustained backward FLOP rate of one device (100 TFLOP/s)."""
 DEFAULT_BATCH_TOKENS = 8 * 1024
 """Assumed tokens (samples x positions) per rank per step."""
-CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
-"""Caps tried by ``recommend_bucket_cap``: 0.125 MiB to 512 MiB."""
-MIN_GAIN_NS = 1_000
-"""Least predicted saving of exposed time (1 us) for which a cap replaces the one in use."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +102,18 @@ class Estimate:
     """End of backward compute."""
     exposed_ns: int
     """Communication after backward ends."""
+
+    @property
+    def num_buckets(self) -> int:
+        """Buckets DDP makes at this cap."""
+        return len(self.buckets)
+
+    @property
+    def step_ns(self) -> float:
+        """What the cap advice minimises here: backward compute and the communication exposed
+        after it (forward and optimizer, which this path does not know, are the same at every
+        cap)."""
+        return float(self.backward_ns + self.exposed_ns)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -236,34 +245,6 @@ def estimate(
         backward_ns=round(backward),
         exposed_ns=exposed,
     )
-
-
-def recommend_bucket_cap(
-    caps_mb: Sequence[float],
-    run_one: Callable[[float], Estimate],
-    *,
-    baseline: Estimate | None = None,
-) -> tuple[float | None, list[Estimate]]:
-    """Cap with the least predicted exposed communication (ties: fewer buckets).
-
-    With a ``baseline`` (the estimate at the cap in use), a cap replaces it only when it is
-    predicted to expose at least ``MIN_GAIN_NS`` less: where the model cannot tell caps apart
-    (a fit whose beta was clamped to 0, say) the advice is to change nothing.
-
-    Args:
-        caps_mb: Caps to try (MiB).
-        run_one: Makes the estimate for one cap.
-        baseline: The estimate at the cap in use (``bucket_cap_mb`` None: DDP's default).
-
-    Returns:
-        The recommended cap in MiB (None: keep DDP's default, ``bucket_cap_mb`` unset, whose
-        first bucket is 1 MiB, unlike an explicit 25) and the estimate for every cap tried.
-    """
-    curve = [run_one(cap) for cap in caps_mb]
-    best = min(curve, key=lambda e: (e.exposed_ns, len(e.buckets)))
-    if baseline is not None and best.exposed_ns > baseline.exposed_ns - MIN_GAIN_NS:
-        best = baseline
-    return best.bucket_cap_mb, curve
 
 
 def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
@@ -553,6 +534,45 @@ def _table(est: Estimate) -> str:
     return "\n".join(lines)
 
 
+def _advice(
+    run_one: Callable[[float | None], Estimate], in_use_mb: float | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The cap search of the idle model under the step model's rule (``cap_advice.best_of``,
+    on backward plus exposed communication): its document and its lines, the verdict last."""
+    curve, best, in_use = search(CAP_GRID_MB, run_one, in_use_mb)
+    assert in_use is not None  # a cap is always in use here (None: DDP's default)
+    line = verdict(curve, best, in_use, quantity="backward + exposed")
+    doc = {
+        "best_bucket_cap_mb": best.bucket_cap_mb,
+        "in_use_bucket_cap_mb": in_use_mb,
+        "kept_cap_in_use": best is in_use,
+        "verdict": line,
+        "in_use": {"num_buckets": in_use.num_buckets, "exposed_ns": in_use.exposed_ns},
+        "curve": [
+            {
+                "bucket_cap_mb": e.bucket_cap_mb,
+                "num_buckets": e.num_buckets,
+                "total_comm_ns": e.total_comm_ns,
+                "exposed_ns": e.exposed_ns,
+                "step_ns": e.step_ns,
+            }
+            for e in curve
+        ],
+    }
+    worst = max(e.exposed_ns for e in curve) or 1
+    lines = [f"\n{'cap MiB':>8} {'buckets':>7} {'exposed ms':>10} {'bwd+exp ms':>10}"]
+    for e in curve:
+        bar = "#" * math.ceil(40 * e.exposed_ns / worst)
+        cap = cap_number(e.bucket_cap_mb)
+        mark = "  <- best" if e is best else ""
+        mark += "  (in use)" if e is in_use else ""
+        lines.append(
+            f"{cap:>8} {e.num_buckets:>7} {e.exposed_ns / 1e6:>10.3f} "
+            f"{e.step_ns / 1e6:>10.3f} {bar}{mark}"
+        )
+    return doc, [*lines, line]
+
+
 def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     """Entry of ``commprof estimate``; prints a table or one JSON document.
 
@@ -601,53 +621,7 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         "in sample: none (no calibration cells; --fit DIR calibrates on a dataset's cells)",
     ]
     if args.recommend_bucket_cap:
-        best, curve = recommend_bucket_cap(CAP_GRID_MB, run_one, baseline=main)
-        # the point picked: the cap in use where it is kept (it may be on the grid too), else
-        # the curve's point at the best cap
-        kept = same_cap(best, main.bucket_cap_mb)
-        picked = main if kept else next(e for e in curve if same_cap(e.bucket_cap_mb, best))
-        in_use = cap_label(main.bucket_cap_mb, with_size=True)
-        if kept:
-            gain = max(0, max(main.exposed_ns - e.exposed_ns for e in curve))
-            verdict = (
-                f"verdict: keep {in_use}: no cap is predicted to expose more than "
-                f"{gain / 1e3:.1f} us less (a change needs {MIN_GAIN_NS / 1e3:g} us)"
-            )
-        else:
-            gain = main.exposed_ns - picked.exposed_ns
-            verdict = (
-                f"verdict: change to {cap_label(best, with_size=True)}: predicted exposed "
-                f"communication -{gain / 1e6:.3f} ms against {in_use}"
-            )
-        doc["recommendation"] = {
-            "best_bucket_cap_mb": best,
-            "in_use_bucket_cap_mb": main.bucket_cap_mb,
-            "kept_cap_in_use": kept,
-            "verdict": verdict,
-            "in_use": {"num_buckets": len(main.buckets), "exposed_ns": main.exposed_ns},
-            "curve": [
-                {
-                    "bucket_cap_mb": e.bucket_cap_mb,
-                    "num_buckets": len(e.buckets),
-                    "total_comm_ns": e.total_comm_ns,
-                    "exposed_ns": e.exposed_ns,
-                }
-                for e in curve
-            ],
-        }
-        worst = max(e.exposed_ns for e in curve) or 1
-        text.append(f"\n{'cap MiB':>8} {'buckets':>7} {'exposed ms':>10}")
-        for e in curve:
-            bar = "#" * math.ceil(40 * e.exposed_ns / worst)
-            mark = "  <- best" if e is picked else ""
-            text.append(
-                f"{e.bucket_cap_mb:>8g} {len(e.buckets):>7} {e.exposed_ns / 1e6:>10.3f} {bar}{mark}"
-            )
-        mark = "  <- best" if kept else ""
-        text.append(
-            f"{'in use':>8} {len(main.buckets):>7} {main.exposed_ns / 1e6:>10.3f}  ({in_use})"
-            + mark
-        )
-        text.append(verdict)
+        doc["recommendation"], lines = _advice(run_one, args.bucket_cap_mb)
+        text.extend(lines)
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0

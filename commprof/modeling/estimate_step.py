@@ -32,6 +32,7 @@ from typing import Any
 
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, ParamSize
+from commprof.modeling.cap_advice import recommend_cap
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
@@ -46,7 +47,6 @@ from commprof.modeling.step_advice import (
     load_step_model,
     predict_cap,
     recalibrated_without,
-    recommend_cap,
 )
 from commprof.modeling.step_spec import spec_doc, spec_text
 from commprof.units import finite_or_none

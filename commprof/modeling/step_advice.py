@@ -1,4 +1,4 @@
-"""A calibrated step model from a dataset, and bucket-cap advice from it (public API).
+"""A calibrated step model from a dataset and its predictions (public API).
 
 :func:`load_step_model` picks a calibration cell of a model in a dataset (the one a single
 ``commprof run`` makes is enough) and its repeats, fits the ring model to the host's
@@ -6,30 +6,26 @@ microbenchmarks' typical (median) times and measures their stall per operation, 
 interference factors, calibrates the simulator (``step_model``) and fits its exposed and host
 residuals (:func:`with_residuals`), so that at the calibration cap it gives the calibration
 cells' own step and exposed communication. Each correction of the idle model is switched on its own
-(:class:`Corrections`). :func:`recommend_cap` predicts the step at each cap and names the
-fastest (near-ties to the cap in use, else to fewer buckets), with a one-line verdict
-(:meth:`CapAdvice.verdict`). Both are what ``commprof estimate --fit RESULTS``
+(:class:`Corrections`). :func:`predict_cap` predicts the step at one cap, world size and link;
+``cap_advice`` searches the caps with it. Both are what ``commprof estimate --fit RESULTS``
 uses, and what a report calls::
 
-    advice = advise_cap(tables, "srn-10m", world_size=2)      # load_step_model + recommend_cap
-    advice.best_cap_mb, [(c.bucket_cap_mb, c.step_ns, c.exposed_ns) for c in advice.curve]
+    model = load_step_model(tables, "srn-10m", world_size=2, param_sizes=sizes)
+    predict_cap(model, sizes, bucket_cap_mb=4.0).step_ns
 
 This module imports no torch and no ray.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal
 
 import pandas as pd
 
-from commprof.caps import cap_label
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
 from commprof.modeling.cluster_link import ClusterLink
@@ -45,9 +41,6 @@ from commprof.modeling.step_model import (
     same_setting,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, StepPrediction
-
-CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
-"""Caps searched by default: 0.125 MiB to 512 MiB."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -573,158 +566,3 @@ def applied(
         ),
         host_residual_ns=model.host_residual_ns if corrections.host_residual else 0.0,
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CapAdvice:
-    """The cap search."""
-
-    best_cap_mb: float | None
-    """The cap to use (:func:`best_of`): of the caps predicted within :data:`TIE_TOLERANCE` of
-    the shortest step the one with the fewest buckets, or the cap in use where it is predicted
-    within the tolerance of that one."""
-    curve: tuple[CapPrediction, ...]
-    """Every cap tried, in the order given (the cap in use last, where it was not given)."""
-    best: CapPrediction
-    """The point of ``curve`` recommended (its ``bucket_cap_mb`` is ``best_cap_mb``)."""
-    in_use: CapPrediction | None = None
-    """The point of ``curve`` at the cap in use (None: none was given)."""
-
-    def verdict(self) -> str:
-        """One line: keep the cap in use, or change to the best and what it is predicted to
-        save (without a cap in use: the cap to use)."""
-        if self.in_use is None:
-            return f"verdict: use {cap_label(self.best.bucket_cap_mb, with_size=True)}"
-        in_use = cap_label(self.in_use.bucket_cap_mb, with_size=True)
-        if self.best is self.in_use:
-            # the rule of best_of: the cap it would name otherwise, and the fastest of all
-            pick = min(tied(self.curve), key=lambda c: (c.num_buckets, c.step_ns))
-            gain = max(0.0, self.in_use.step_ns - min(c.step_ns for c in self.curve))
-            why = (
-                "it is the cap the rule names"
-                if pick is self.in_use
-                else f"it is predicted within {TIE_TOLERANCE:.0%} of the cap the rule would "
-                f"name, {cap_label(pick.bucket_cap_mb, with_size=True)}"
-            )
-            return (
-                f"verdict: keep {in_use}: {why} (the fewest buckets among the caps within "
-                f"{TIE_TOLERANCE:.0%} of the fastest); the fastest cap is predicted to save "
-                f"{gain / 1e6:.2f} ms ({gain / self.in_use.step_ns:.1%})"
-            )
-        gain = self.in_use.step_ns - self.best.step_ns
-        return (
-            f"verdict: change to {cap_label(self.best.bucket_cap_mb, with_size=True)}: "
-            f"predicted step -{gain / 1e6:.2f} ms (-{gain / self.in_use.step_ns:.1%}) "
-            f"against {in_use}"
-        )
-
-
-TIE_TOLERANCE = 0.01
-"""Caps predicted within this fraction of the shortest step count as tied."""
-
-
-class _Unset(enum.Enum):
-    NONE_IN_USE = "none in use"
-
-
-NONE_IN_USE: Final = _Unset.NONE_IN_USE
-"""``recommend_cap(in_use_mb=...)`` when no cap is in use (None is DDP's default cap)."""
-
-
-def best_of(
-    curve: Sequence[CapPrediction], *, in_use: CapPrediction | None = None
-) -> CapPrediction:
-    """The point to recommend: among the caps predicted within :data:`TIE_TOLERANCE` of the
-    shortest step, the one with the fewest buckets (then the shorter step); but ``in_use`` (a
-    point of ``curve``: the cap the user runs) where it is predicted within the tolerance of
-    that one.
-
-    A gain of a percent is below what repeats of one cell resolve (the step-model benchmark's
-    pairs of one configuration moved by up to 24 % round to round), so the model gives no
-    reason to change a cap it cannot tell from the one it would name; two caps can even make
-    the same buckets (srn-1m at 4 and 25 MiB: one bucket). Among caps that are all new, fewer
-    buckets mean fewer collectives to launch and to vary.
-    """
-    pick = min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
-    if in_use is not None and in_use.step_ns <= pick.step_ns * (1.0 + TIE_TOLERANCE):
-        return in_use
-    return pick
-
-
-def tied(curve: Sequence[CapPrediction]) -> list[CapPrediction]:
-    """The points of ``curve`` predicted within :data:`TIE_TOLERANCE` of its shortest step."""
-    if not curve:
-        raise ValueError("a cap search needs at least one predicted cap")
-    shortest = min(c.step_ns for c in curve)
-    return [c for c in curve if c.step_ns <= shortest * (1.0 + TIE_TOLERANCE)]
-
-
-def recommend_cap(
-    model: StepModel,
-    param_sizes: Sequence[ParamSize],
-    *,
-    world_size: int | None = None,
-    caps_mb: Sequence[float | None] = CAP_GRID_MB,
-    in_use_mb: float | Literal[_Unset.NONE_IN_USE] | None = NONE_IN_USE,
-    **what_if: object,
-) -> CapAdvice:
-    """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
-    buckets, the cap in use kept where the model cannot tell it from that (:func:`best_of`).
-
-    Args:
-        model: from :func:`load_step_model`.
-        param_sizes: the model's parameter sizes.
-        world_size: ranks (default: the calibration's).
-        caps_mb: caps to try (MiB; None is DDP's default).
-        in_use_mb: the cap the user runs (None: DDP's default), tried too where ``caps_mb``
-            lacks it; :data:`NONE_IN_USE` (the default): none.
-        **what_if: ``link``, ``same_host``, ``corrections`` as :func:`predict_cap` takes them.
-
-    Returns:
-        The advice and the predicted curve.
-    """
-    if not caps_mb:
-        raise ValueError("caps_mb must name at least one cap")
-    caps = list(caps_mb)
-    if in_use_mb is not NONE_IN_USE and not any(same_setting(c, in_use_mb) for c in caps):
-        caps.append(in_use_mb)
-    curve = tuple(
-        predict_cap(model, param_sizes, bucket_cap_mb=cap, world_size=world_size, **what_if)  # type: ignore[arg-type]
-        for cap in caps
-    )
-    in_use = None
-    if in_use_mb is not NONE_IN_USE:
-        in_use = next(c for c in curve if same_setting(c.bucket_cap_mb, in_use_mb))
-    best = best_of(curve, in_use=in_use)
-    return CapAdvice(best_cap_mb=best.bucket_cap_mb, curve=curve, best=best, in_use=in_use)
-
-
-def advise_cap(
-    tables: dict[str, pd.DataFrame],
-    model: str,
-    world_size: int,
-    *,
-    caps_mb: Sequence[float | None] = CAP_GRID_MB,
-    backend: str = "gloo",
-    in_use_mb: float | Literal[_Unset.NONE_IN_USE] | None = NONE_IN_USE,
-) -> CapAdvice:
-    """Bucket-cap advice for a catalog model from a dataset in one call.
-
-    Args:
-        tables: the dataset (``commprof.results.load``).
-        model: a ``commprof.catalog`` model name that has a completed cell in the dataset.
-        world_size: ranks to advise for (a calibration cell of this size is preferred; another
-            size is predicted with the ring model's p dependence, ranks on their own devices).
-        caps_mb: caps to compare (MiB; None is DDP's default).
-        backend: the backend of the calibration cell.
-        in_use_mb: the cap the user runs, kept where it ties (:func:`recommend_cap`).
-
-    Returns:
-        The advice: the cap with the shortest predicted step, and the curve, each point with
-        step time, exposed communication, overlap efficiency and their ranges.
-    """
-    sizes = param_sizes_for(tables, model)
-    fitted = load_step_model(
-        tables, model, world_size=world_size, param_sizes=sizes, backend=backend
-    )
-    return recommend_cap(fitted, sizes, world_size=world_size, caps_mb=caps_mb, in_use_mb=in_use_mb)

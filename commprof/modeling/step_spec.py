@@ -16,12 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from commprof.modeling.step_advice import (
-    TIE_TOLERANCE,
-    Applied,
-    Corrections,
-    StepModel,
-)
+from commprof.modeling import cap_advice, step_advice, step_model, step_sim
+from commprof.modeling.cap_advice import TIE_TOLERANCE
+from commprof.modeling.step_advice import Applied, Corrections, StepModel
 from commprof.modeling.step_model import HOOK_QUANTILE, INTERFERENCE_STATISTIC
 
 Kind = Literal["correction", "fitted", "rule", "removed"]
@@ -47,6 +44,8 @@ class SpecEntry:
     """How it is switched off."""
     section: str
     """Its heading in docs/design.md."""
+    code: tuple[Callable[..., Any], ...] = ()
+    """The functions that fit it, then those that apply it (none for a removed entry)."""
 
 
 def _ms(ns: float) -> str:
@@ -60,6 +59,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="the host's microbenchmarks: mean minus median time of a cell's iterations "
         "(all sizes), median over cells",
         applies_to="the calibrated link", switch="--without stall", section="Stall",
+        code=(step_advice.link_stall_ns, step_model.predict_step),
     ),
     SpecEntry(
         name="interference", kind="correction",
@@ -68,6 +68,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="the interference arms of every cell of the host, median over cells",
         applies_to="every prediction", switch="--without interference (--no-interference)",
         section="Interference",
+        code=(step_model.interference_from_rows, step_sim.simulate_step),
     ),
     SpecEntry(
         name="interference_statistic", kind="rule",
@@ -75,6 +76,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         "alone time",
         fitted_from="constant", applies_to="the interference factors", switch="none",
         section="Interference statistic",
+        code=(step_model.interference_from_rows,),
     ),
     SpecEntry(
         name="hook_cost", kind="fitted",
@@ -83,6 +85,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="the calibration cells' timing-hook records (one size: all per byte)",
         applies_to="every prediction", switch="none: part of the calibrated timeline",
         section="Hook cost",
+        code=(step_model.calibrate_step, step_sim.simulate_step),
     ),
     SpecEntry(
         name="exposed_residual", kind="correction",
@@ -90,26 +93,32 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         "compute scale",
         fitted_from="the calibration cells", applies_to="the calibrated link",
         switch="--without exposed_residual", section="Exposed residual",
+        code=(step_advice.exposed_residual_ns, step_model.with_exposed_residual),
     ),
     SpecEntry(
         name="host_residual", kind="correction",
         formula="step += (measured step - model step at the calibration cap) * compute scale",
         fitted_from="the calibration cells", applies_to="every prediction",
         switch="--without host_residual", section="Host residual",
+        code=(step_advice.host_residual_ns, step_model.predict_step),
     ),
     SpecEntry(
         name="advice_tolerance", kind="rule",
         formula=f"caps with step <= (1 + {TIE_TOLERANCE:g}) * the shortest are tied; of them "
         "the fewest buckets",
-        fitted_from="constant", applies_to="the cap advice", switch="none",
+        fitted_from="constant", applies_to="the cap advice, with or without a dataset",
+        switch="none",
         section="Advice tolerance",
+        code=(cap_advice.tied, cap_advice.best_of),
     ),
     SpecEntry(
         name="in_use_rule", kind="rule",
         formula=f"keep the cap in use where its step <= (1 + {TIE_TOLERANCE:g}) * the tied "
         "pick's",
-        fitted_from="constant", applies_to="the cap advice", switch="none",
+        fitted_from="constant", applies_to="the cap advice, with or without a dataset",
+        switch="none",
         section="In-use rule",
+        code=(cap_advice.best_of,),
     ),
     SpecEntry(
         name="link_scale", kind="removed",
@@ -174,7 +183,7 @@ def spec_doc(
             "name": e.name, "kind": e.kind, "on": bool(on),
             "value": values[e.name]() if e.name in values and on else None,
             "formula": e.formula, "fitted_from": e.fitted_from, "applies_to": e.applies_to,
-            "switch": e.switch,
+            "switch": e.switch, "code": [f"{f.__module__}.{f.__qualname__}" for f in e.code],
         })  # fmt: skip
     return out
 
