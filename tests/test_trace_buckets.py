@@ -196,8 +196,10 @@ def test_a_cap_the_ddp_cannot_take_is_refused_before_reading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for bad in ("inf", "0", "-1"):
-        assert main(["estimate", "--trace", str(tmp_path / "none"), "--bucket-cap-mb", bad]) == 2
-        assert "--bucket-cap-mb must be between 1 byte" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as info:  # argparse's, naming the flag
+            main(["estimate", "--trace", str(tmp_path / "none"), "--bucket-cap-mb", bad])
+        assert info.value.code == 2
+        assert "--bucket-cap-mb: the cap must be between 1 byte" in capsys.readouterr().err
 
 
 def test_bucket_cost_fit_recovers_a_line_and_refuses_one_size() -> None:
@@ -287,6 +289,15 @@ def test_real_gloo_trace_recorded_at_a_quarter_mib(
     assert abs(doc["bucket_cap"]["own_layout_step_diff_pct"]) < 5.0
     assert abs(doc["bucket_cap"]["own_layout_exposed_diff_pct"]) < 5.0
     assert "fitted on the trace's own" in doc["bucket_cap"]["cost"]
+    # DDP's default asked by name: its first bucket closes at 1 MiB (an explicit 25 MiB has
+    # no such first bucket), so two buckets where 25 MiB made one; leaving the flag out asks
+    # for no new cap
+    assert main(["estimate", "--trace", str(tmp_path), "--bucket-cap-mb", "default", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["bucket_cap"]["bucket_cap_mb"] is None
+    assert {r["whatif_buckets"] for r in default["steps"]} == {2}
+    assert main(["estimate", "--trace", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out).get("bucket_cap") is None
 
 
 @needs(REALTRACES)

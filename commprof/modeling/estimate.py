@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from commprof import flags
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.cap_advice import CAP_GRID_MB, search, verdict
@@ -271,6 +272,21 @@ def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
     return out
 
 
+class _Given(argparse.Action):
+    """Stores the flag's value and that it was given (``<dest>_given``): ``--bucket-cap-mb
+    default`` asks ``--trace`` for DDP's default cap, where leaving the flag out asks for none."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``commprof estimate`` options to a parser."""
     src = parser.add_mutually_exclusive_group(required=True)
@@ -307,7 +323,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="microbench",
         help="with --fit DATASET: fit the microbenchmark or the in-training bucket times",
     )
-    parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP cap (MiB)")
+    parser.add_argument(
+        "--bucket-cap-mb",
+        type=flags.cap,
+        action=_Given,
+        default=None,
+        help="DDP cap (MiB, or 'default': DDP's own); with --trace, the cap to lay the trace's "
+        "gradients out at",
+    )
+    parser.set_defaults(bucket_cap_mb_given=False)
     parser.add_argument(
         "--algorithm", choices=sorted(ALGORITHMS), help="cost model of a published link (ring)"
     )

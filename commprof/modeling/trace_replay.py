@@ -527,11 +527,12 @@ def run_trace(
         Process exit status.
     """
     check_trace_flags(args)
+    given = bool(getattr(args, "bucket_cap_mb_given", False))  # None: DDP's default cap
     new_cap = check_cap_mb(getattr(args, "bucket_cap_mb", None), "--bucket-cap-mb")
-    timelines = read(args.trace, gradients=new_cap is not None)
+    timelines = read(args.trace, gradients=given)
     own = trace_world_size(timelines)
     scenario = what_if(args, own)
-    cap = None if new_cap is None else cap_what_if(timelines, new_cap, scenario, own)
+    cap = cap_what_if(timelines, new_cap, scenario, own) if given else None
     doc = replay_report(timelines, replay, scenario, own, cap, layout)
     doc["trace"] = str(args.trace)
     print(json.dumps(doc) if args.json else report_text(doc, str(args.trace)))
