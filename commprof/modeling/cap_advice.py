@@ -76,6 +76,11 @@ def tied(curve: Sequence[P]) -> list[P]:
     return [c for c in curve if c.step_ns <= shortest * (1.0 + TIE_TOLERANCE)]
 
 
+def _rule_pick(curve: Sequence[P]) -> P:
+    """Of the tied points, the fewest buckets, then the shorter step."""
+    return min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+
+
 def best_of(curve: Sequence[P], *, in_use: P | None = None) -> P:
     """The point to recommend: among the caps predicted within :data:`TIE_TOLERANCE` of the
     shortest step, the one with the fewest buckets (then the shorter step); but ``in_use`` (a
@@ -88,7 +93,7 @@ def best_of(curve: Sequence[P], *, in_use: P | None = None) -> P:
     the same buckets (srn-1m at 4 and 25 MiB: one bucket). Among caps that are all new, fewer
     buckets mean fewer collectives to launch and to vary.
     """
-    pick = min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+    pick = _rule_pick(curve)
     if in_use is not None and in_use.step_ns <= pick.step_ns * (1.0 + TIE_TOLERANCE):
         return in_use
     return pick
@@ -119,7 +124,7 @@ def verdict(curve: Sequence[P], best: P, in_use: P | None, *, quantity: str = "s
     label = cap_label(in_use.bucket_cap_mb, with_size=True)
     if best is in_use:
         # the rule of best_of: the cap it would name otherwise, and the fastest of all
-        pick = min(tied(curve), key=lambda c: (c.num_buckets, c.step_ns))
+        pick = _rule_pick(curve)
         gain = max(0.0, in_use.step_ns - min(c.step_ns for c in curve))
         why = (
             "it is the cap the rule names"

@@ -527,7 +527,8 @@ def run_trace(
         Process exit status.
     """
     check_trace_flags(args)
-    given = bool(getattr(args, "bucket_cap_mb_given", False))  # None: DDP's default cap
+    # a new cap only where the flag was given (its None, from 'default', is DDP's default)
+    given = bool(getattr(args, "bucket_cap_mb_given", False))
     new_cap = check_cap_mb(getattr(args, "bucket_cap_mb", None), "--bucket-cap-mb")
     timelines = read(args.trace, gradients=given)
     own = trace_world_size(timelines)
