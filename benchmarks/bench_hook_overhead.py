@@ -8,9 +8,15 @@ several ways inside the SAME processes and process group, interleaved so that ma
    ``default_hooks.allreduce_hook`` registered directly, B with commprof's timing wrapper
    around that same hook (``register_timing_hook(..., inner="allreduce")``), and C, a second
    plain instance like A: the control, whose ratio to A is the noise floor of the method
-   (instance placement, order, load). DDP accepts one comm hook per instance, hence separate
-   instances. Rounds run A, B, C with the order rotating (ABC, BCA, CAB) so that no arm is
-   always first. Ratio = median(B) / median(A); control = median(C) / median(A).
+   (instance placement, order, load). Beside them D, DDP's built-in all-reduce (no comm hook:
+   what a user's training runs without commprof), and E, the wrapper in its first form: around
+   ``allreduce_hook`` as it is, two Python callbacks a bucket (``allreduce_hook``'s unwrap and
+   the wrapper's clock) where B has one (``comm_hooks.allreduce_unwrapped``). DDP accepts one
+   comm hook per instance, hence separate instances. Rounds run A to E with the order rotating
+   (ABCDE, BCDEA, ...) so that no arm is always first. Ratio = median(B) / median(A); control
+   = median(C) / median(A); beside them B / D, A / D and B / E. ``--model srn-100k
+   --bucket-cap-mb 0.05`` is the latency-bound case (eight buckets of about 50 KiB), where a
+   Python callback's cost shows.
 2. Profiler overhead. Model B alternates blocks of steps outside any profiler with blocks
    inside an active ``torch.profiler`` (commprof.profiling.harness, one warm-up step that is
    not counted, then ``--block`` recorded steps, exported as .json.gz when the block ends).
@@ -82,6 +88,16 @@ BOOTSTRAP_ROUNDS = 2000
 PG_TIMEOUT = datetime.timedelta(seconds=300)
 SGD_LR = 0.01
 SGD_MOMENTUM = 0.9
+ARM_NAMES = {"A": "plain", "B": "timed", "C": "control", "D": "builtin", "E": "two_callbacks"}
+"""Phase 1's arms by letter: their step times are ``<name>_ns`` in the raw records."""
+ARMS = "".join(ARM_NAMES)
+
+
+def _allreduce_as_is(
+    process_group: Any, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """``allreduce_hook`` behind another name: the wrapper runs it as it is (arm E)."""
+    return default_hooks.allreduce_hook(process_group, bucket)
 
 
 def _timed_step(
@@ -131,9 +147,15 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     state = register_timing_hook(timed, inner="allreduce")
     control = _build(args)  # a second plain instance: the A/A noise floor
     control.register_comm_hook(None, default_hooks.allreduce_hook)
-    opt_plain = torch.optim.SGD(plain.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
+    builtin = _build(args)  # no comm hook: DDP's built-in all-reduce
+    two = _build(args)  # the wrapper around allreduce_hook as it is: two callbacks a bucket
+    two_state = TimingState(None)
+    two.register_comm_hook(two_state, timing_wrapper(_allreduce_as_is))
     opt_timed = torch.optim.SGD(timed.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
-    opt_control = torch.optim.SGD(control.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
+    others = {
+        arm: (model, torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM))
+        for arm, model in (("A", plain), ("C", control), ("D", builtin), ("E", two))
+    }
 
     buckets_seen: list[int] = []
 
@@ -146,31 +168,27 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
         buckets_seen.append(len(rows))
         return ns, resolve_ns
 
-    # Phase 1: interleaved rounds A, B, C (plain, timed, control), the order rotating every
-    # round (ABC, BCA, CAB) so that no arm always runs first or after the same neighbour.
-    plain_ns: list[int] = []
-    timed_ns: list[int] = []
-    control_ns: list[int] = []
+    # Phase 1: interleaved rounds of A to E (plain, timed, control, built-in, two callbacks),
+    # the order rotating every round so that no arm always runs first or after one neighbour.
+    times: dict[str, list[int]] = {arm: [] for arm in ARMS}
     resolve_ns: list[int] = []
     i = 0
     while i < WARMUP_ROUNDS + args.rounds and _keep_going(start_s, args.hook_budget_s):
-        arms = "ABC"[i % 3 :] + "ABC"[: i % 3]
+        order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]
         measured = i >= WARMUP_ROUNDS
-        for arm in arms:
+        for arm in order:
             batch = batches[i % len(batches)]
-            if arm == "A":
-                ns = _timed_step(plain, opt_plain, criterion, batch)
-                if measured:
-                    plain_ns.append(ns)
-            elif arm == "C":
-                ns = _timed_step(control, opt_control, criterion, batch)
-                if measured:
-                    control_ns.append(ns)
-            else:
+            if arm == "B":
                 ns, res_ns = step_timed(i)
                 if measured:
-                    timed_ns.append(ns)
                     resolve_ns.append(res_ns)
+            else:
+                ns = _timed_step(*others[arm], criterion, batch)
+                if arm == "E":
+                    two_state.step = i
+                    two_state.resolve()  # after the timed window, as for B
+            if measured:
+                times[arm].append(ns)
         i += 1
     num_buckets = buckets_seen[-1]
 
@@ -205,9 +223,7 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
 
     shutil.rmtree(trace_dir, ignore_errors=True)
     local = {
-        "plain_ns": plain_ns,
-        "timed_ns": timed_ns,
-        "control_ns": control_ns,
+        **{f"{name}_ns": times[arm] for arm, name in ARM_NAMES.items()},
         "resolve_ns": resolve_ns,
         "off_ns": off_ns,
         "on_ns": on_ns,
@@ -313,6 +329,8 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     a = _max_over_ranks(per_rank, "plain_ns") / 1e6
     b = _max_over_ranks(per_rank, "timed_ns") / 1e6
     c = _max_over_ranks(per_rank, "control_ns") / 1e6
+    d = _max_over_ranks(per_rank, "builtin_ns") / 1e6
+    e = _max_over_ranks(per_rank, "two_callbacks_ns") / 1e6
     off = _max_over_ranks(per_rank, "off_ns") / 1e6
     on = _max_over_ranks(per_rank, "on_ns") / 1e6
     paired = b / a
@@ -325,6 +343,17 @@ def summarize(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "control_step_ms": _stats(c.tolist()),
         "control_ratio_of_medians": float(np.median(c) / np.median(a)),
         "control_ratio_of_medians_ci95": _bootstrap_ratio(c, a, paired=True, rng=rng),
+        "builtin_step_ms": _stats(d.tolist()),
+        "two_callbacks_step_ms": _stats(e.tolist()),
+        "over_builtin": {
+            name: {
+                "ratio_of_medians": float(np.median(x) / np.median(d)),
+                "ratio_of_medians_ci95": _bootstrap_ratio(x, d, paired=True, rng=rng),
+            }
+            for name, x in (("timed", b), ("plain", a))
+        },
+        "timed_over_two_callbacks": float(np.median(b) / np.median(e)),
+        "timed_over_two_callbacks_ci95": _bootstrap_ratio(b, e, paired=True, rng=rng),
         "ratio_of_p10": float(np.percentile(b, 10) / np.percentile(a, 10)),
         "control_ratio_of_p10": float(np.percentile(c, 10) / np.percentile(a, 10)),
         "resolve_ms": _stats([x / 1e6 for x in per_rank[0]["resolve_ns"]]),
@@ -376,6 +405,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"{'plain allreduce_hook':<24} {_fmt(hook['plain_step_ms'])}")
     print(f"{'timing hook':<24} {_fmt(hook['timed_step_ms'])}")
     print(f"{'plain again (control)':<24} {_fmt(hook['control_step_ms'])}")
+    print(f"{'built-in (no hook)':<24} {_fmt(hook['builtin_step_ms'])}")
+    print(f"{'timing hook, 2 callbacks':<24} {_fmt(hook['two_callbacks_step_ms'])}")
     lo, hi = hook["ratio_of_medians_ci95"]
     pr = hook["paired_ratio"]
     print(
@@ -392,6 +423,15 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"p10 ratios (less sensitive to load spikes): hook {hook['ratio_of_p10']:.4f}, "
         f"control {hook['control_ratio_of_p10']:.4f}"
+    )
+    for name, label in (("timed", "timing hook"), ("plain", "plain allreduce_hook")):
+        over = hook["over_builtin"][name]
+        lo, hi = over["ratio_of_medians_ci95"]
+        print(f"{label} / built-in: {over['ratio_of_medians']:.4f} [95% CI {lo:.4f}, {hi:.4f}]")
+    lo, hi = hook["timed_over_two_callbacks_ci95"]
+    print(
+        f"timing hook / its two-callback form: {hook['timed_over_two_callbacks']:.4f} "
+        f"[95% CI {lo:.4f}, {hi:.4f}]"
     )
     if "wrapper_cost" in hook:
         w = hook["wrapper_cost"]
@@ -414,12 +454,18 @@ def print_table(report: dict[str, Any]) -> None:
 
 def headline(report: dict[str, Any]) -> str:
     """The ledger's figures: timed / plain median step with its 95 % interval, the control's
-    ratio, the wrapper's own cost per bucket, profiler on / off, the load average."""
+    ratio, timed and plain over the built-in all-reduce, timed over its two-callback form, the
+    wrapper's own cost per bucket, profiler on / off, the load average."""
     hook, prof = report["hook"], report["profiler"]
     lo, hi = hook["ratio_of_medians_ci95"]
+    over = hook["over_builtin"]
     return (
-        f"wrapper / plain {hook['ratio_of_medians']:.3f} [{lo:.3f}, {hi:.3f}], control "
-        f"{hook['control_ratio_of_medians']:.3f}; wrapper "
+        f"{report['config']['model']} at {report['config']['bucket_cap_mb'] or 'default'} MiB, "
+        f"{hook['buckets_per_step']} buckets: wrapper / plain {hook['ratio_of_medians']:.3f} "
+        f"[{lo:.3f}, {hi:.3f}], control {hook['control_ratio_of_medians']:.3f}; over built-in: "
+        f"wrapper {over['timed']['ratio_of_medians']:.3f}, plain "
+        f"{over['plain']['ratio_of_medians']:.3f}; wrapper / two-callback form "
+        f"{hook['timed_over_two_callbacks']:.3f}; wrapper "
         f"{hook['wrapper_cost']['per_bucket_ns'] / 1e3:.1f} us a bucket; profiler on / off "
         f"{prof['ratio_of_medians']:.3f}; load {report['environment']['load_avg_1m_at_end']:.1f} "
         "at end"

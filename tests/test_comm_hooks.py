@@ -23,6 +23,7 @@ from commprof.profiling.comm_hooks import (
     COMPOSITION_STEP,
     TimingState,
     _derive,
+    allreduce_unwrapped,
     register_timing_hook,
     timing_wrapper,
 )
@@ -88,13 +89,21 @@ def _scenario_gradients(rank: int) -> dict[str, Any]:
         "timed": _ddp(GRAD_CAP_MB),
         "fp16": _ddp(GRAD_CAP_MB),
         "timed_fp16": _ddp(GRAD_CAP_MB),
+        "timed_as_is": _ddp(GRAD_CAP_MB),
     }
     models["fp16"].register_comm_hook(None, default_hooks.fp16_compress_hook)
     states = {
         "timed": register_timing_hook(models["timed"], inner="allreduce"),
         "timed_fp16": register_timing_hook(models["timed_fp16"], inner="fp16"),
+        "timed_as_is": TimingState(None),
     }
-    return {"grads": _train(models, states, rank)}
+    # allreduce_hook behind another name: the wrapper runs it as it is, two callbacks a bucket.
+    models["timed_as_is"].register_comm_hook(
+        states["timed_as_is"],
+        timing_wrapper(lambda group, bucket: default_hooks.allreduce_hook(group, bucket)),
+    )
+    unwrapped = allreduce_unwrapped(None, _DoneBucket(0, torch.full((3,), float(rank + 1))))
+    return {"grads": _train(models, states, rank), "unwrapped": unwrapped.wait()}
 
 
 def _scenario_buckets(rank: int) -> dict[float, Any]:
@@ -254,6 +263,17 @@ def test_timed_allreduce_gradients_equal_unhooked_exactly(ranks: list[dict[str, 
     _assert_all_equal(per_rank[0]["timed"], want)
 
 
+def test_allreduce_unwrapped_gives_the_mean_as_a_list_and_either_wrapper_form_is_exact(
+    ranks: list[dict[str, Any]],
+) -> None:
+    per_rank = _scenario(ranks, "gradients")
+    for out in per_rank:
+        # (1 + 2) / 2 on every rank, still in the work's list: the wrapper's callback unwraps it.
+        assert isinstance(out["unwrapped"], list) and len(out["unwrapped"]) == 1
+        assert torch.equal(out["unwrapped"][0], torch.full((3,), 1.5))
+        _assert_all_equal(out["grads"]["timed_as_is"], out["grads"]["plain"])
+
+
 def test_timed_fp16_gradients_equal_plain_fp16_hook_exactly(ranks: list[dict[str, Any]]) -> None:
     per_rank = [r["grads"] for r in _scenario(ranks, "gradients")]
     for grads in per_rank:
@@ -396,8 +416,8 @@ def test_resolve_before_completion_raises_and_keeps_records(
 class _DoneBucket:
     """A bucket whose all-reduce is already done: the three methods the wrapper calls."""
 
-    def __init__(self, index: int) -> None:
-        self._index, self._buffer = index, torch.ones(4)
+    def __init__(self, index: int, buffer: torch.Tensor | None = None) -> None:
+        self._index, self._buffer = index, torch.ones(4) if buffer is None else buffer
 
     def index(self) -> int:
         return self._index

@@ -4,7 +4,12 @@ The timing wrapper keeps PyTorch's hook shape, ``hook(state, bucket) -> Future[T
 composes with any inner hook (plain all-reduce, fp16 compression), the way
 ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_wrapper`` composes.
 It never touches the gradients: the inner hook's future is returned with one extra ``then``
-that only reads a clock.
+that only reads a clock. Around PyTorch's ``allreduce_hook`` (the default, and ``commprof run``'s
+``allreduce``) that ``then`` is the only one: the wrapper runs the same division and all-reduce
+(:func:`allreduce_unwrapped`) and its callback also takes the reduced tensor out of the work's
+list, which ``allreduce_hook`` does in a ``then`` of its own. Each Python callback takes the GIL
+on the backend's thread: on 2-core gloo ranks with five 50 KiB buckets a step, the wrapper with
+one callback made the step 0.90 of its two-callback form (benchmarks/README.md, "Timing hook").
 
 Per bucket it takes three host timestamps (``time.perf_counter_ns``, one process-wide clock):
 
@@ -55,6 +60,26 @@ INNER_HOOKS: dict[str, Hook] = {
     "fp16": default_hooks.fp16_compress_hook,
 }
 """Inner hooks by the matrix's ``hook`` name; both take a process group (or None) as state."""
+
+
+def allreduce_unwrapped(
+    process_group: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[list[torch.Tensor]]:
+    """``default_hooks.allreduce_hook`` without its last ``then``: the bucket divided by the world
+    size and all-reduced (a sum), the work's own future returned, whose value is a one-tensor
+    list. DDP cannot take it as it is; :func:`timing_wrapper`'s callback unwraps it."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size(group))
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    assert work is not None  # async_op=True always gives a work
+    return work.get_future()
+
+
+_UNWRAPPED: dict[Hook, Callable[[Any, dist.GradBucket], torch.futures.Future[Any]]] = {
+    default_hooks.allreduce_hook: allreduce_unwrapped,
+}
+"""Inner hooks the wrapper runs without their unwrapping ``then`` (its own callback unwraps)."""
 
 # Buckets are rebuilt at the end of step 0 (DDP rebuilds them from the order gradients became
 # ready), so composition is recorded once, on step 1, when it is final.
@@ -258,11 +283,16 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
 
     Args:
         inner: a hook ``(state, bucket) -> Future[Tensor]``; it receives ``state.inner_state``.
+            PyTorch's ``allreduce_hook`` runs as :func:`allreduce_unwrapped` while the state
+            records (one callback a bucket, not two); any other hook runs as it is.
 
     Returns:
         A hook taking a :class:`TimingState`; register it with
         ``ddp.register_comm_hook(timing_state, hook)``.
     """
+
+    unwrapped = _UNWRAPPED.get(inner)
+    launch = unwrapped if unwrapped is not None else inner
 
     def hook(state: TimingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         state.num_buckets += 1
@@ -276,7 +306,7 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
         if state.step == COMPOSITION_STEP:
             state._record_composition(bucket)
         buffer = bucket.buffer()
-        fut = inner(state.inner_state, bucket)
+        fut = launch(state.inner_state, bucket)
         rec = [
             state.step,
             bucket.index(),
@@ -301,7 +331,8 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
                 # on the bucket's device: a gloo worker thread's current device is cuda:0
                 event.record(torch.cuda.current_stream(buffer.device))
                 rec[_EV_DONE] = event
-            return f.value()
+            value = f.value()
+            return value[0] if unwrapped is not None else value
 
         return fut.then(done)
 
