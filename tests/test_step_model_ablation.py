@@ -1,0 +1,41 @@
+"""The step-model benchmark's ablation verdict (``benchmarks/step_model_ablation.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from step_model_ablation import ABLATIONS, RAISE_TOLERANCE_PTS, ablation_summary  # noqa: E402
+
+
+def _row(step: float, exposed: float, world: float) -> dict[str, Any]:
+    return {
+        "step_mape_pct": step,
+        "exposed_err_max_pct_of_step": exposed,
+        "cells": {"0.25": {"step_ape_pct": step}, "p3@25": {"step_ape_pct": world}},
+    }
+
+
+def test_a_row_equal_but_for_float_rounding_does_not_raise_the_error() -> None:
+    # Run 15's case: switching a correction off changed no world-size prediction, yet the means
+    # differed in the last bits and the correction was kept.
+    full = _row(10.0, 5.0, 10.119)
+    rows = {name: _row(9.0, 4.0, 10.119 + 1e-12) for name in ABLATIONS}
+    rows["full"] = full
+    rows["no_stall"] = _row(9.0, 4.0, 10.119 + 2 * RAISE_TOLERANCE_PTS)  # raised on p = 3
+    rows["no_host_residual"] = _row(10.0 + 2 * RAISE_TOLERANCE_PTS, 4.0, 10.119)  # on the caps
+    per_model = {"srn-1m": {"ablation": rows, "world_sizes": {"p3@25": {}}}}
+    summary = ablation_summary(per_model)
+    assert summary["median_factors"]["lowers_held_out_error"] is False
+    assert summary["no_interference"]["lowers"] == {
+        "step_mape_pct": False,
+        "exposed_err_max_pct_of_step": False,
+        "world_size_step_ape_pct": False,
+    }
+    assert summary["no_stall"]["lowers"]["world_size_step_ape_pct"] is True
+    assert summary["no_host_residual"]["lowers"]["step_mape_pct"] is True
+    assert summary["full"]["srn-1m"]["p3@25_step_ape_pct"] == 10.1
