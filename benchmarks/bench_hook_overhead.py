@@ -4,7 +4,7 @@ Two ranks (gloo, spawned on this machine, one intra-op thread each) train the sa
 several ways inside the SAME processes and process group, interleaved so that machine noise
 (other users, frequency changes) hits every arm alike:
 
-1. Hook overhead. Three DDP instances of one architecture and initial weights: A with
+1. Hook overhead. Five DDP instances of one architecture and initial weights: A with
    ``default_hooks.allreduce_hook`` registered directly, B with commprof's timing wrapper
    around that same hook (``register_timing_hook(..., inner="allreduce")``), and C, a second
    plain instance like A: the control, whose ratio to A is the noise floor of the method
@@ -15,7 +15,7 @@ several ways inside the SAME processes and process group, interleaved so that ma
    comm hook per instance, hence separate instances. Rounds run A to E with the order rotating
    (ABCDE, BCDEA, ...) so that no arm is always first. Ratio = median(B) / median(A); control
    = median(C) / median(A); beside them B / D, A / D and B / E. ``--model srn-100k
-   --bucket-cap-mb 0.05`` is the latency-bound case (eight buckets of about 50 KiB), where a
+   --bucket-cap-mb 0.05`` is the latency-bound case (five buckets of about 80 KiB), where a
    Python callback's cost shows.
 2. Profiler overhead. Model B alternates blocks of steps outside any profiler with blocks
    inside an active ``torch.profiler`` (commprof.profiling.harness, one warm-up step that is
@@ -183,9 +183,9 @@ def _run(rank: int, args: argparse.Namespace) -> dict[str, Any]:
                 if measured:
                     resolve_ns.append(res_ns)
             else:
+                two_state.step = i  # before the step, as for B
                 ns = _timed_step(*others[arm], criterion, batch)
                 if arm == "E":
-                    two_state.step = i
                     two_state.resolve()  # after the timed window, as for B
             if measured:
                 times[arm].append(ns)

@@ -270,7 +270,7 @@ def test_allreduce_unwrapped_gives_the_mean_as_a_list_and_either_wrapper_form_is
     for out in per_rank:
         # (1 + 2) / 2 on every rank, still in the work's list: the wrapper's callback unwraps it.
         assert isinstance(out["unwrapped"], list) and len(out["unwrapped"]) == 1
-        assert torch.equal(out["unwrapped"][0], torch.full((3,), 1.5))
+        assert torch.equal(out["unwrapped"][0], torch.full((3,), (1 + 2) / WORLD_SIZE))
         _assert_all_equal(out["grads"]["timed_as_is"], out["grads"]["plain"])
 
 
@@ -414,7 +414,7 @@ def test_resolve_before_completion_raises_and_keeps_records(
 
 
 class _DoneBucket:
-    """A bucket whose all-reduce is already done: the three methods the wrapper calls."""
+    """A bucket outside DDP (its buffer given or ones): the three methods the wrapper calls."""
 
     def __init__(self, index: int, buffer: torch.Tensor | None = None) -> None:
         self._index, self._buffer = index, torch.ones(4) if buffer is None else buffer
@@ -454,3 +454,28 @@ def test_resolve_before_a_step_keeps_later_records_and_recording_off_passes_thro
     state.step = 3
     assert torch.equal(hook(state, _DoneBucket(0)).wait(), torch.ones(4))  # passed through
     assert [r["step"] for r in state.resolve()] == [2, 2]
+
+
+def test_the_wrapper_runs_allreduce_hook_unwrapped_with_one_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from commprof.profiling import comm_hooks
+
+    calls: list[Any] = []
+
+    def unwrapped(group: Any, bucket: Any) -> torch.futures.Future[list[torch.Tensor]]:
+        calls.append(group)
+        fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        fut.set_result([bucket.buffer() * 2])  # a work's value: a one-tensor list
+        return fut
+
+    monkeypatch.setattr(comm_hooks, "allreduce_unwrapped", unwrapped)
+    state = TimingState("group")
+    fut = timing_wrapper(default_hooks.allreduce_hook)(state, _DoneBucket(0))  # type: ignore[arg-type]
+    assert calls == ["group"]  # the inner state is passed on
+    assert torch.equal(fut.wait(), torch.full((4,), 2.0))  # the one callback unwrapped it
+    (row,) = state.resolve()
+    assert row["done_ns"] >= row["launch_ns"] >= row["ready_ns"]
+    # Any other hook runs as it is: its future's value is returned untouched.
+    other = timing_wrapper(_completed)(state, _DoneBucket(1))  # type: ignore[arg-type]
+    assert torch.equal(other.wait(), torch.ones(4)) and calls == ["group"]

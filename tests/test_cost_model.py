@@ -11,6 +11,7 @@ from commprof.modeling.cost_model import (
     allreduce_ns,
     binary_tree_allreduce_ns,
     bus_bandwidth_factor,
+    nonnegative_line,
     rabenseifner_allreduce_ns,
     recursive_doubling_allreduce_ns,
     ring_allreduce_ns,
@@ -85,3 +86,12 @@ def test_from_bandwidth_and_busbw_factor() -> None:
     link = LinkParams.from_bandwidth(bandwidth_bytes_per_s=2e9, alpha_ns=5.0)
     assert link.beta_ns_per_byte == pytest.approx(0.5)
     assert bus_bandwidth_factor(4) == pytest.approx(1.5)
+
+
+def test_nonnegative_line_in_closed_form() -> None:
+    # An exact line is returned as it is.
+    assert nonnegative_line([1, 2, 4], [12, 14, 18]) == pytest.approx((10.0, 2.0))
+    # y falls with x: no per-x cost was seen, the median is the constant.
+    assert nonnegative_line([1, 2, 4], [9, 7, 3]) == (7.0, 0.0)
+    # A negative intercept: the least-squares line through the origin, sum(xy) / sum(x^2).
+    assert nonnegative_line([1, 2, 3], [1, 3, 5]) == pytest.approx((0.0, 22 / 14))

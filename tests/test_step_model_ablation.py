@@ -39,3 +39,14 @@ def test_a_row_equal_but_for_float_rounding_does_not_raise_the_error() -> None:
     assert summary["no_stall"]["lowers"]["world_size_step_ape_pct"] is True
     assert summary["no_host_residual"]["lowers"]["step_mape_pct"] is True
     assert summary["full"]["srn-1m"]["p3@25_step_ape_pct"] == 10.1
+
+
+def test_a_raise_counts_above_the_tolerance_only() -> None:
+    below, above = RAISE_TOLERANCE_PTS * 0.8, RAISE_TOLERANCE_PTS * 1.2
+    rows = {name: _row(10.0, 5.0, 8.0) for name in ABLATIONS}
+    rows["no_stall"] = _row(10.0 + below, 5.0 + below, 8.0 + below)
+    rows["no_interference"] = _row(10.0, 5.0 + above, 8.0)
+    summary = ablation_summary({"srn-1m": {"ablation": rows, "world_sizes": {"p3@25": {}}}})
+    assert summary["no_stall"]["lowers_held_out_error"] is False
+    assert summary["no_interference"]["lowers"]["exposed_err_max_pct_of_step"] is True
+    assert summary["no_interference"]["lowers"]["step_mape_pct"] is False

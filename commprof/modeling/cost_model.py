@@ -255,3 +255,16 @@ def bus_bandwidth_factor(world_size: ArrayLike) -> FloatArray:
     """
     p = np.asarray(world_size, dtype=np.float64)
     return 2.0 * (p - 1.0) / p
+
+
+def nonnegative_line(x: npt.ArrayLike, y: npt.ArrayLike) -> tuple[float, float]:
+    """``(intercept, slope)`` of the least-squares line of ``y`` on ``x``, kept >= 0: a negative
+    slope (``y`` does not grow with ``x`` here) gives the median of ``y`` as a constant, a
+    negative intercept the least-squares line through the origin. Needs two distinct ``x``."""
+    xs, ys = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    if slope <= 0:
+        return max(0.0, float(np.median(ys))), 0.0
+    if intercept < 0:
+        return 0.0, float(xs @ ys / (xs @ xs))
+    return float(intercept), float(slope)

@@ -54,7 +54,7 @@ from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.cost_model import LinkParams, allreduce_ns
+from commprof.modeling.cost_model import LinkParams, allreduce_ns, nonnegative_line
 from commprof.modeling.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
 from commprof.modeling.step_sim import (
     BACKEND_CHANNELS,
@@ -283,7 +283,7 @@ def calibrate_step(
     slowest = np.stack([np.max(np.stack(w), axis=0) for w in works.values()])
     per_bucket = {int(k): slowest[:, i].tolist() for i, k in enumerate(index)}
     compute = slowest[:, -1]
-    fixed, per_byte = _hook_fit(buckets)
+    fixed, per_byte = hook_fit(buckets)
     sizes = buckets.groupby("bucket_index")["num_bytes"].first().sort_index()
     hooks = fixed + per_byte * sizes.to_numpy(np.float64)
     before = np.concatenate([[0.0], np.cumsum(hooks)])
@@ -329,7 +329,7 @@ thread is sometimes descheduled inside the hook for a whole all-reduce (tens of 
 fraction of one), noise that only adds, so a low quantile estimates the cost, not the median."""
 
 
-def _hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
+def hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     """(fixed ns, ns per byte) of the hook's time ``launch_ns - ready_ns``.
 
     A line through the ``HOOK_QUANTILE`` of each bucket size. With one size (a model in one
@@ -343,12 +343,7 @@ def _hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     x, y = low.index.to_numpy(np.float64), low.to_numpy(np.float64)
     if x.size < 2:
         return 0.0, max(0.0, float(y[0])) / float(x[0])
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope < 0:
-        return max(0.0, float(np.median(y))), 0.0
-    if intercept < 0:
-        return 0.0, float(np.dot(x, y) / np.dot(x, x))
-    return float(intercept), float(slope)
+    return nonnegative_line(x, y)
 
 
 def cpu_share_scale(world_size: int, calibrated_world_size: int, *, num_cores: int) -> float:

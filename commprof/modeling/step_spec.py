@@ -85,7 +85,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="the calibration cells' timing-hook records (one size: all per byte)",
         applies_to="every prediction", switch="none: part of the calibrated timeline",
         section="Hook cost",
-        code=(step_model.calibrate_step, step_sim.simulate_step),
+        code=(step_model.hook_fit, step_sim.simulate_step),
     ),
     SpecEntry(
         name="exposed_residual", kind="correction",

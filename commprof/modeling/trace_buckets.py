@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from commprof.modeling.buckets import MIB, assign_buckets_by_size, bucket_cap_bytes
+from commprof.modeling.cost_model import nonnegative_line
 
 if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
     from commprof.traces.step_replay import Layout, StepTimeline
@@ -200,8 +201,9 @@ def launch_delays(t: StepTimeline, own: OwnBuckets) -> list[int]:
 
 def fit_bucket_cost(num_bytes: Sequence[int], duration_ns: Sequence[int]) -> BucketCost:
     """``alpha + bytes * beta`` by least squares over the trace's own buckets, kept >= 0 as
-    ``step_model._hook_fit`` keeps its line: a negative slope (time does not grow with size
-    here) gives the median time as a constant, a negative intercept a line through the origin.
+    ``step_model.hook_fit`` keeps its line (``cost_model.nonnegative_line``): a slope <= 0
+    (time does not grow with size here) gives the median time as a constant, a negative
+    intercept a line through the origin.
 
     Raises:
         ValueError: With fewer than two sizes 5 % apart, where the trace cannot tell latency
@@ -215,12 +217,7 @@ def fit_bucket_cost(num_bytes: Sequence[int], duration_ns: Sequence[int]) -> Buc
             "sizes 5 % apart, so their time cannot be split into latency and bandwidth; give "
             "--cluster NAME|FILE or --interconnect NAME for the new buckets' time"
         )
-    a = np.column_stack([np.ones_like(x), x])
-    alpha, beta = np.linalg.lstsq(a, y, rcond=None)[0]
-    if beta <= 0:  # time does not grow with size here: a constant
-        alpha, beta = float(np.median(y)), 0.0
-    elif alpha < 0:  # through the origin
-        alpha, beta = 0.0, float((x @ y) / (x @ x))
+    alpha, beta = nonnegative_line(x, y)
     fitted = alpha + beta * x
     mape = float(np.mean(np.abs(fitted - y) / y) * 100.0)
     return BucketCost(

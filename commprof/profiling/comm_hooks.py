@@ -8,8 +8,9 @@ that only reads a clock. Around PyTorch's ``allreduce_hook`` (the default, and `
 ``allreduce``) that ``then`` is the only one: the wrapper runs the same division and all-reduce
 (:func:`allreduce_unwrapped`) and its callback also takes the reduced tensor out of the work's
 list, which ``allreduce_hook`` does in a ``then`` of its own. Each Python callback takes the GIL
-on the backend's thread: on 2-core gloo ranks with five 50 KiB buckets a step, the wrapper with
-one callback made the step 0.90 of its two-callback form (benchmarks/README.md, "Timing hook").
+on the backend's thread: on 2-core gloo ranks with five buckets of about 80 KiB a step, the
+wrapper with one callback made the step 0.90 [0.84, 1.01] of its two-callback form
+(benchmarks/README.md, "Timing hook"; an interval this host does not separate from 1).
 
 Per bucket it takes three host timestamps (``time.perf_counter_ns``, one process-wide clock):
 
@@ -69,17 +70,13 @@ def allreduce_unwrapped(
     size and all-reduced (a sum), the work's own future returned, whose value is a one-tensor
     list. DDP cannot take it as it is; :func:`timing_wrapper`'s callback unwraps it."""
     group = process_group if process_group is not None else dist.group.WORLD
+    assert group is not None  # DDP runs in an initialised default group
     buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size(group))
+    buffer.div_(group.size())
     work = dist.all_reduce(buffer, group=group, async_op=True)
     assert work is not None  # async_op=True always gives a work
     return work.get_future()
 
-
-_UNWRAPPED: dict[Hook, Callable[[Any, dist.GradBucket], torch.futures.Future[Any]]] = {
-    default_hooks.allreduce_hook: allreduce_unwrapped,
-}
-"""Inner hooks the wrapper runs without their unwrapping ``then`` (its own callback unwraps)."""
 
 # Buckets are rebuilt at the end of step 0 (DDP rebuilds them from the order gradients became
 # ready), so composition is recorded once, on step 1, when it is final.
@@ -291,8 +288,8 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
         ``ddp.register_comm_hook(timing_state, hook)``.
     """
 
-    unwrapped = _UNWRAPPED.get(inner)
-    launch = unwrapped if unwrapped is not None else inner
+    fused = inner is default_hooks.allreduce_hook  # by identity: a user's hook may not hash
+    launch = allreduce_unwrapped if fused else inner
 
     def hook(state: TimingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         state.num_buckets += 1
@@ -324,7 +321,7 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
         # Runs on the backend's completion thread (gloo worker / CUDA callback): only reads a
         # clock and records an event; never blocks, never starts a collective (docs/design.md,
         # Measured facts).
-        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        def done(f: torch.futures.Future[Any]) -> torch.Tensor:
             rec[_DONE] = time.perf_counter_ns()
             if rec[_EV_READY] is not None:
                 event = torch.cuda.Event(enable_timing=True)
@@ -332,7 +329,7 @@ def timing_wrapper(inner: Hook) -> Callable[[TimingState, dist.GradBucket], Any]
                 event.record(torch.cuda.current_stream(buffer.device))
                 rec[_EV_DONE] = event
             value = f.value()
-            return value[0] if unwrapped is not None else value
+            return value[0] if fused else value
 
         return fut.then(done)
 
