@@ -77,7 +77,7 @@ sys.path.insert(0, str(REPO))
 import ledger  # noqa: E402
 import torch  # noqa: E402
 from bench_env import environment  # noqa: E402
-from step_model_ablation import ablation_table  # noqa: E402
+from step_model_ablation import ablation_table, pooled_table, pooled_verdict  # noqa: E402
 from step_model_analysis import PAIRS_FILE, analyze, split_sha256  # noqa: E402
 from step_model_split import SPLIT_FILE, Split, load_split  # noqa: E402
 
@@ -339,6 +339,19 @@ def headline(report: dict[str, Any]) -> str:
     )
 
 
+def _pool_archives(values: list[str]) -> dict[str, Path]:
+    """``--pool LABEL=ARCHIVE`` values as {label: archive}, each checked before anything runs."""
+    out: dict[str, Path] = {}
+    for value in values:
+        label, sep, path = value.partition("=")
+        if not (sep and label and path) or label in out or label == "this run":
+            raise SystemExit(f"--pool {value!r}: give LABEL=ARCHIVE, a new label for each")
+        if not Path(path).is_file():
+            raise SystemExit(f"--pool {value!r}: no such file {path}")
+        out[label] = Path(path)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="default 4; 1 with --smoke")
@@ -358,8 +371,15 @@ def main() -> int:
         help=f"{', '.join(SMOKE_MODELS)} only, 1/{SMOKE_PAIR_DIVISOR} of the pairs' cycles, one "
         "round unless --rounds is given (checks the script)",
     )  # fmt: skip
+    parser.add_argument(
+        "--pool", action="append", default=[], metavar="LABEL=ARCHIVE",
+        help="an earlier run's archive of the same split (git show COMMIT:benchmarks/results/"
+        "step_model_data.tar.gz), analysed by this tree; the ablation's verdict pools it with "
+        "this run's (repeat the flag for several)",
+    )  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args()
+    pool = _pool_archives(args.pool)
     split = load_split(args.split)
     if args.smoke:  # never over the kept result
         if args.rounds == parser.get_default("rounds"):
@@ -391,9 +411,20 @@ def main() -> int:
         if args.collect_only:
             return 0
         report = _report(data, args.split)
+    if pool:
+        runs = {"this run": report["summary"]["ablation"]}
+        for label, archive in pool.items():
+            with tempfile.TemporaryDirectory(prefix="commprof-step-model-") as tmp:
+                runs[label] = _report(unpack(archive, Path(tmp)), args.split)["summary"]["ablation"]
+        report["ablation_pooled"] = {
+            **pooled_verdict(runs), "archives": {k: str(v) for k, v in pool.items()},
+            "per_run": {k: v for k, v in runs.items() if k != "this run"},
+        }  # fmt: skip
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=1))
     print(ablation_table(report["summary"]))
+    if pool:
+        print(pooled_table(report["ablation_pooled"]))
     print(f"-> {args.out}")
     if not (args.analyze_only or args.smoke):  # a smoke run is no run of the ledger
         ledger.print_row(

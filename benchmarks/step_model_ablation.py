@@ -23,7 +23,7 @@ from commprof.modeling.step_sim import Interference
 
 ABLATIONS = (
     "full", "no_host_residual", "no_exposed_residual", "no_stall", "median_factors",
-    "no_interference",
+    "no_interference", "no_hook_split",
 )  # fmt: skip
 """The ablation's rows (:func:`ablation_variants`): the full simulator, then one correction off."""
 RAISE_TOLERANCE_PTS = 0.05
@@ -85,6 +85,7 @@ def ablation_variants(
             replace(model, interference=median_interference), param_sizes
         ),
         "no_interference": recalibrated_without(model, ["interference"], param_sizes),
+        "no_hook_split": recalibrated_without(model, ["hook_split"], param_sizes),
     }
     assert tuple(variants) == ABLATIONS
     return variants
@@ -175,6 +176,61 @@ def ablation_summary(per_model: dict[str, dict[str, Any]]) -> dict[str, Any]:
         rows[variant]["lowers_held_out_error"] = any(lowers.values())
         rows[variant]["lowers"] = lowers
     return rows
+
+
+def pooled_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The verdict over several runs of one split, each analysed by the same tree: per
+    correction and measure, its row's mean over every (run, model) scored, or every (run,
+    world-size cell), against the full model's, as :func:`ablation_summary` judges one run.
+
+    Args:
+        runs: per run's label, its :func:`ablation_summary` (the rows as the table prints them).
+
+    Returns:
+        Per correction (``ABLATIONS[1:]``): ``lowers`` per measure, ``lowers_held_out_error``
+        (any of them), ``mean_off`` and ``mean_full`` per measure; and ``runs``, the labels.
+    """
+    out: dict[str, Any] = {"runs": list(runs)}
+    for variant in ABLATIONS[1:]:
+        pairs: dict[str, tuple[list[float], list[float]]] = {}
+        for rows in runs.values():
+            for name, full in rows["full"].items():
+                for key, value in full.items():
+                    off = rows[variant][name][key]
+                    if value is None or off is None:
+                        continue
+                    measure = "world_size_step_ape_pct" if key.startswith("p") else key
+                    pairs.setdefault(measure, ([], []))
+                    pairs[measure][0].append(off)
+                    pairs[measure][1].append(value)
+        lowers = {m: _raises(off, full) for m, (off, full) in pairs.items()}
+        out[variant] = {
+            "lowers": lowers,
+            "lowers_held_out_error": any(lowers.values()),
+            "mean_off": {m: round(statistics.mean(o), 2) for m, (o, _) in pairs.items()},
+            "mean_full": {m: round(statistics.mean(f), 2) for m, (_, f) in pairs.items()},
+        }
+    return out
+
+
+def pooled_table(pooled: dict[str, Any]) -> str:
+    """:func:`pooled_verdict` as a Markdown table: per correction the mean over the runs of each
+    measure off (full model in brackets) and the verdict."""
+    measures = ("step_mape_pct", "exposed_err_max_pct_of_step", "world_size_step_ape_pct")
+    head = ["correction off", "step MAPE", "worst exposed", "world-size step APE", "verdict"]
+    lines = [
+        f"Pooled over {', '.join(pooled['runs'])}:",
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+    ]  # fmt: skip
+    for variant in ABLATIONS[1:]:
+        row = pooled[variant]
+        cells = [
+            f"{row['mean_off'][m]:.2f} ({row['mean_full'][m]:.2f})" if m in row["mean_off"]
+            else "n/c" for m in measures
+        ]  # fmt: skip
+        verdict = "stays" if row["lowers_held_out_error"] else "goes"
+        lines.append("| " + " | ".join([variant, *cells, verdict]) + " |")
+    return "\n".join(lines)
 
 
 def round1(value: float | None) -> float | None:

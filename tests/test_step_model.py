@@ -34,8 +34,10 @@ from commprof.modeling.step_model import (
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
+    host_hook_fixed_ns,
     interference_from_rows,
     predict_step,
+    split_hook,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
 from tests.test_in_sample import assert_in_sample, assert_reproduces
@@ -186,6 +188,34 @@ def test_one_bucket_size_puts_the_hook_time_on_bytes() -> None:
     tables["buckets"]["num_bytes"] = 200  # both buckets one size: fixed and per byte are one
     cal = calibrate_step(tables, CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
     assert (cal.hook_fixed_ns, cal.hook_ns_per_byte) == (0.0, 40 / 200)
+
+
+def test_a_one_size_hook_cost_is_split_by_the_hosts_fixed_part() -> None:
+    tables = _tables(hook_ns=40)
+    tables["buckets"]["num_bytes"] = 200
+    cal = calibrate_step(tables, CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
+    assert cal.hook_sizes_bytes == (200,)
+    split = split_hook(cal, 10.0)
+    # 10 a bucket, the other 30 of the 40 at 200 B per byte: the same cost at its own size
+    assert (split.hook_fixed_ns, split.hook_ns_per_byte) == (10.0, 30 / 200)
+    cost = split.hook_fixed_ns + split.hook_ns_per_byte * 50  # a bucket of 50 B: 10 + 7.5
+    assert cost == pytest.approx(17.5)  # 10 without the split (40 / 200 * 50)
+    # the fixed part is at most the whole cost; nothing to split without it or with two sizes
+    assert (split_hook(cal, 100.0).hook_fixed_ns, split_hook(cal, 100.0).hook_ns_per_byte) == (
+        40.0, 0.0,
+    )  # fmt: skip
+    assert split_hook(cal, 0.0) is cal
+    two = calibrate_step(_tables(hook_ns=40), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
+    assert two.hook_sizes_bytes == (100, 300) and split_hook(two, 10.0) is two
+
+
+def test_the_hosts_fixed_hook_part_is_the_intercept_over_its_sizes() -> None:
+    tables = _tables()
+    b = tables["buckets"]
+    b["launch_ns"] = b["ready_ns"] + 25 + b["num_bytes"] // 10  # 25 ns + 0.1 ns/B: 35 and 55
+    assert host_hook_fixed_ns(tables, [CELL]) == pytest.approx(25)
+    b["num_bytes"] = 200  # one size: no intercept to take
+    assert host_hook_fixed_ns(tables, [CELL]) == 0.0
 
 
 def test_interference_rows_to_factors() -> None:

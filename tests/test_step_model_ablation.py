@@ -9,7 +9,13 @@ from typing import Any
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from step_model_ablation import ABLATIONS, RAISE_TOLERANCE_PTS, ablation_summary  # noqa: E402
+from step_model_ablation import (  # noqa: E402
+    ABLATIONS,
+    RAISE_TOLERANCE_PTS,
+    ablation_summary,
+    pooled_table,
+    pooled_verdict,
+)
 
 
 def _row(step: float, exposed: float, world: float) -> dict[str, Any]:
@@ -50,3 +56,26 @@ def test_a_raise_counts_above_the_tolerance_only() -> None:
     assert summary["no_stall"]["lowers_held_out_error"] is False
     assert summary["no_interference"]["lowers"]["exposed_err_max_pct_of_step"] is True
     assert summary["no_interference"]["lowers"]["step_mape_pct"] is False
+
+
+def test_the_pooled_verdict_takes_the_mean_over_runs_and_models() -> None:
+    # no_stall raises the error by 2 points in one run and lowers it by 1 in the other: kept on
+    # the pool (mean +0.5); no_interference lowers it by 2 in one, raises it by 1 in the other.
+    def run(stall: float, interference: float) -> dict[str, Any]:
+        rows = {name: _row(10.0, 5.0, 8.0) for name in ABLATIONS}
+        rows["no_stall"] = _row(10.0 + stall, 5.0, 8.0)
+        rows["no_interference"] = _row(10.0 + interference, 5.0, 8.0)
+        return ablation_summary({"srn-1m": {"ablation": rows, "world_sizes": {"p3@25": {}}}})
+
+    runs = {"run 14": run(2.0, -2.0), "run 15": run(-1.0, 1.0)}
+    assert runs["run 15"]["no_stall"]["lowers_held_out_error"] is False  # one run drops it
+    pooled = pooled_verdict(runs)
+    assert pooled["runs"] == ["run 14", "run 15"]
+    assert pooled["no_stall"]["lowers"]["step_mape_pct"] is True
+    assert pooled["no_stall"]["mean_off"]["step_mape_pct"] == 10.5
+    assert pooled["no_stall"]["mean_full"]["step_mape_pct"] == 10.0
+    assert pooled["no_interference"]["lowers_held_out_error"] is False
+    assert pooled["no_interference"]["mean_off"]["world_size_step_ape_pct"] == 8.0
+    table = pooled_table(pooled)
+    assert "| no_stall | 10.50 (10.00) | 5.00 (5.00) | 8.00 (8.00) | stays |" in table
+    assert "| no_interference | 9.50 (10.00) | 5.00 (5.00) | 8.00 (8.00) | goes |" in table

@@ -237,6 +237,7 @@ def run_step(
             "stall_ns": round(used.stall_ns),
             "exposed_residual_ns": round(used.exposed_residual_ns),
             "host_residual_ns": round(used.host_residual_ns),
+            "hook_fixed_ns": round(used.hook_fixed_ns),
             "interference": asdict(model.interference) if corrections.interference else None,
             "measured_step_ns": round(cal.measured_step_ns),
         },

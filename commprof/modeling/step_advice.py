@@ -36,9 +36,11 @@ from commprof.modeling.step_model import (
     StepCalibration,
     calibrate_step,
     cpu_share_scale,
+    host_hook_fixed_ns,
     interference_from_rows,
     predict_range,
     same_setting,
+    split_hook,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, StepPrediction
 
@@ -68,9 +70,12 @@ class StepModel:
     host_residual_ns: float = 0.0
     """Host residual (:func:`host_residual_ns`): measured step of the calibration cells minus
     the model's step at their cap, every other correction on; added to every predicted step."""
+    hook_fixed_ns: float = 0.0
+    """The host's fixed hook cost a bucket (``step_model.host_hook_fixed_ns``), which splits a
+    one-size calibration's hook cost (``step_model.split_hook``)."""
 
 
-CORRECTION_NAMES = ("interference", "stall", "exposed_residual", "host_residual")
+CORRECTION_NAMES = ("interference", "stall", "hook_split", "exposed_residual", "host_residual")
 """The step model's corrections of the idle model, each switchable on its own
 (:class:`Corrections`; ``commprof estimate --without NAME``)."""
 
@@ -82,9 +87,10 @@ class Corrections:
 
     ``stall`` and ``exposed_residual`` are the calibrated link's in training: on another link (a
     published interconnect, a cluster) they do not apply whatever is asked (:func:`applied`).
-    ``interference`` and ``host_residual`` belong to the measured compute timeline, which every
-    what-if keeps. (An in-training link scale and a rank wait were corrections too; the
-    benchmark's ablation showed neither lowering the held-out error, and they went.)
+    ``interference``, ``hook_split`` and ``host_residual`` belong to the measured compute
+    timeline, which every what-if keeps. (An in-training link scale and a rank wait were
+    corrections too; the benchmark's ablation showed neither lowering the held-out error, and
+    they went.)
     """
 
     interference: bool = True
@@ -95,6 +101,8 @@ class Corrections:
     """The exposed residual added to the exposed communication (:func:`exposed_residual_ns`)."""
     host_residual: bool = True
     """The host residual added to the step (:func:`host_residual_ns`)."""
+    hook_split: bool = True
+    """A one-size hook cost split by the host's fixed part (``step_model.split_hook``)."""
 
     @classmethod
     def without(cls, names: Sequence[str]) -> Corrections:
@@ -282,8 +290,10 @@ def load_step_model(
             (``step_model.FACTOR_STATISTICS``; the mean by default); they come from every
             cell of the calibration cell's group that ran the arms (:func:`host_interference`).
         link_cells: the cells whose microbenchmarks make the link fit and its stall
-            (:func:`link_fit`); by default every completed cell of the calibration cell's
-            backend, device and world size (:func:`host_cells`): the link is the host's.
+            (:func:`link_fit`), and whose hooks the host's fixed hook cost
+            (``step_model.host_hook_fixed_ns``); by default every completed cell of the
+            calibration cell's backend, device and world size (:func:`host_cells`): the link
+            and the hook are the host's.
 
     Returns:
         The step model.
@@ -304,7 +314,8 @@ def load_step_model(
     env = json.loads(row["env_json"]) if isinstance(row["env_json"], str) else {}
     cores = float(env.get("cpu_count") or 1) / float(env.get("num_threads") or 1)
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
-    link, stall = link_fit(tables, [*pooled, *(c for c in link_cells if c not in pooled)])
+    host = [*pooled, *(c for c in link_cells if c not in pooled)]
+    link, stall = link_fit(tables, host)
     fitted = StepModel(
         calibration=calibration,
         link=link,
@@ -312,6 +323,7 @@ def load_step_model(
         device=str(row["device"]),
         cores_per_rank_host=max(1.0, cores),
         stall_ns=stall,
+        hook_fixed_ns=host_hook_fixed_ns(tables, host),
     )
     return with_residuals(fitted, param_sizes)
 
@@ -329,8 +341,8 @@ def recalibrated_without(
     """The model as calibrating it with the corrections ``names`` (of
     :data:`CORRECTION_NAMES`) off would give: the stall or the interference factors removed and
     the residuals fitted again without them (so it still reproduces its calibration), a
-    residual named set to 0. What ``estimate --without NAME`` predicts with, and the
-    benchmark's ablation scores."""
+    residual named set to 0 (the hook split: its fixed part 0). What ``estimate --without
+    NAME`` predicts with, and the benchmark's ablation scores."""
     bad = sorted(set(names) - set(CORRECTION_NAMES))
     if bad:
         raise ValueError(f"unknown corrections {bad}; choose from {list(CORRECTION_NAMES)}")
@@ -339,6 +351,8 @@ def recalibrated_without(
         out = replace(out, stall_ns=0.0)
     if "interference" in names:
         out = replace(out, interference=NO_INTERFERENCE)
+    if "hook_split" in names:
+        out = replace(out, hook_fixed_ns=0.0)
     if out is not model:
         out = with_residuals(out, param_sizes)
     if "exposed_residual" in names:
@@ -509,7 +523,7 @@ def predict_cap(
     used = applied(model, link=link, corrections=corrections)
     service = scale if link is None else 1.0
     low, mid, high = predict_range(
-        cal,
+        split_hook(cal, used.hook_fixed_ns),
         param_sizes,
         bucket_cap_mb=bucket_cap_mb,
         link=model.link if link is None else link,
@@ -546,6 +560,8 @@ class Applied:
     """Added to the exposed communication (0: off)."""
     host_residual_ns: float
     """Added to the step (0: off)."""
+    hook_fixed_ns: float
+    """The fixed part a one-size hook cost is split by (0: off)."""
 
 
 def applied(
@@ -556,8 +572,8 @@ def applied(
 ) -> Applied:
     """What each correction adds: ``model.stall_ns`` and ``model.exposed_residual_ns`` where
     switched on and the link is the calibrated one (``link`` None; they are that link's in
-    training, on that host), ``model.host_residual_ns`` where switched on, on any link (it
-    belongs to the measured compute timeline); each 0 otherwise."""
+    training, on that host), ``model.host_residual_ns`` and ``model.hook_fixed_ns`` where switched
+    on, on any link (they belong to the measured compute timeline); each 0 otherwise."""
     own = link is None
     return Applied(
         stall_ns=model.stall_ns if own and corrections.stall else 0.0,
@@ -565,4 +581,5 @@ def applied(
             model.exposed_residual_ns if own and corrections.exposed_residual else 0.0
         ),
         host_residual_ns=model.host_residual_ns if corrections.host_residual else 0.0,
+        hook_fixed_ns=model.hook_fixed_ns if corrections.hook_split else 0.0,
     )

@@ -147,6 +147,9 @@ class StepCalibration:
     hook_ns_per_byte: float
     """Training-thread time of one hook per bucket byte (``allreduce_hook`` divides the bucket
     by the world size before the enqueue)."""
+    hook_sizes_bytes: tuple[int, ...] = ()
+    """The bucket sizes the hook's fit saw (:func:`hook_fit`); with one, the fit cannot split
+    its cost into fixed and per-byte parts (:func:`split_hook`)."""
     forward_ns: float
     """Median forward time."""
     optimizer_ns: float
@@ -313,6 +316,7 @@ def calibrate_step(
         compute_work_ns=max(float(np.median(compute)) - before[-1], ready_work.max()),
         hook_fixed_ns=fixed,
         hook_ns_per_byte=per_byte,
+        hook_sizes_bytes=tuple(int(n) for n in sorted(set(sizes))),
         forward_ns=float(steps["forward_ns"].median()),
         optimizer_ns=float(steps["optimizer_ns"].median()),
         other_ns=max(0.0, float(np.median(other))),
@@ -344,6 +348,40 @@ def hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     if x.size < 2:
         return 0.0, max(0.0, float(y[0])) / float(x[0])
     return nonnegative_line(x, y)
+
+
+def host_hook_fixed_ns(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> float:
+    """The fixed part ``a`` of :func:`hook_fit` over the measured steps of ``cell_ids`` pooled
+    (their latest completed attempts; the host's cells, several models and bucket sizes): the
+    hook's cost a bucket whatever its size. 0 where they hold fewer than two bucket sizes."""
+    keys = pd.DataFrame([
+        {"cell_id": r["cell_id"], "attempt": r["attempt"]}
+        for r in (_latest_ok(tables, c) for c in dict.fromkeys(cell_ids))
+    ], columns=["cell_id", "attempt"])  # fmt: skip
+    steps = tables["steps"].merge(keys, on=["cell_id", "attempt"])
+    steps = steps[steps["measured"].astype(bool)]
+    buckets = tables["buckets"].merge(steps[list(STEP_KEYS)], on=list(STEP_KEYS))
+    if buckets["num_bytes"].nunique() < 2:
+        return 0.0
+    return hook_fit(buckets)[0]
+
+
+def split_hook(calibration: StepCalibration, fixed_ns: float) -> StepCalibration:
+    """The calibration with a one-size hook cost split: ``fixed_ns`` a bucket (at most the whole
+    cost) and the rest per byte, the same cost at the calibration's own size.
+
+    :func:`hook_fit` puts all of one size's cost per byte, so a cap that cuts the model into
+    more, smaller buckets pays less hook time in all, though each hook's Python call, clock
+    and enqueue cost the same whatever the size. The host's other cells, at other sizes,
+    measure that fixed part (:func:`host_hook_fixed_ns`). Unchanged where the calibration saw
+    two or more sizes (its own line) or ``fixed_ns`` is 0.
+    """
+    if len(calibration.hook_sizes_bytes) != 1 or fixed_ns <= 0:
+        return calibration
+    size = float(calibration.hook_sizes_bytes[0])
+    cost = calibration.hook_fixed_ns + calibration.hook_ns_per_byte * size
+    fixed = min(fixed_ns, cost)
+    return replace(calibration, hook_fixed_ns=fixed, hook_ns_per_byte=(cost - fixed) / size)
 
 
 def cpu_share_scale(world_size: int, calibrated_world_size: int, *, num_cores: int) -> float:

@@ -88,6 +88,15 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         code=(step_model.hook_fit, step_sim.simulate_step),
     ),
     SpecEntry(
+        name="hook_split", kind="correction",
+        formula="where the calibration saw one bucket size n0: L(n) = a_host + (L(n0) - a_host) "
+        "/ n0 * n, a_host at most L(n0)",
+        fitted_from="the intercept of the hook-cost line over the host's cells (every bucket "
+        "size of the link's cells)",
+        applies_to="every prediction", switch="--without hook_split", section="Hook split",
+        code=(step_model.host_hook_fixed_ns, step_model.split_hook),
+    ),
+    SpecEntry(
         name="exposed_residual", kind="correction",
         formula="exposed += (measured exposed - model exposed at the calibration cap) * "
         "compute scale",
@@ -154,11 +163,21 @@ def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
         "hook_cost": lambda: (
             f"a = {cal.hook_fixed_ns / 1e3:.1f} us, b = {cal.hook_ns_per_byte:.3g} ns/B"
         ),
+        "hook_split": lambda: _hook_split(model, used),
         "exposed_residual": lambda: _ms(used.exposed_residual_ns),
         "host_residual": lambda: _ms(used.host_residual_ns),
         "advice_tolerance": lambda: f"{TIE_TOLERANCE:.0%}",
         "in_use_rule": lambda: f"within {TIE_TOLERANCE:.0%}",
     }
+
+
+def _hook_split(model: StepModel, used: Applied) -> str:
+    sizes = len(model.calibration.hook_sizes_bytes)
+    if sizes != 1:
+        fixed = used.hook_fixed_ns / 1e3
+        return f"a_host = {fixed:.1f} us, not used: the calibration saw {sizes} sizes"
+    split = step_model.split_hook(model.calibration, used.hook_fixed_ns)
+    return f"a = {split.hook_fixed_ns / 1e3:.1f} us, b = {split.hook_ns_per_byte:.3g} ns/B"
 
 
 def spec_doc(
