@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -339,17 +340,53 @@ def headline(report: dict[str, Any]) -> str:
     )
 
 
-def _pool_archives(values: list[str]) -> dict[str, Path]:
-    """``--pool LABEL=ARCHIVE`` values as {label: archive}, each checked before anything runs."""
+THIS_RUN = "this run"
+"""The label of the run being analysed in a pooled verdict."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pool_archives(values: list[str], own: Path) -> dict[str, Path]:
+    """``--pool LABEL=ARCHIVE`` values as {label: archive}, each checked before anything runs:
+    a new label, a file, no archive twice and not this run's own (``own``)."""
     out: dict[str, Path] = {}
+    seen = {_sha256(own): "this run's --archive"} if own.is_file() else {}
     for value in values:
         label, sep, path = value.partition("=")
-        if not (sep and label and path) or label in out or label == "this run":
+        if not (sep and label and path) or label in out or label == THIS_RUN:
             raise SystemExit(f"--pool {value!r}: give LABEL=ARCHIVE, a new label for each")
         if not Path(path).is_file():
             raise SystemExit(f"--pool {value!r}: no such file {path}")
+        digest = _sha256(Path(path))
+        if digest in seen:
+            raise SystemExit(
+                f"--pool {value!r}: the same archive as {seen[digest]}; pool a run once"
+            )
+        seen[digest] = f"--pool {label}"
         out[label] = Path(path)
     return out
+
+
+def _pooled(report: dict[str, Any], pool: dict[str, Path], split: Path) -> dict[str, Any]:
+    """:func:`pooled_verdict` of this run's ``report`` and the archives in ``pool``, each analysed
+    by this tree under ``split``; with each archive's sha256, the split it was collected under
+    and its own ablation table."""
+    runs, archives = {THIS_RUN: report["models"]}, {}
+    for label, archive in pool.items():
+        with tempfile.TemporaryDirectory(prefix="commprof-step-model-") as tmp:
+            other = _report(unpack(archive, Path(tmp)), split)
+        if other["split_as_collected"].startswith("differs"):
+            raise SystemExit(
+                f"--pool {label}: {other['split_as_collected']}; pool runs of one split"
+            )
+        runs[label] = other["models"]
+        archives[label] = {
+            "sha256": _sha256(archive), "split_as_collected": other["split_as_collected"],
+            "ablation": other["summary"]["ablation"],
+        }  # fmt: skip
+    return {**pooled_verdict(runs), "archives": archives}
 
 
 def main() -> int:
@@ -379,7 +416,9 @@ def main() -> int:
     )  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args()
-    pool = _pool_archives(args.pool)
+    if args.pool and args.collect_only:
+        raise SystemExit("--pool needs the analysis: leave out --collect-only")
+    pool = _pool_archives(args.pool, args.archive if args.analyze_only else Path())
     split = load_split(args.split)
     if args.smoke:  # never over the kept result
         if args.rounds == parser.get_default("rounds"):
@@ -412,14 +451,7 @@ def main() -> int:
             return 0
         report = _report(data, args.split)
     if pool:
-        runs = {"this run": report["summary"]["ablation"]}
-        for label, archive in pool.items():
-            with tempfile.TemporaryDirectory(prefix="commprof-step-model-") as tmp:
-                runs[label] = _report(unpack(archive, Path(tmp)), args.split)["summary"]["ablation"]
-        report["ablation_pooled"] = {
-            **pooled_verdict(runs), "archives": {k: str(v) for k, v in pool.items()},
-            "per_run": {k: v for k, v in runs.items() if k != "this run"},
-        }  # fmt: skip
+        report["ablation_pooled"] = _pooled(report, pool, args.split)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=1))
     print(ablation_table(report["summary"]))

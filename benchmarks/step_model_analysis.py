@@ -215,6 +215,12 @@ def _per_model(
     out: dict[str, Any] = {
         "collected": True, "calibration_cells": cal_id,
         "exposed_residual_ns": models[0].exposed_residual_ns,
+        "hook": {
+            "sizes_bytes": list(models[0].calibration.hook_sizes_bytes),
+            "fixed_ns": models[0].calibration.hook_fixed_ns,
+            "ns_per_byte": models[0].calibration.hook_ns_per_byte,
+            "host_fixed_ns": models[0].hook_fixed_ns,
+        },
         "host_residual_ns": models[0].host_residual_ns,
         "stall_ms": models[0].stall_ns / 1e6, "caps": {}, "world_sizes": {},
     }  # fmt: skip

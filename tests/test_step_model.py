@@ -24,10 +24,13 @@ from commprof.modeling.step_advice import (
     CapPrediction,
     host_cells,
     host_interference,
+    in_sample_layout,
+    latest_ok,
     link_fit,
     link_stall_ns,
     load_step_model,
     predict_cap,
+    recalibrated_without,
     repeats_of,
 )
 from commprof.modeling.step_model import (
@@ -175,6 +178,26 @@ def test_the_link_is_the_hosts_unless_cells_are_named() -> None:
     assert own.link.num_points < model.link.num_points  # type: ignore[union-attr]
 
 
+def test_the_exposed_residual_applies_in_sample_only() -> None:
+    tables = results.load(Path(__file__).parent / "data" / "results_smoke")
+    sizes = parameter_sizes("srn-1m")
+    model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+    without = recalibrated_without(model, ["exposed_residual"], sizes)
+    assert model.calibration.bucket_cap_mb == 25 and model.exposed_residual_ns != 0
+    # 4 MiB makes the calibration's one bucket: in sample, the residual added
+    assert in_sample_layout(model, sizes, bucket_cap_mb=4, world_size=2)
+    same = predict_cap(model, sizes, bucket_cap_mb=4).prediction
+    assert same.exposed_residual_ns == pytest.approx(model.exposed_residual_ns)
+    assert same.exposed_ns == pytest.approx(model.calibration.measured_exposed_ns)
+    # other buckets (1 MiB, DDP's default) or another world size: the model without it
+    for cap, ws in ((1, 2), (None, 2), (25, 3)):
+        assert not in_sample_layout(model, sizes, bucket_cap_mb=cap, world_size=ws)
+        got = predict_cap(model, sizes, bucket_cap_mb=cap, world_size=ws).prediction
+        off = predict_cap(without, sizes, bucket_cap_mb=cap, world_size=ws).prediction
+        assert got.exposed_residual_ns == 0 and got.exposed_ns == off.exposed_ns
+        assert got.step_ns == off.step_ns
+
+
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:
     cal = calibrate_step(_tables(hook_ns=10), CELL, [("a", 25), ("b", 75)], NO_INTERFERENCE)
     # both buckets' hooks took 10 ns: the line through (100 B, 10) and (300 B, 10) is flat
@@ -213,9 +236,46 @@ def test_the_hosts_fixed_hook_part_is_the_intercept_over_its_sizes() -> None:
     tables = _tables()
     b = tables["buckets"]
     b["launch_ns"] = b["ready_ns"] + 25 + b["num_bytes"] // 10  # 25 ns + 0.1 ns/B: 35 and 55
-    assert host_hook_fixed_ns(tables, [CELL]) == pytest.approx(25)
-    b["num_bytes"] = 200  # one size: no intercept to take
-    assert host_hook_fixed_ns(tables, [CELL]) == 0.0
+    keys = pd.DataFrame([{"cell_id": CELL, "attempt": 1}])
+    assert host_hook_fixed_ns(tables, keys) == pytest.approx(25)
+    # a second cell at 500 B (75 ns) pools with it; a warm-up step and another attempt do not
+    other = b.assign(cell_id="fedcba987654", num_bytes=500, launch_ns=b["ready_ns"] + 75)
+    warm = b.assign(step=0, launch_ns=b["ready_ns"] + 9000)
+    stale = b.assign(attempt=2, launch_ns=b["ready_ns"] + 9000)
+    tables["buckets"] = pd.concat([b, other, warm, stale])
+    steps = tables["steps"]
+    tables["steps"] = pd.concat([
+        steps, steps.assign(cell_id="fedcba987654"), steps.assign(step=0, measured=False),
+        steps.assign(attempt=2),
+    ])  # fmt: skip
+    both = pd.DataFrame(
+        [{"cell_id": CELL, "attempt": 1}, {"cell_id": "fedcba987654", "attempt": 1}]
+    )
+    assert host_hook_fixed_ns(tables, both) == pytest.approx(25)
+    tables["buckets"]["num_bytes"] = 200  # one size: no intercept to take
+    assert host_hook_fixed_ns(tables, both) == 0.0
+
+
+def test_the_hook_split_takes_the_hosts_unprofiled_cells_and_moves_a_small_cap() -> None:
+    tables = results.load(Path(__file__).parent / "data" / "results_smoke")
+    sizes = parameter_sizes("srn-1m")
+    model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+    pooled = list(model.calibration.cell_ids)
+    cells = tables["cells"]
+    host = latest_ok(cells, [*pooled, *host_cells(tables, pooled[0])["cell_id"]])
+    assert host["profile"].any()  # a profiled cell of the host, left out: the profiler's cost
+    unprofiled = host[~host["profile"].astype(bool) & (host["hook"] == "allreduce")]
+    assert model.hook_fixed_ns == host_hook_fixed_ns(tables, unprofiled) > 0
+    assert model.hook_fixed_ns != host_hook_fixed_ns(tables, host)
+    # srn-1m's calibration saw one size: at 0.25 MiB each of its many buckets pays the fixed
+    # part, so the step is longer than with the cost all per byte
+    without = recalibrated_without(model, ["hook_split"], sizes)
+    split = predict_cap(model, sizes, bucket_cap_mb=0.25)
+    assert split.num_buckets == 9
+    assert split.step_ns > predict_cap(without, sizes, bucket_cap_mb=0.25).step_ns
+    assert predict_cap(model, sizes, bucket_cap_mb=25).step_ns == pytest.approx(
+        predict_cap(without, sizes, bucket_cap_mb=25).step_ns
+    )  # its own size: the same cost
 
 
 def test_interference_rows_to_factors() -> None:

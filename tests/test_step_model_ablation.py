@@ -59,23 +59,45 @@ def test_a_raise_counts_above_the_tolerance_only() -> None:
 
 
 def test_the_pooled_verdict_takes_the_mean_over_runs_and_models() -> None:
-    # no_stall raises the error by 2 points in one run and lowers it by 1 in the other: kept on
-    # the pool (mean +0.5); no_interference lowers it by 2 in one, raises it by 1 in the other.
+    # Two runs of two models, one of them with a world-size cell and one without a held-out cap.
+    # no_stall raises srn-1m's step error by 2 points in one run and lowers it by 1 in the
+    # other: kept on the pool (mean +0.25 over four (run, model)); no_interference the reverse,
+    # but raises the world-size cell by 0.2 in each run: kept by that measure alone;
+    # median_factors moves nothing: goes.
     def run(stall: float, interference: float) -> dict[str, Any]:
-        rows = {name: _row(10.0, 5.0, 8.0) for name in ABLATIONS}
-        rows["no_stall"] = _row(10.0 + stall, 5.0, 8.0)
-        rows["no_interference"] = _row(10.0 + interference, 5.0, 8.0)
-        return ablation_summary({"srn-1m": {"ablation": rows, "world_sizes": {"p3@25": {}}}})
+        one = {name: _row(10.0, 5.0, 8.0) for name in ABLATIONS}
+        one["no_stall"] = _row(10.0 + stall, 5.0, 8.0)
+        one["no_interference"] = _row(10.0 + interference, 5.0, 8.2)
+        other = {name: _row(20.0, 1.0, 0.0) for name in ABLATIONS}
+        for row in other.values():
+            row["cells"] = {"0.25": {"step_ape_pct": 20.0}}
+        none = {name: {**_row(0.0, 0.0, 0.0), "step_mape_pct": None} for name in ABLATIONS}
+        for row in none.values():
+            row["exposed_err_max_pct_of_step"], row["cells"] = None, {}
+        return {
+            "srn-1m": {"ablation": one, "world_sizes": {"p3@25": {}}},
+            "srn-10m": {"ablation": other, "world_sizes": {}},
+            "resnet18": {"ablation": none, "world_sizes": {}},
+            "srn-100k": {"collected": False},
+        }
 
-    runs = {"run 14": run(2.0, -2.0), "run 15": run(-1.0, 1.0)}
-    assert runs["run 15"]["no_stall"]["lowers_held_out_error"] is False  # one run drops it
-    pooled = pooled_verdict(runs)
+    pooled = pooled_verdict({"run 14": run(2.0, -2.0), "run 15": run(-1.0, 1.0)})
     assert pooled["runs"] == ["run 14", "run 15"]
-    assert pooled["no_stall"]["lowers"]["step_mape_pct"] is True
-    assert pooled["no_stall"]["mean_off"]["step_mape_pct"] == 10.5
-    assert pooled["no_stall"]["mean_full"]["step_mape_pct"] == 10.0
-    assert pooled["no_interference"]["lowers_held_out_error"] is False
-    assert pooled["no_interference"]["mean_off"]["world_size_step_ape_pct"] == 8.0
+    stall = pooled["no_stall"]
+    assert stall["lowers"] == {
+        "step_mape_pct": True,
+        "exposed_err_max_pct_of_step": False,
+        "world_size_step_ape_pct": False,
+    }
+    assert (stall["mean_off"]["step_mape_pct"], stall["mean_full"]["step_mape_pct"]) == (
+        15.25,
+        15.0,
+    )
+    interference = pooled["no_interference"]
+    assert interference["lowers"]["step_mape_pct"] is False
+    assert interference["lowers"]["world_size_step_ape_pct"] is True
+    assert interference["mean_off"]["world_size_step_ape_pct"] == 8.2
+    assert pooled["median_factors"]["lowers_held_out_error"] is False
     table = pooled_table(pooled)
-    assert "| no_stall | 10.50 (10.00) | 5.00 (5.00) | 8.00 (8.00) | stays |" in table
-    assert "| no_interference | 9.50 (10.00) | 5.00 (5.00) | 8.00 (8.00) | goes |" in table
+    assert "| no_stall | 15.25 (15.00) | 3.00 (3.00) | 8.00 (8.00) | stays |" in table
+    assert "| median_factors | 15.00 (15.00) | 3.00 (3.00) | 8.00 (8.00) | goes |" in table

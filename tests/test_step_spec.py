@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from commprof import results
+from commprof.catalog import parameter_sizes
 from commprof.cli import main
 from commprof.modeling import cap_advice, step_advice, step_model
 from commprof.modeling.step_advice import CORRECTION_NAMES, IDLE
-from commprof.modeling.step_spec import SPEC
+from commprof.modeling.step_spec import SPEC, spec_doc
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 SMOKE = Path(__file__).parent / "data" / "results_smoke"
@@ -121,3 +124,28 @@ def test_on_another_link_the_calibrated_links_corrections_show_off(
     for name in ("stall", "exposed_residual"):  # the calibrated link's, on its host
         assert spec[name]["on"] is False and spec[name]["value"] is None
     assert spec["host_residual"]["on"] is True  # the measured compute timeline's
+
+
+def test_the_hook_split_and_exposed_residual_lines_say_what_applies() -> None:
+    tables = results.load(SMOKE)
+    sizes = parameter_sizes("srn-1m")
+    model = step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+
+    def value(m: step_advice.StepModel, name: str, *, in_sample: bool = True) -> str:
+        used = step_advice.applied(m, link=None, in_sample=in_sample)
+        doc = spec_doc(m, used, step_advice.ALL_CORRECTIONS)
+        return next(e["value"] for e in doc if e["name"] == name)
+
+    split = step_model.split_hook(model.calibration, model.hook_fixed_ns)
+    assert value(model, "hook_split") == (
+        f"a = {split.hook_fixed_ns / 1e3:.1f} us, b = {split.hook_ns_per_byte:.3g} ns/B"
+    )
+    no_fixed = replace(model, hook_fixed_ns=0.0)
+    assert value(no_fixed, "hook_split").startswith("not used: the host's cells saw one")
+    two = replace(model, calibration=replace(model.calibration, hook_sizes_bytes=(1, 2)))
+    assert value(two, "hook_split").endswith("not used: the calibration saw 2 sizes")
+    residual = f"{model.exposed_residual_ns / 1e6:+.3f} ms"
+    assert value(model, "exposed_residual") == residual
+    assert value(model, "exposed_residual", in_sample=False) == (
+        f"0 here, out of sample ({residual} at the calibration's buckets and world size)"
+    )

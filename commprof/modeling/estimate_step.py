@@ -44,6 +44,7 @@ from commprof.modeling.step_advice import (
     Corrections,
     StepModel,
     applied,
+    in_sample_layout,
     load_step_model,
     predict_cap,
     recalibrated_without,
@@ -222,7 +223,12 @@ def run_step(
         link=link, same_host=args.same_host, corrections=IDLE,
     )  # fmt: skip
     cal = model.calibration
-    used = applied(model, link=link, corrections=corrections)
+    own = in_sample_layout(
+        model, param_sizes, bucket_cap_mb=args.bucket_cap_mb,
+        world_size=args.world_size or cal.world_size,
+    )  # fmt: skip
+    fitted = applied(model, link=link, corrections=corrections)
+    used = applied(model, link=link, corrections=corrections, in_sample=own)
     doc: dict[str, Any] = {
         "prediction": _prediction_doc(main),
         "idle_ring": {k: v for k, v in _prediction_doc(idle).items() if k != "buckets"},
@@ -234,10 +240,11 @@ def run_step(
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
             "corrections": {n: getattr(corrections, n) for n in CORRECTION_NAMES},
-            "stall_ns": round(used.stall_ns),
-            "exposed_residual_ns": round(used.exposed_residual_ns),
-            "host_residual_ns": round(used.host_residual_ns),
-            "hook_fixed_ns": round(used.hook_fixed_ns),
+            "stall_ns": round(fitted.stall_ns),
+            "exposed_residual_ns": round(fitted.exposed_residual_ns),
+            "host_residual_ns": round(fitted.host_residual_ns),
+            "hook_fixed_ns": round(fitted.hook_fixed_ns),
+            "hook_split_applies": (len(cal.hook_sizes_bytes) == 1 and fitted.hook_fixed_ns > 0),
             "interference": asdict(model.interference) if corrections.interference else None,
             "measured_step_ns": round(cal.measured_step_ns),
         },

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
-from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize
+from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
@@ -65,8 +65,8 @@ class StepModel:
     each bucket's time in training."""
     exposed_residual_ns: float = 0.0
     """Exposed residual (:func:`exposed_residual_ns`): measured exposed communication of the
-    calibration cells minus the model's at their cap; added to every prediction on the
-    calibrated link."""
+    calibration cells minus the model's at their cap; added where a prediction is the
+    calibration's own buckets and world size on the calibrated link (:func:`in_sample_layout`)."""
     host_residual_ns: float = 0.0
     """Host residual (:func:`host_residual_ns`): measured step of the calibration cells minus
     the model's step at their cap, every other correction on; added to every predicted step."""
@@ -86,7 +86,9 @@ class Corrections:
     model"). The idle model is every one off (:data:`IDLE`).
 
     ``stall`` and ``exposed_residual`` are the calibrated link's in training: on another link (a
-    published interconnect, a cluster) they do not apply whatever is asked (:func:`applied`).
+    published interconnect, a cluster) they do not apply whatever is asked (:func:`applied`);
+    ``exposed_residual`` applies in sample only: the calibration's own buckets and world size
+    (:func:`in_sample_layout`).
     ``interference``, ``hook_split`` and ``host_residual`` belong to the measured compute
     timeline, which every what-if keeps. (An in-training link scale and a rank wait were
     corrections too; the benchmark's ablation showed neither lowering the held-out error, and
@@ -97,12 +99,12 @@ class Corrections:
     """The measured slowdown factors of overlapped communication and compute."""
     stall: bool = True
     """The link's expected stall of one all-reduce (:func:`link_stall_ns`)."""
+    hook_split: bool = True
+    """A one-size hook cost split by the host's fixed part (``step_model.split_hook``)."""
     exposed_residual: bool = True
     """The exposed residual added to the exposed communication (:func:`exposed_residual_ns`)."""
     host_residual: bool = True
     """The host residual added to the step (:func:`host_residual_ns`)."""
-    hook_split: bool = True
-    """A one-size hook cost split by the host's fixed part (``step_model.split_hook``)."""
 
     @classmethod
     def without(cls, names: Sequence[str]) -> Corrections:
@@ -316,6 +318,7 @@ def load_step_model(
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
     host = [*pooled, *(c for c in link_cells if c not in pooled)]
     link, stall = link_fit(tables, host)
+    hooked = _like(latest_ok(cells, host), cells, pooled[0], HOOK_KEYS)
     fitted = StepModel(
         calibration=calibration,
         link=link,
@@ -323,7 +326,7 @@ def load_step_model(
         device=str(row["device"]),
         cores_per_rank_host=max(1.0, cores),
         stall_ns=stall,
-        hook_fixed_ns=host_hook_fixed_ns(tables, host),
+        hook_fixed_ns=host_hook_fixed_ns(tables, hooked),
     )
     return with_residuals(fitted, param_sizes)
 
@@ -372,10 +375,12 @@ def exposed_residual_ns(model: StepModel, param_sizes: Sequence[ParamSize]) -> f
     ends its compute first counting its wait for the slowest as exposed, and in training the
     all-reduces share the host with the other ranks' backward, the reducer and the allocator,
     which the idle link does not see. The calibration cells measure the sum; the residual is its
-    gap to the model, signed, added to the exposed time of every prediction on the calibrated
-    link (times the compute scale) so that the model reproduces its calibration's exposed
-    communication. It replaces a multiplicative in-training link scale and a measured rank wait,
-    which the benchmark's ablation showed raising the held-out error.
+    gap to the model, signed, added to the exposed time of a prediction of the calibration's
+    own buckets and world size on the calibrated link (:func:`in_sample_layout`), so that the
+    model reproduces its calibration's exposed communication. It replaced a multiplicative
+    in-training link scale and a measured rank wait, which the benchmark's ablation showed
+    raising the held-out error; added to every prediction on the link, it raised the held-out
+    error too (runs 14 to 16), so out of sample the model is the model.
     """
     cal = model.calibration
     if not math.isfinite(cal.measured_exposed_ns):
@@ -416,12 +421,25 @@ HOST_KEYS = LINK_FIELDS
 factors (:func:`host_interference`)."""
 
 
+HOOK_KEYS = ("hook", "profile")
+"""Cells equal in these to the calibration's, among the host's, fit the host's fixed hook cost
+(``step_model.host_hook_fixed_ns``): an fp16 hook casts inside ``launch - ready``, and the
+profiler adds a cost an operation, which is what the fixed part measures."""
+
+
+def latest_ok(cells: pd.DataFrame, cell_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """The latest attempt of every completed cell (of ``cell_ids``; all by default)."""
+    ok = cells[cells["status"] == "ok"]
+    if cell_ids is not None:
+        ok = ok[ok["cell_id"].isin(list(cell_ids))]
+    return ok.sort_values("attempt").groupby("cell_id").tail(1)
+
+
 def host_cells(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
     """``cell_id`` and attempt of every completed cell (its latest attempt) of ``cell_id``'s
     backend, device and world size (:data:`HOST_KEYS`)."""
     cells = tables["cells"]
-    ok = cells[cells["status"] == "ok"].sort_values("attempt").groupby("cell_id").tail(1)
-    return _like(ok, cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
+    return _like(latest_ok(cells), cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
 
 
 def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
@@ -520,7 +538,8 @@ def predict_cap(
     scale = 1.0
     if same_host and model.device == "cpu":
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
-    used = applied(model, link=link, corrections=corrections)
+    own = in_sample_layout(model, param_sizes, bucket_cap_mb=bucket_cap_mb, world_size=ws)
+    used = applied(model, link=link, corrections=corrections, in_sample=own)
     service = scale if link is None else 1.0
     low, mid, high = predict_range(
         split_hook(cal, used.hook_fixed_ns),
@@ -550,6 +569,21 @@ def predict_cap(
     )
 
 
+def in_sample_layout(
+    model: StepModel, param_sizes: Sequence[ParamSize], *, bucket_cap_mb: float | None,
+    world_size: int,
+) -> bool:  # fmt: skip
+    """Whether a prediction at ``bucket_cap_mb`` and ``world_size`` is the calibration's own
+    configuration: its world size, and DDP's buckets of the same sizes as at its cap (two caps
+    can make the same buckets)."""
+    cal = model.calibration
+    if world_size != cal.world_size:
+        return False
+    here = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
+    there = assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb)
+    return [b.num_bytes for b in here] == [b.num_bytes for b in there]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Applied:
     """The values of the corrections a prediction applies (neutral where one is off)."""
@@ -557,7 +591,7 @@ class Applied:
     stall_ns: float
     """Added to each all-reduce (0: off)."""
     exposed_residual_ns: float
-    """Added to the exposed communication (0: off)."""
+    """Added to the exposed communication (0: off, or out of sample)."""
     host_residual_ns: float
     """Added to the step (0: off)."""
     hook_fixed_ns: float
@@ -569,16 +603,19 @@ def applied(
     *,
     link: LinkParams | Fit | ClusterLink | None,
     corrections: Corrections = ALL_CORRECTIONS,
+    in_sample: bool = True,
 ) -> Applied:
-    """What each correction adds: ``model.stall_ns`` and ``model.exposed_residual_ns`` where
-    switched on and the link is the calibrated one (``link`` None; they are that link's in
-    training, on that host), ``model.host_residual_ns`` and ``model.hook_fixed_ns`` where switched
-    on, on any link (they belong to the measured compute timeline); each 0 otherwise."""
+    """What each correction adds: ``model.stall_ns`` where switched on and the link is the
+    calibrated one (``link`` None; it is that link's in training, on that host),
+    ``model.exposed_residual_ns`` where, besides, the prediction is ``in_sample`` (the
+    calibration's buckets and world size, :func:`in_sample_layout`), ``model.host_residual_ns``
+    and ``model.hook_fixed_ns`` where switched on, on any link (they belong to the measured
+    compute timeline); each 0 otherwise."""
     own = link is None
     return Applied(
         stall_ns=model.stall_ns if own and corrections.stall else 0.0,
         exposed_residual_ns=(
-            model.exposed_residual_ns if own and corrections.exposed_residual else 0.0
+            model.exposed_residual_ns if own and in_sample and corrections.exposed_residual else 0.0
         ),
         host_residual_ns=model.host_residual_ns if corrections.host_residual else 0.0,
         hook_fixed_ns=model.hook_fixed_ns if corrections.hook_split else 0.0,

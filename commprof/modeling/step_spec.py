@@ -98,8 +98,8 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
     ),
     SpecEntry(
         name="exposed_residual", kind="correction",
-        formula="exposed += (measured exposed - model exposed at the calibration cap) * "
-        "compute scale",
+        formula="exposed += measured exposed - model exposed at the calibration cap, in sample "
+        "only (the calibration's buckets and world size)",
         fitted_from="the calibration cells", applies_to="the calibrated link",
         switch="--without exposed_residual", section="Exposed residual",
         code=(step_advice.exposed_residual_ns, step_model.with_exposed_residual),
@@ -164,7 +164,12 @@ def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
             f"a = {cal.hook_fixed_ns / 1e3:.1f} us, b = {cal.hook_ns_per_byte:.3g} ns/B"
         ),
         "hook_split": lambda: _hook_split(model, used),
-        "exposed_residual": lambda: _ms(used.exposed_residual_ns),
+        "exposed_residual": lambda: (
+            _ms(used.exposed_residual_ns)
+            if used.exposed_residual_ns or not model.exposed_residual_ns
+            else f"0 here, out of sample ({_ms(model.exposed_residual_ns)} at the calibration's "
+            "buckets and world size)"
+        ),
         "host_residual": lambda: _ms(used.host_residual_ns),
         "advice_tolerance": lambda: f"{TIE_TOLERANCE:.0%}",
         "in_use_rule": lambda: f"within {TIE_TOLERANCE:.0%}",
@@ -172,10 +177,13 @@ def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
 
 
 def _hook_split(model: StepModel, used: Applied) -> str:
+    """The hook split's value: the split line, or why there is none."""
     sizes = len(model.calibration.hook_sizes_bytes)
+    fixed = used.hook_fixed_ns / 1e3
     if sizes != 1:
-        fixed = used.hook_fixed_ns / 1e3
         return f"a_host = {fixed:.1f} us, not used: the calibration saw {sizes} sizes"
+    if used.hook_fixed_ns <= 0:
+        return "not used: the host's cells saw one bucket size (no fixed part to take)"
     split = step_model.split_hook(model.calibration, used.hook_fixed_ns)
     return f"a = {split.hook_fixed_ns / 1e3:.1f} us, b = {split.hook_ns_per_byte:.3g} ns/B"
 
