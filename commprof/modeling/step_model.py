@@ -380,9 +380,9 @@ def split_hook(calibration: StepCalibration, fixed_ns: float) -> StepCalibration
     :func:`hook_fit` puts all of one size's cost per byte, so a cap that cuts the model into
     more, smaller buckets pays the same hook time in all, though each hook's Python call,
     clock and enqueue cost the same whatever the size: a cost a bucket, which grows with the
-    number of buckets. The host's other cells, at other sizes,
-    measure that fixed part (:func:`host_hook_fixed_ns`). Unchanged where the calibration saw
-    two or more sizes (its own line) or ``fixed_ns`` is 0.
+    number of buckets. The host's cells with the same hook, at other sizes, measure that
+    fixed part (:func:`host_hook_fixed_ns`). Unchanged where the calibration saw two or more
+    sizes (its own line) or ``fixed_ns`` is 0.
     """
     if len(calibration.hook_sizes_bytes) != 1 or fixed_ns <= 0:
         return calibration
