@@ -125,6 +125,7 @@ def test_each_correction_switches_off_alone() -> None:
     assert all(full["corrections"].values())
     assert full["stall_ns"] > 0 and full["exposed_residual_ns"] != 0
     assert full["host_residual_ns"] != 0 and full["hook_fixed_ns"] > 0
+    assert full["hook_split_applies"] is True  # srn-1m calibrated in one bucket
     keys = {
         "hook_split": "hook_fixed_ns",
         "interference": "interference",
@@ -144,6 +145,7 @@ def test_each_correction_switches_off_alone() -> None:
         doc = json.loads(estimate(*common, "--without", name))
         off = doc["calibration"]
         assert off["corrections"] == {n: n != name for n in CORRECTION_NAMES}
+        assert off["hook_split_applies"] is (name != "hook_split")
         for other in keys.values():
             if other == key:
                 assert off[other] == neutral[other], name

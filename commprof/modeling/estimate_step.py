@@ -49,6 +49,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recalibrated_without,
 )
+from commprof.modeling.step_model import split_hook
 from commprof.modeling.step_spec import spec_doc, spec_text
 from commprof.units import finite_or_none
 
@@ -244,7 +245,7 @@ def run_step(
             "exposed_residual_ns": round(fitted.exposed_residual_ns),
             "host_residual_ns": round(fitted.host_residual_ns),
             "hook_fixed_ns": round(fitted.hook_fixed_ns),
-            "hook_split_applies": (len(cal.hook_sizes_bytes) == 1 and fitted.hook_fixed_ns > 0),
+            "hook_split_applies": split_hook(cal, fitted.hook_fixed_ns) is not cal,
             "interference": asdict(model.interference) if corrections.interference else None,
             "measured_step_ns": round(cal.measured_step_ns),
         },

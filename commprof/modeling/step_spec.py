@@ -91,8 +91,8 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         name="hook_split", kind="correction",
         formula="where the calibration saw one bucket size n0: L(n) = a_host + (L(n0) - a_host) "
         "/ n0 * n, a_host at most L(n0)",
-        fitted_from="the intercept of the hook-cost line over the host's cells (every bucket "
-        "size of the link's cells)",
+        fitted_from="the intercept of the hook-cost line over every bucket size of the host's "
+        "cells with the calibration's hook, unprofiled",
         applies_to="every prediction", switch="--without hook_split", section="Hook split",
         code=(step_model.host_hook_fixed_ns, step_model.split_hook),
     ),
