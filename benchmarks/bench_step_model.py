@@ -53,6 +53,8 @@ Usage: ``python benchmarks/bench_step_model.py [--rounds 4] [--budget-s 1200]`` 
 ``--analyze-only`` recomputes the report from that archive (or from a folder, ``--data``) under
 the committed split (a cell the dataset lacks: ``not collected``); ``--smoke`` collects
 srn-100k and srn-1m only (one round, an eighth of the pairs' cycles) outside ``results/``.
+``--split step_model_unseen.yaml`` runs the configurations the committed split does not contain
+(its result, archive and ledger rows: ``step_model_unseen``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ STEPS, WARMUP = 22, 2
 30 % between rounds (a single step of srn-1m at 0.25 MiB took 10 to 30 ms)."""
 SEED = 1
 SMOKE_MODELS = ("srn-100k", "srn-1m")
-"""``--smoke``: the smallest models, every cell of theirs (caps and world sizes)."""
+"""``--smoke``: the smallest models, every cell of theirs (caps and world sizes); a split with
+neither: its first model."""
 SMOKE_PAIR_DIVISOR = 8
 """``--smoke`` runs this fraction of each model's ``pair_steps`` (the split's ``pair_steps``:
 about 20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by
@@ -389,6 +392,15 @@ def _pooled(report: dict[str, Any], pool: dict[str, Path], split: Path) -> dict[
     return {**pooled_verdict(runs), "archives": archives}
 
 
+def result_name(split: Path) -> str:
+    """The result's and ledger's name of a run of ``split``: ``step_model`` for the committed
+    split, else ``step_model_<stem>`` (``step_model_unseen.yaml``: ``step_model_unseen``)."""
+    if split.resolve() == SPLIT_FILE.resolve():
+        return "step_model"
+    stem = split.stem
+    return stem if stem.startswith("step_model") else f"step_model_{stem}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="default 4; 1 with --smoke")
@@ -399,14 +411,22 @@ def main() -> int:
         help=f"dataset folder: where a collection writes (default {SCRATCH}), or what "
         "--analyze-only reads in place of --archive",
     )  # fmt: skip
-    parser.add_argument("--archive", type=Path, default=ARCHIVE, help="the dataset, compressed")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_model.json")
+    parser.add_argument(
+        "--archive", type=Path, default=None,
+        help="the dataset, compressed (default: results/<name>_data.tar.gz, <name> the split's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="the report (default: results/<name>.json; <name> is step_model for the committed "
+        "split, the file's name for another)",
+    )  # fmt: skip
     parser.add_argument("--analyze-only", action="store_true", help="reuse the kept dataset")
     parser.add_argument("--collect-only", action="store_true", help="collect, analyze later")
     parser.add_argument(
         "--smoke", action="store_true",
-        help=f"{', '.join(SMOKE_MODELS)} only, 1/{SMOKE_PAIR_DIVISOR} of the pairs' cycles, one "
-        "round unless --rounds is given (checks the script)",
+        help=f"{', '.join(SMOKE_MODELS)} only (else the split's first model), "
+        f"1/{SMOKE_PAIR_DIVISOR} of the pairs' cycles, one round unless --rounds is given "
+        "(checks the script)",
     )  # fmt: skip
     parser.add_argument(
         "--pool", action="append", default=[], metavar="LABEL=ARCHIVE",
@@ -416,17 +436,17 @@ def main() -> int:
     )  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args()
+    name = result_name(args.split)
+    results_dir = SCRATCH.parent if args.smoke else REPO / "benchmarks/results"  # smoke: never
+    smoke = "_smoke" if args.smoke else ""  # over the kept result
+    args.out = args.out or results_dir / f"{name}{smoke}.json"
+    args.archive = args.archive or results_dir / f"{name}{smoke}_data.tar.gz"
     if args.pool and args.collect_only:
         raise SystemExit("--pool needs the analysis: leave out --collect-only")
     pool = _pool_archives(args.pool, args.archive if args.analyze_only else Path())
     split = load_split(args.split)
-    if args.smoke:  # never over the kept result
-        if args.rounds == parser.get_default("rounds"):
-            args.rounds = 1
-        if args.out == parser.get_default("out"):
-            args.out = SCRATCH.parent / "step_model_smoke.json"
-        if args.archive == ARCHIVE:
-            args.archive = SCRATCH.parent / "step_model_smoke_data.tar.gz"
+    if args.smoke and args.rounds == parser.get_default("rounds"):
+        args.rounds = 1
 
     if args.analyze_only:
         if args.data is not None:
@@ -439,7 +459,9 @@ def main() -> int:
         if data.exists():
             shutil.rmtree(data)
         load_at_start = os.getloadavg()[0]
-        models = [m for m in split.names if m in SMOKE_MODELS] if args.smoke else split.names
+        models = split.names
+        if args.smoke:
+            models = tuple(m for m in split.names if m in SMOKE_MODELS) or split.names[:1]
         divisor = SMOKE_PAIR_DIVISOR if args.smoke else 1
         meta = collect(data, args.rounds, args.budget_s, split, models, divisor)
         meta["environment"] = {**environment("end"), "load_avg_1m_at_start": load_at_start}
@@ -460,7 +482,7 @@ def main() -> int:
     print(f"-> {args.out}")
     if not (args.analyze_only or args.smoke):  # a smoke run is no run of the ledger
         ledger.print_row(
-            "step_model", change=args.change, figures=headline(report),
+            name, change=args.change, figures=headline(report),
             files=[args.out, args.archive],
         )  # fmt: skip
     return 0
