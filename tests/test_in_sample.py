@@ -110,6 +110,8 @@ def test_what_it_assumed_and_its_advice_are_printed() -> None:
     assert verdict in readme
     assert next(line for line in text.splitlines() if line.startswith("in sample")) in readme
     assert next(line for line in text.splitlines() if line.startswith("spec stall")) in readme
+    extrapolated = [line for line in text.splitlines() if line.startswith("extrapolated: ")]
+    assert len(extrapolated) == 2 and all(line in readme for line in extrapolated)
     if rec["kept_cap_in_use"]:
         assert best is None and verdict.startswith("verdict: keep DDP default (25 MiB): ")
         assert "(in use)" in rows[0]

@@ -344,6 +344,38 @@ def _assert_advised(
         assert points[advised][1] == min(near)[0]
 
 
+def test_estimate_says_where_the_overlap_is_the_models_not_measured() -> None:
+    # srn-1m's 25 MiB cells are one bucket, all-reduced after backward: a cap of several buckets
+    # overlaps backward by the model alone; its own cap, or a calibration at 0.25 MiB, does not
+    data = Path(__file__).parent / "data" / "results_smoke"
+    common = ["estimate", "--model", "srn-1m", "--fit", str(data), "--world-size", "2"]
+    own = json.loads(_commprof(*common, "--bucket-cap-mb", "25", "--json"))
+    assert own["extrapolation"] is None
+    small = json.loads(
+        _commprof(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap", "--json")
+    )
+    nine = len(assign_buckets(parameter_sizes("srn-1m"), bucket_cap_mb=0.25))
+    assert nine > 1
+    assert small["extrapolation"]["calibration_buckets"] == 1
+    assert small["extrapolation"]["buckets"] == small["prediction"]["num_buckets"] == nine
+    rec = small["recommendation"]
+    assert rec["extrapolation"]["buckets"] == max(c["num_buckets"] for c in rec["curve"])
+    text = _commprof(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap")
+    assert f"how {nine} buckets overlap backward" in text
+    assert "every cap here with several buckets overlaps backward by the model alone" in text
+    cells = results.load(data)["cells"]
+    at = cells[
+        (cells["model"] == "srn-1m") & (cells["world_size"] == 2) & (cells["bucket_cap_mb"] == 0.25)
+        & (cells["status"] == "ok")
+    ]  # fmt: skip
+    measured = json.loads(
+        _commprof(*common, "--cell", str(at["cell_id"].iloc[0]), "--bucket-cap-mb", "1",
+                  "--recommend-bucket-cap", "--json")
+    )  # fmt: skip
+    assert measured["extrapolation"] is None
+    assert measured["recommendation"]["extrapolation"] is None
+
+
 @pytest.mark.slow
 def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
     # A new user's path: one `commprof run` with default flags, then `estimate --fit` on it.

@@ -71,3 +71,41 @@ def test_the_committed_split_is_the_one_the_latest_run_collected_under() -> None
     latest = json.loads((BENCHMARKS / "results" / "step_model.json").read_text())
     assert latest["split_as_collected"] == "same"
     assert hashlib.sha256(SPLIT_FILE.read_bytes()).hexdigest() == latest["split_sha256"]
+
+
+UNSEEN_FILE = BENCHMARKS / "step_model_unseen.yaml"
+
+
+def test_the_unseen_split_holds_no_configuration_of_the_committed_one() -> None:
+    from commprof.catalog import parameter_sizes
+    from commprof.modeling.buckets import assign_buckets
+
+    committed, unseen = load_split(SPLIT_FILE), load_split(UNSEEN_FILE)
+    assert not set(committed.names) & set(unseen.names)
+    for ms in unseen.models:
+        sizes = parameter_sizes(ms.name)
+        layouts = [
+            tuple(b.param_indices for b in assign_buckets(sizes, bucket_cap_mb=cap))
+            for cap in ms.caps_mb
+        ]
+        assert len(set(layouts)) == len(layouts), f"{ms.name}: two caps bucket alike"
+        for world in ms.held_out_worlds:  # both a new world size and a new cap
+            assert world.bucket_cap_mb != ms.calibration_cap_mb
+    assert {w.world_size for ms in unseen.models for w in ms.held_out_worlds} == {3, 4}
+
+
+def test_a_run_is_named_after_its_split(tmp_path: Path) -> None:
+    from bench_step_model import result_name
+
+    assert result_name(SPLIT_FILE) == "step_model"
+    assert result_name(UNSEEN_FILE) == "step_model_unseen"
+    assert result_name(tmp_path / "mine.yaml") == "step_model_mine"
+
+
+def test_the_unseen_split_is_the_one_its_latest_run_collected_under() -> None:
+    import hashlib
+    import json
+
+    latest = json.loads((BENCHMARKS / "results" / "step_model_unseen.json").read_text())
+    assert latest["split_as_collected"] == "same"
+    assert hashlib.sha256(UNSEEN_FILE.read_bytes()).hexdigest() == latest["split_sha256"]
