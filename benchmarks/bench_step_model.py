@@ -27,15 +27,16 @@ file, ``step_model_analysis.py``):
   25 MiB, and srn-1m at p = 3.
 
 Models compared (all from the same calibration): ``simulator`` (step_sim with interference, the
-stall and the two residuals that make it reproduce its calibration cells, ``step_advice``),
+stall, the hook split and the two residuals that make it reproduce its calibration cells, in
+sample only, ``step_advice``),
 ``simulator_median`` (calibrated with median interference factors in place of means), ``idle_ring``
 (the same timeline and fit, no interference, one channel: ``commprof estimate``'s model),
 ``bucket_sum`` (compute plus the sum of the buckets' in-training times from the ``buckets`` fit of
 the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of idle all-reduce times).
 Error: step time APE, and |predicted - measured exposed| / measured step. Ablation
 (``step_model_ablation.ablation``): the simulator with each correction off in turn (the host
-residual, the exposed residual, the host stall, mean interference factors, interference), on the
-same held-out cells.
+stall, mean interference factors, interference, the hook split; the two residuals apply in
+sample only and move no held-out cell), on the same held-out cells.
 
 Goals (issue #28), per model and in one run: held-out step MAPE <= 10 %, and the advice within
 3 % of the best measured cap. The cap the simulator recommends among the model's caps

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.cap_advice import TIE_TOLERANCE, advise_cap, best_of
+from commprof.modeling.cap_advice import TIE_TOLERANCE, advise_cap, best_of, recommend_cap
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import (
@@ -178,24 +179,48 @@ def test_the_link_is_the_hosts_unless_cells_are_named() -> None:
     assert own.link.num_points < model.link.num_points  # type: ignore[union-attr]
 
 
-def test_the_exposed_residual_applies_in_sample_only() -> None:
+def test_the_residuals_apply_in_sample_only() -> None:
     tables = results.load(Path(__file__).parent / "data" / "results_smoke")
     sizes = parameter_sizes("srn-1m")
     model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
-    without = recalibrated_without(model, ["exposed_residual"], sizes)
-    assert model.calibration.bucket_cap_mb == 25 and model.exposed_residual_ns != 0
-    # 4 MiB makes the calibration's one bucket: in sample, the residual added
+    without = recalibrated_without(model, ["exposed_residual", "host_residual"], sizes)
+    cal = model.calibration
+    assert cal.bucket_cap_mb == 25 and model.exposed_residual_ns != 0
+    assert model.host_residual_ns != 0
+    # 4 MiB makes the calibration's one bucket: in sample, both residuals added
     assert in_sample_layout(model, sizes, bucket_cap_mb=4, world_size=2)
     same = predict_cap(model, sizes, bucket_cap_mb=4).prediction
     assert same.exposed_residual_ns == pytest.approx(model.exposed_residual_ns)
-    assert same.exposed_ns == pytest.approx(model.calibration.measured_exposed_ns)
-    # other buckets (1 MiB, DDP's default) or another world size: the model without it
+    assert same.host_residual_ns == pytest.approx(model.host_residual_ns)
+    assert same.exposed_ns == pytest.approx(cal.measured_exposed_ns)
+    assert same.step_ns == pytest.approx(cal.measured_step_ns)
+    # other buckets (1 MiB, DDP's default) or another world size: the model without them
     for cap, ws in ((1, 2), (None, 2), (25, 3)):
         assert not in_sample_layout(model, sizes, bucket_cap_mb=cap, world_size=ws)
         got = predict_cap(model, sizes, bucket_cap_mb=cap, world_size=ws).prediction
         off = predict_cap(without, sizes, bucket_cap_mb=cap, world_size=ws).prediction
-        assert got.exposed_residual_ns == 0 and got.exposed_ns == off.exposed_ns
-        assert got.step_ns == off.step_ns
+        assert got.exposed_residual_ns == got.host_residual_ns == 0
+        assert (got.exposed_ns, got.step_ns) == (off.exposed_ns, off.step_ns)
+    # the calibration's own buckets on another link: not its configuration
+    published = LinkParams.from_bandwidth(bandwidth_bytes_per_s=450e9, alpha_ns=DEFAULT_ALPHA_NS)
+    elsewhere = predict_cap(model, sizes, bucket_cap_mb=4, link=published).prediction
+    assert elsewhere.exposed_residual_ns == elsewhere.host_residual_ns == 0
+
+
+def test_the_advice_compares_every_cap_out_of_sample() -> None:
+    # the calibration's cap with its measurement, the others with the model, would move the
+    # advice by the residuals alone: every point of the search is the model's
+    tables = results.load(Path(__file__).parent / "data" / "results_smoke")
+    sizes = parameter_sizes("srn-1m")
+    model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+    base = recalibrated_without(model, ["exposed_residual", "host_residual"], sizes)
+    for residual in (-0.2, 0.0, 0.2):  # the calibration cap's own gap, either sign
+        shifted = replace(model, host_residual_ns=residual * model.calibration.measured_step_ns)
+        advice = recommend_cap(shifted, sizes, caps_mb=(1.0, 4.0, 25.0), in_use_mb=25.0)
+        for point in advice.curve:
+            alone = predict_cap(base, sizes, bucket_cap_mb=point.bucket_cap_mb)
+            assert point.step_ns == alone.step_ns and point.exposed_ns == alone.exposed_ns
+        assert advice.best_cap_mb == 25.0  # 4 and 25 MiB make one bucket: the cap in use kept
 
 
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:

@@ -33,7 +33,7 @@ def test_a_row_equal_but_for_float_rounding_does_not_raise_the_error() -> None:
     rows = {name: _row(9.0, 4.0, 10.119 + 1e-12) for name in ABLATIONS}
     rows["full"] = full
     rows["no_stall"] = _row(9.0, 4.0, 10.119 + 2 * RAISE_TOLERANCE_PTS)  # raised on p = 3
-    rows["no_host_residual"] = _row(10.0 + 2 * RAISE_TOLERANCE_PTS, 4.0, 10.119)  # on the caps
+    rows["no_hook_split"] = _row(10.0 + 2 * RAISE_TOLERANCE_PTS, 4.0, 10.119)  # on the caps
     per_model = {"srn-1m": {"ablation": rows, "world_sizes": {"p3@25": {}}}}
     summary = ablation_summary(per_model)
     assert summary["median_factors"]["lowers_held_out_error"] is False
@@ -43,7 +43,7 @@ def test_a_row_equal_but_for_float_rounding_does_not_raise_the_error() -> None:
         "world_size_step_ape_pct": False,
     }
     assert summary["no_stall"]["lowers"]["world_size_step_ape_pct"] is True
-    assert summary["no_host_residual"]["lowers"]["step_mape_pct"] is True
+    assert summary["no_hook_split"]["lowers"]["step_mape_pct"] is True
     assert summary["full"]["srn-1m"]["p3@25_step_ape_pct"] == 10.1
 
 

@@ -121,12 +121,13 @@ def test_on_another_link_the_calibrated_links_corrections_show_off(
     args = ["estimate", "--fit", str(SMOKE), "--model", "srn-1m", "--world-size", "2"]
     assert main([*args, "--cluster", "dgx-a100", "--json"]) == 0
     spec = {e["name"]: e for e in json.loads(capsys.readouterr().out)["spec"]}
-    for name in ("stall", "exposed_residual"):  # the calibrated link's, on its host
+    for name in ("stall", "exposed_residual", "host_residual"):  # the calibrated link's
         assert spec[name]["on"] is False and spec[name]["value"] is None
-    assert spec["host_residual"]["on"] is True  # the measured compute timeline's
+    for name in ("interference", "hook_split"):  # the measured compute timeline's
+        assert spec[name]["on"] is True
 
 
-def test_the_hook_split_and_exposed_residual_lines_say_what_applies() -> None:
+def test_the_hook_split_and_residual_lines_say_what_applies() -> None:
     tables = results.load(SMOKE)
     sizes = parameter_sizes("srn-1m")
     model = step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
@@ -148,4 +149,9 @@ def test_the_hook_split_and_exposed_residual_lines_say_what_applies() -> None:
     assert value(model, "exposed_residual") == residual
     assert value(model, "exposed_residual", in_sample=False) == (
         f"0 here, out of sample ({residual} at the calibration's buckets and world size)"
+    )
+    host = f"{model.host_residual_ns / 1e6:+.3f} ms"
+    assert value(model, "host_residual") == host
+    assert value(model, "host_residual", in_sample=False) == (
+        f"0 here, out of sample ({host} at the calibration's buckets and world size)"
     )

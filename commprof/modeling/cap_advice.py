@@ -25,9 +25,12 @@ import pandas as pd
 from commprof.caps import cap_label
 from commprof.modeling.buckets import ParamSize
 from commprof.modeling.step_advice import (
+    ALL_CORRECTIONS,
     CapPrediction,
+    Corrections,
     StepModel,
     load_step_model,
+    out_of_sample,
     param_sizes_for,
     predict_cap,
 )
@@ -177,6 +180,10 @@ def recommend_cap(
     """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
     buckets, the cap in use kept where the model cannot tell it from that (:func:`best_of`).
 
+    Every cap is predicted out of sample (``step_advice.out_of_sample``): the residuals that
+    give the calibration's own configuration its measurement back would favour or penalise that
+    cap alone, so the caps are compared on the model.
+
     Args:
         model: from :func:`step_advice.load_step_model`.
         param_sizes: the model's parameter sizes.
@@ -185,14 +192,21 @@ def recommend_cap(
         in_use_mb: the cap the user runs (None: DDP's default), tried too where ``caps_mb``
             lacks it; :data:`NONE_IN_USE` (the default): none.
         **what_if: ``link``, ``same_host``, ``corrections`` as
-            :func:`step_advice.predict_cap` takes them.
+            :func:`step_advice.predict_cap` takes them (the in-sample ones left out).
 
     Returns:
         The advice and the predicted curve.
     """
 
+    asked = what_if.pop("corrections", ALL_CORRECTIONS)
+    assert isinstance(asked, Corrections)
+    corrections = out_of_sample(asked)
+
     def predict(cap: float | None) -> CapPrediction:
-        return predict_cap(model, param_sizes, bucket_cap_mb=cap, world_size=world_size, **what_if)  # type: ignore[arg-type]
+        return predict_cap(
+            model, param_sizes, bucket_cap_mb=cap, world_size=world_size,
+            corrections=corrections, **what_if,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     curve, best, in_use = search(caps_mb, predict, in_use_mb)
     return CapAdvice(best_cap_mb=best.bucket_cap_mb, curve=curve, best=best, in_use=in_use)

@@ -315,7 +315,11 @@ def run_step(
             ],
         }
         text.append(
-            f"\n{'cap MiB':>8} {'buckets':>7} {'step ms':>9} {'range ms':>17} {'exposed ms':>10}"
+            "\ncaps compared on the model, every one out of sample (the residuals that give the "
+            "calibration's own cap its measurement back left out)"
+        )
+        text.append(
+            f"{'cap MiB':>8} {'buckets':>7} {'step ms':>9} {'range ms':>17} {'exposed ms':>10}"
         )
         for c in advice.curve:
             mark = "  <- best" if c is advice.best else ""

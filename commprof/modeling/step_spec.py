@@ -106,8 +106,9 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
     ),
     SpecEntry(
         name="host_residual", kind="correction",
-        formula="step += (measured step - model step at the calibration cap) * compute scale",
-        fitted_from="the calibration cells", applies_to="every prediction",
+        formula="step += measured step - model step at the calibration cap, in sample only "
+        "(the calibration's buckets and world size)",
+        fitted_from="the calibration cells", applies_to="the calibrated link",
         switch="--without host_residual", section="Host residual",
         code=(step_advice.host_residual_ns, step_model.predict_step),
     ),
@@ -164,16 +165,18 @@ def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
             f"a = {cal.hook_fixed_ns / 1e3:.1f} us, b = {cal.hook_ns_per_byte:.3g} ns/B"
         ),
         "hook_split": lambda: _hook_split(model, used),
-        "exposed_residual": lambda: (
-            _ms(used.exposed_residual_ns)
-            if used.exposed_residual_ns or not model.exposed_residual_ns
-            else f"0 here, out of sample ({_ms(model.exposed_residual_ns)} at the calibration's "
-            "buckets and world size)"
-        ),
-        "host_residual": lambda: _ms(used.host_residual_ns),
+        "exposed_residual": lambda: _residual(used.exposed_residual_ns, model.exposed_residual_ns),
+        "host_residual": lambda: _residual(used.host_residual_ns, model.host_residual_ns),
         "advice_tolerance": lambda: f"{TIE_TOLERANCE:.0%}",
         "in_use_rule": lambda: f"within {TIE_TOLERANCE:.0%}",
     }
+
+
+def _residual(used_ns: float, fitted_ns: float) -> str:
+    """An in-sample residual's value: as applied, or 0 and the fitted value out of sample."""
+    if used_ns or not fitted_ns:
+        return _ms(used_ns)
+    return f"0 here, out of sample ({_ms(fitted_ns)} at the calibration's buckets and world size)"
 
 
 def _hook_split(model: StepModel, used: Applied) -> str:
