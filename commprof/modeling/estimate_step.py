@@ -195,10 +195,11 @@ def extrapolation(
     the overlap, and what it costs backward, come from the model alone (the interference arms,
     the stall, the hook), not from a measurement. None otherwise.
 
-    On the 2-core gloo host 10 of 11 such predictions of the step-model benchmark (run 17 and
-    the unseen split's run 1) ran short, by up to 42 % for a latency-bound model
-    (benchmarks/README.md, "Step model on configurations the split does not contain"): a
-    calibration at one bucket cannot see what the first overlapped all-reduce costs.
+    On the 2-core gloo host 15 of 22 such predictions of the step-model benchmark (runs 17 and
+    18 and the unseen split's runs 1 and 2) ran short, by up to 35 % for a latency-bound model,
+    the others up to 12 % long (benchmarks/README.md, "Step model on configurations the split
+    does not contain"): a calibration at one bucket cannot see what the first overlapped
+    all-reduce costs.
     """
     cal = model.calibration
     seen = len(assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb))
