@@ -36,7 +36,8 @@ the calibration cell, no overlap), ``no_overlap`` (compute plus the sum of idle 
 Error: step time APE, and |predicted - measured exposed| / measured step. Ablation
 (``step_model_ablation.ablation``): the simulator with each correction off in turn (the host
 stall, mean interference factors, interference, the hook split; the two residuals apply in
-sample only and move no held-out cell), on the same held-out cells.
+sample only and move no held-out cell but one of the calibration's own buckets, srn-1m at 4
+MiB), on the same held-out cells.
 
 Goals (issue #28), per model and in one run: held-out step MAPE <= 10 %, and the advice within
 3 % of the best measured cap. The cap the simulator recommends among the model's caps
@@ -102,8 +103,6 @@ SMOKE_PAIR_DIVISOR = 8
 about 20 to 35 s of steps a model on this host, so that a cap's median over its steps moves by
 1 to 2 % between rounds by the step noise measured on this host, median of n steps: 1.25 sigma /
 sqrt(n))."""
-ARCHIVE = REPO / "benchmarks/results/step_model_data.tar.gz"
-"""The raw dataset of the latest run, compressed (one folder, ``ARCHIVE_ROOT``)."""
 ARCHIVE_ROOT = "step_model_data"
 SCRATCH = Path(os.environ.get("TMPDIR", "/tmp")) / "commprof-bench" / ARCHIVE_ROOT
 """Where a collection writes the dataset before it is packed."""
@@ -395,11 +394,13 @@ def _pooled(report: dict[str, Any], pool: dict[str, Path], split: Path) -> dict[
 
 def result_name(split: Path) -> str:
     """The result's and ledger's name of a run of ``split``: ``step_model`` for the committed
-    split, else ``step_model_<stem>`` (``step_model_unseen.yaml``: ``step_model_unseen``)."""
+    split alone, else ``step_model_<stem>`` (``step_model_unseen.yaml``: ``step_model_unseen``;
+    another file called ``step_model.yaml``: ``step_model_step_model``, never the committed
+    split's result)."""
     if split.resolve() == SPLIT_FILE.resolve():
         return "step_model"
     stem = split.stem
-    return stem if stem.startswith("step_model") else f"step_model_{stem}"
+    return stem if stem.startswith("step_model_") else f"step_model_{stem}"
 
 
 def main() -> int:

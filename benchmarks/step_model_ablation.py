@@ -24,9 +24,10 @@ from commprof.modeling.step_sim import Interference
 ABLATIONS = ("full", "no_stall", "median_factors", "no_interference", "no_hook_split")
 """The ablation's rows (:func:`ablation_variants`): the full simulator, then one correction off.
 The two residuals have no row: they apply in sample only (``step_advice.IN_SAMPLE_ONLY``), so
-they move no held-out cell (the exposed residual's rows in runs 13 to 16 and the host
-residual's in runs 13 to 17 and the unseen split's run 1, when they applied out of sample, are
-in benchmarks/README.md)."""
+they move no held-out cell but one that DDP buckets as the calibration (srn-1m at 4 MiB, whose
+prediction is its 25 MiB cells' measurement in every row). Their rows while they applied out of
+sample (the exposed residual's in runs 13 to 16, the host residual's in runs 13 to 17 and the
+unseen split's run 1) are in benchmarks/README.md."""
 RAISE_TOLERANCE_PTS = 0.05
 """How much a row's mean error must exceed the full model's to count as raised (percentage
 points): half the table's 0.1. Two rows whose predictions are the same number (a correction that

@@ -47,11 +47,13 @@ from commprof.modeling.ring_fit import (
     fit_alpha_beta,
 )
 from commprof.modeling.step_advice import (
+    ALL_CORRECTIONS,
     IDLE,
     CapPrediction,
     StepModel,
     load_step_model,
     predict_cap,
+    without_in_sample,
 )
 
 CALIBRATION_ROUND = 0
@@ -117,12 +119,17 @@ def _baselines(
     sizes: list[tuple[str, int]], cap: float, world_size: int, same_host: bool,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, CapPrediction]]:  # fmt: skip
     """(step, exposed) per model for one cap, and the advised models' predictions (what the
-    advice picks from); ``models``: mean and median interference."""
+    advice picks from: as ``cap_advice.recommend_cap`` predicts, every cap without the in-sample
+    residuals, so the calibration's cap is the model's there too); ``models``: mean and median
+    interference."""
     model = models[0]
     cal = model.calibration
-    sim = predict_cap(model, sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host)
-    sim_median = predict_cap(
-        models[1], sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host
+    where = dict(bucket_cap_mb=cap, world_size=world_size, same_host=same_host)
+    sim, sim_median = (predict_cap(m, sizes, **where) for m in models)  # type: ignore[arg-type]
+    advised = without_in_sample(ALL_CORRECTIONS)
+    advised_sim, advised_median = (
+        predict_cap(m, sizes, corrections=advised, **where)  # type: ignore[arg-type]
+        for m in models
     )
     idle = predict_cap(
         model, sizes, bucket_cap_mb=cap, world_size=world_size, same_host=same_host,
@@ -156,7 +163,7 @@ def _baselines(
         "idle_ring": (idle.step_ns, idle.exposed_ns),
         "bucket_sum": (fixed + compute + in_training, in_training),
         "no_overlap": (fixed + compute + idle_sum, idle_sum),
-    }, {"simulator": sim, "simulator_median": sim_median, "idle_ring": idle}
+    }, {"simulator": advised_sim, "simulator_median": advised_median, "idle_ring": idle}
 
 
 def _rows(measured: pd.DataFrame, name: str, world_size: int, cap: float) -> pd.DataFrame:
@@ -362,7 +369,8 @@ def _regret(
     """Is the recommended cap's measured step within 3 % of the best measured cap's?
 
     The recommended cap is the one ``commprof estimate --recommend-bucket-cap`` names from the
-    predicted curve (``cap_advice.best_of``: near-ties to fewer buckets, and, as it names it to
+    predicted curve (the model at every cap, :func:`_baselines`; ``cap_advice.best_of``:
+    near-ties to fewer buckets, and, as it names it to
     a user who runs the calibration cap, that cap kept where the model cannot tell it from the
     cap it would name).
 

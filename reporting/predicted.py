@@ -9,6 +9,9 @@ can recompute every number the section prints with the same calls. Three tables:
 - :func:`out_of_sample`: per configuration of the same model and world size run at another cap
   than the calibration cell's (unprofiled, repeats pooled), the predicted against the measured
   median step. The calibration configuration itself is never scored (that would be in sample);
+  the predictions are the model's, without the residuals that give the calibration's own
+  buckets its measurement back (``step_advice.without_in_sample``), as the advice ranks caps, so
+  a cap that DDP buckets as the calibration's is predicted too, not echoed;
 - :func:`what_if`: the cap advice on bundled clusters (:data:`WHAT_IF_CLUSTERS`) at their
   GPU counts, each all-reduce from the collective model (``modeling.cluster_link``), the
   measured compute timeline kept (a prediction only: nothing here ran on those clusters).
@@ -31,6 +34,7 @@ from commprof.modeling.cap_advice import CAP_GRID_MB, recommend_cap
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
 from commprof.modeling.step_advice import (
+    ALL_CORRECTIONS,
     CapPrediction,
     StepModel,
     load_step_model,
@@ -38,6 +42,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     repeats_of,
     select_calibration_cell,
+    without_in_sample,
 )
 
 WHAT_IF_CLUSTERS: tuple[tuple[str, int], ...] = (("dgx-h100", 16), ("a100-ethernet", 16))
@@ -198,7 +203,10 @@ def out_of_sample(data: Processed) -> pd.DataFrame:
             cap = cap_mb(cap_value)
             if same_cap(cap, cal_cap):
                 continue  # the calibration configuration: in sample
-            pred = predict_cap(fitted, param_sizes_for(data.tables, name), bucket_cap_mb=cap)
+            pred = predict_cap(
+                fitted, param_sizes_for(data.tables, name), bucket_cap_mb=cap,
+                corrections=without_in_sample(ALL_CORRECTIONS),
+            )  # fmt: skip
             low, high = pred.step_ns_range
             rows.append(
                 {

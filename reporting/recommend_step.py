@@ -66,7 +66,8 @@ def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
     if measured:
         notes.append(
             "measured: the median step where the predicted cap ran (unprofiled, repeats "
-            f"pooled; {MISSING}: not run; at the calibration cap, in sample)"
+            f"pooled; {MISSING}: not run; at the calibration cap, the cells the model was "
+            "calibrated on)"
         )
     if changed:
         notes.append(f"gain: predicted, over the calibration cap ({MISSING}: the same cap)")
@@ -288,7 +289,9 @@ _ADVICE_CAPTION = (
 )
 _OOS_CAPTION = (
     "Out of sample: the step model's predicted median step at each cap run here other than its "
-    "calibration cell's, against the measured median step (unprofiled, repeats pooled); error "
+    "calibration cell's (the model alone, as the caps are compared: a cap that makes the "
+    "calibration's buckets is predicted, not given the calibration's measurement), against the "
+    "measured median step (unprofiled, repeats pooled); error "
     "$100\\,(\\mathrm{predicted} - \\mathrm{measured})/\\mathrm{measured}$."
 )
 _WHAT_IF_CAPTION = (

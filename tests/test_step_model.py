@@ -23,6 +23,7 @@ from commprof.modeling.step_advice import (
     IDLE,
     REPEAT_KEYS,
     CapPrediction,
+    Corrections,
     host_cells,
     host_interference,
     in_sample_layout,
@@ -33,6 +34,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recalibrated_without,
     repeats_of,
+    without_in_sample,
 )
 from commprof.modeling.step_model import (
     StepCalibration,
@@ -221,6 +223,14 @@ def test_the_advice_compares_every_cap_out_of_sample() -> None:
             alone = predict_cap(base, sizes, bucket_cap_mb=point.bucket_cap_mb)
             assert point.step_ns == alone.step_ns and point.exposed_ns == alone.exposed_ns
         assert advice.best_cap_mb == 25.0  # 4 and 25 MiB make one bucket: the cap in use kept
+    # a caller's other corrections are kept: the stall switched off stays off
+    no_stall = Corrections.without(["stall"])
+    full = recommend_cap(model, sizes, caps_mb=(1.0,)).curve[0]
+    off = recommend_cap(model, sizes, caps_mb=(1.0,), corrections=no_stall).curve[0]
+    alone = predict_cap(model, sizes, bucket_cap_mb=1.0, corrections=without_in_sample(no_stall))
+    assert off.step_ns == alone.step_ns != full.step_ns
+    with pytest.raises(TypeError, match=r"corrections must be a step_advice\.Corrections"):
+        recommend_cap(model, sizes, caps_mb=(1.0,), corrections="stall")
 
 
 def test_hook_time_is_fitted_on_bytes_and_taken_out() -> None:
@@ -387,7 +397,8 @@ def test_estimate_says_where_the_overlap_is_the_models_not_measured() -> None:
     assert rec["extrapolation"]["buckets"] == max(c["num_buckets"] for c in rec["curve"])
     text = _commprof(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap")
     assert f"how {nine} buckets overlap backward" in text
-    assert "every cap here with several buckets overlaps backward by the model alone" in text
+    assert "how the caps here with several buckets overlap backward" in text
+    assert rec["basis"] == "model"
     cells = results.load(data)["cells"]
     at = cells[
         (cells["model"] == "srn-1m") & (cells["world_size"] == 2) & (cells["bucket_cap_mb"] == 0.25)

@@ -100,6 +100,7 @@ def test_a_run_is_named_after_its_split(tmp_path: Path) -> None:
     assert result_name(SPLIT_FILE) == "step_model"
     assert result_name(UNSEEN_FILE) == "step_model_unseen"
     assert result_name(tmp_path / "mine.yaml") == "step_model_mine"
+    assert result_name(tmp_path / "step_model.yaml") == "step_model_step_model"
 
 
 def test_the_unseen_split_is_the_one_its_latest_run_collected_under() -> None:

@@ -30,9 +30,9 @@ from commprof.modeling.step_advice import (
     Corrections,
     StepModel,
     load_step_model,
-    out_of_sample,
     param_sizes_for,
     predict_cap,
+    without_in_sample,
 )
 from commprof.modeling.step_model import same_setting
 
@@ -180,7 +180,7 @@ def recommend_cap(
     """The cap to use among ``caps_mb``: the shortest predicted step, near-ties to fewer
     buckets, the cap in use kept where the model cannot tell it from that (:func:`best_of`).
 
-    Every cap is predicted out of sample (``step_advice.out_of_sample``): the residuals that
+    Every cap is predicted out of sample (``step_advice.without_in_sample``): the residuals that
     give the calibration's own configuration its measurement back would favour or penalise that
     cap alone, so the caps are compared on the model.
 
@@ -199,8 +199,11 @@ def recommend_cap(
     """
 
     asked = what_if.pop("corrections", ALL_CORRECTIONS)
-    assert isinstance(asked, Corrections)
-    corrections = out_of_sample(asked)
+    if not isinstance(asked, Corrections):
+        raise TypeError(
+            f"corrections must be a step_advice.Corrections, got {type(asked).__name__}"
+        )
+    corrections = without_in_sample(asked)
 
     def predict(cap: float | None) -> CapPrediction:
         return predict_cap(

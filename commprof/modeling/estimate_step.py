@@ -19,7 +19,10 @@ their ``*_low``/``*_high`` under the calibration's uncertainty and ``buckets`` (
 end per bucket); ``idle_ring`` the baseline; ``calibration`` what it was calibrated on and the
 corrections applied; ``assumptions``, ``in_sample`` and ``extrapolation`` (None where the
 calibration measured overlap, or the prediction has one bucket); ``recommendation``
-(``--recommend-bucket-cap``) the cap search and its ``verdict``.
+(``--recommend-bucket-cap``) the cap search, its ``verdict``, its ``extrapolation`` and its
+``basis``: ``model``, every cap predicted without the residuals that give the calibration's own
+configuration its measurement back (``step_advice.IN_SAMPLE_ONLY``), so its point at that
+configuration is the model's, not the measurement ``prediction`` shows there.
 
 This module imports no torch and no ray.
 """
@@ -188,31 +191,33 @@ def in_sample(
 
 
 def extrapolation(
-    model: StepModel, param_sizes: Sequence[ParamSize], buckets: int
+    model: StepModel, param_sizes: Sequence[ParamSize], buckets: int, *, search: bool = False
 ) -> dict[str, Any] | None:
     """Where the calibration cells ran their gradients in one bucket (all-reduced after backward,
     so no all-reduce of theirs overlapped compute) and a prediction of ``buckets`` has several:
     the overlap, and what it costs backward, come from the model alone (the interference arms,
-    the stall, the hook), not from a measurement. None otherwise.
+    the stall, the hook), not from a measurement. None otherwise. ``search``: ``buckets`` is the
+    most of a cap search's caps, and the text speaks of its caps.
 
     On the 2-core gloo host 15 of 22 such predictions of the step-model benchmark (runs 17 and
-    18 and the unseen split's runs 1 and 2) ran short, by up to 35 % for a latency-bound model,
-    the others up to 12 % long (benchmarks/README.md, "Step model on configurations the split
-    does not contain"): a calibration at one bucket cannot see what the first overlapped
-    all-reduce costs.
+    18 and the unseen split's runs 1 and 2: 10 of 11 in the first two, 5 of 11 in the next) ran
+    short, by up to 35 % for a latency-bound model, the others up to 12 % long
+    (benchmarks/README.md, "Step model on configurations the split does not contain"): a
+    calibration at one bucket cannot see what the first overlapped all-reduce costs.
     """
     cal = model.calibration
     seen = len(assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb))
     if seen > 1 or buckets <= 1:
         return None
+    what = "the caps here with several buckets" if search else f"{buckets} buckets"
     return {
         "calibration_buckets": seen,
         "buckets": buckets,
         "text": (
-            f"extrapolated: the calibration cells ran one bucket, all-reduced after backward, so "
-            f"none of their all-reduces overlapped compute; how {buckets} buckets overlap "
-            "backward, and slow it, is the model's, not measured: calibrate on a cell whose cap "
-            "makes several buckets (--cell ID) to measure it"
+            "extrapolated: the calibration cells ran one bucket, all-reduced after backward, so "
+            f"none of their all-reduces overlapped compute; how {what} overlap backward, and "
+            "slow it, is the model's, not measured: calibrate on a cell whose cap makes several "
+            "buckets (--cell ID) to measure it"
         ),
     }
 
@@ -303,12 +308,13 @@ def run_step(
         )  # fmt: skip
         verdict = advice.verdict()
         most = max(c.num_buckets for c in advice.curve)
-        unseen = extrapolation(model, param_sizes, most)
+        unseen = extrapolation(model, param_sizes, most, search=True)
         doc["recommendation"] = {
             "best_bucket_cap_mb": advice.best_cap_mb,
             "in_use_bucket_cap_mb": args.bucket_cap_mb,
             "kept_cap_in_use": advice.best is advice.in_use,
             "verdict": verdict,
+            "basis": "model",  # every cap without the in-sample residuals
             "extrapolation": unseen,
             "curve": [
                 {k: v for k, v in _prediction_doc(c).items() if k != "buckets"}
@@ -332,10 +338,7 @@ def run_step(
                 f"{c.exposed_ns / 1e6:>10.2f}{mark}"
             )
         if unseen:
-            text.append(
-                "extrapolated: the calibration cells ran one bucket, so every cap here with "
-                "several buckets overlaps backward by the model alone, not by a measurement"
-            )
+            text.append(unseen["text"])
         text.append(verdict)
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0
@@ -425,7 +428,9 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CORRECTION_NAMES,
         metavar="CORRECTION",
         help="with --fit DIR: switch one correction of the step model off (repeatable): "
-        + ", ".join(CORRECTION_NAMES),
+        + ", ".join(CORRECTION_NAMES)
+        + "; the two residuals act in sample only (the calibration's buckets and world size), "
+        "so off they change nothing elsewhere",
     )
 
 

@@ -122,7 +122,7 @@ the gap between the model and the calibration cells' measurement, which the step
 benchmark's ablation showed lowering no held-out error when carried to other configurations."""
 
 
-def out_of_sample(corrections: Corrections) -> Corrections:
+def without_in_sample(corrections: Corrections) -> Corrections:
     """``corrections`` without :data:`IN_SAMPLE_ONLY`: the model at any configuration as at a new
     one, the basis on which the cap advice compares caps (``cap_advice.recommend_cap``)."""
     return replace(corrections, **dict.fromkeys(IN_SAMPLE_ONLY, False))

@@ -34,7 +34,8 @@ multiplies the link's all-reduce times (stall included): the same core share on 
 to the exposed communication and communication time (:func:`with_exposed_residual`): what the
 calibration cells' hooks measured exposed beyond the simulated slowest rank. ``host_residual_ns``
 (``step_advice.host_residual_ns``, times ``compute_scale``) is added to the step: what the
-calibration cells' step holds beyond the simulated parts. Uncertainty: the same
+calibration cells' step holds beyond the simulated parts. ``step_advice`` passes both in sample
+only (``step_advice.IN_SAMPLE_ONLY``), where the scale is 1. Uncertainty: the same
 prediction with alpha and beta at the ends of their 95 % intervals and the interference factors
 at their quartiles (:func:`predict_range`).
 
