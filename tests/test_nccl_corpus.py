@@ -1,0 +1,209 @@
+"""Every public nccl-tests log kept in tests/data/nccl_tests, read as its source printed it, and
+variants of a real log as clusters print it (launcher prefixes, NCCL lines, two runs, 0-byte and
+wrong rows), each built from the real text by a transform.
+
+The expected values were read off each file by eye (its rank lines, its first and last rows);
+logs without a licence (tests/data/nccl_tests/SOURCES.md) are not read by any test.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from commprof.modeling import nccl_log
+from commprof.modeling.nccl_log import Row, parse_text, read_log, read_logs, skipped_summary
+
+DATA = Path(__file__).parent / "data" / "nccl_tests"
+
+# file: (ranks, rows kept, rows skipped, footer printed, first size kept, last size, its time us)
+CORPUS = {
+    "abci-a100/all_reduce_p4.txt": (4, 24, 0, True, 4, 33554432, 298.4),
+    "abci-a100/all_reduce_p8.txt": (8, 24, 0, True, 4, 33554432, 370.7),
+    "abci-a100/all_reduce_p16.txt": (16, 24, 0, True, 4, 33554432, 1887.3),
+    "abci-a100/all_reduce_p32.txt": (32, 24, 0, True, 4, 33554432, 2075.4),
+    "abci-a100/all_reduce_p64.txt": (64, 24, 0, True, 4, 33554432, 4342.8),
+    "abci-a100/all_reduce_p128.txt": (128, 24, 0, True, 4, 33554432, 2500.7),
+    "abci-a100/broadcast_p4.txt": (4, 24, 0, True, 4, 33554432, 191.2),
+    "abci-a100/broadcast_p8.txt": (8, 24, 0, True, 4, 33554432, 217.0),
+    "abci-a100/broadcast_p16.txt": (16, 24, 0, True, 4, 33554432, 1251.3),
+    "abci-a100/broadcast_p32.txt": (32, 24, 0, True, 4, 33554432, 1520.6),
+    "abci-a100/broadcast_p64.txt": (64, 24, 0, True, 4, 33554432, 3389.5),
+    "abci-a100/broadcast_p128.txt": (128, 24, 0, True, 4, 33554432, 2840.0),
+    "abci-v100/all_reduce_p4.txt": (4, 24, 0, True, 4, 33554432, 447.3),
+    "abci-v100/all_reduce_p8.txt": (8, 24, 0, True, 4, 33554432, 2970.9),
+    "abci-v100/all_reduce_p16.txt": (16, 24, 0, True, 4, 33554432, 3156.6),
+    "abci-v100/all_reduce_p32.txt": (32, 24, 0, True, 4, 33554432, 3319.4),
+    "abci-v100/all_reduce_p64.txt": (64, 24, 0, True, 4, 33554432, 3857.6),
+    "abci-v100/all_reduce_p128.txt": (128, 24, 0, True, 4, 33554432, 5031.7),  # UCX warnings
+    "abci-v100/broadcast_p4.txt": (4, 24, 0, True, 4, 33554432, 332.0),
+    "abci-v100/broadcast_p8.txt": (8, 24, 0, True, 4, 33554432, 1850.5),
+    "abci-v100/broadcast_p16.txt": (16, 24, 0, True, 4, 33554432, 17065.0),  # an integer time
+    "abci-v100/broadcast_p32.txt": (32, 24, 0, True, 4, 33554432, 3208.8),
+    "abci-v100/broadcast_p64.txt": (64, 24, 0, True, 4, 33554432, 4764.9),
+    "abci-v100/broadcast_p128.txt": (128, 24, 0, True, 4, 33554432, 7590.5),
+    "aws-p4de/all_reduce_p16_srun.txt": (None, 29, 0, False, 8, 2147483648, 51406.0),
+    "aws-p5/all_reduce_p16.txt": (None, 32, 0, True, 8, 17179869184, 66988.0),
+    "aws-p5/all_reduce_p16_srun.txt": (None, 32, 0, False, 8, 17179869184, 66132.0),
+    "aws-p5/all_reduce_p16_mpijob_excerpt.txt": (None, 6, 1, True, 67108864, 2147483648, 9197.5),
+    "aws-p5/all_reduce_p8_batch.txt": (None, 32, 0, True, 8, 17179869184, 62239.0),
+    "aws-p5en/all_reduce_p128_excerpt.txt": (None, 3, 0, True, 8, 17179869184, 92173.0),
+    "gh200-alps/all_reduce_p2_one_gpu_per_node.txt": (2, 8, 0, True, 1048576, 134217728, 5871.07),
+    "gh200-alps/all_reduce_p8.txt": (8, 25, 0, True, 8, 134217728, 1916.4),
+    "gh200-alps/all_reduce_p8_cxi_hook_disabled.txt": (8, 25, 0, True, 8, 134217728, 43293.0),
+    "gh200-olivia/all_reduce_p8_int8.txt": (8, 28, 0, True, 1, 134217728, 2309.49),
+    "gh200-olivia/all_reduce_p16_int8_wrong.txt": (16, 22, 6, False, 1, 134217728, 2800.93),
+    "oci-bm-gpu4.8/all_reduce_p16_oke.txt": (16, 31, 0, True, 8, 8589934592, 67689.0),
+}
+
+
+def test_the_corpus_lists_every_kept_log() -> None:
+    kept = {str(p.relative_to(DATA)) for p in DATA.rglob("*.txt")}
+    assert kept == set(CORPUS)
+    assert len(CORPUS) == 36 and len({name.split("/")[0] for name in CORPUS}) == 8
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_every_public_log_reads_as_its_source_printed_it(name: str) -> None:
+    ranks, kept, skipped, complete, first, last, last_time_us = CORPUS[name]
+    log = read_log(DATA / name)
+    (run,) = log.runs
+    assert (run.world_size, len(run.rows), len(run.skipped), run.complete) == (
+        ranks,
+        kept,
+        skipped,
+        complete,
+    )
+    assert (run.rows[0].num_bytes, run.rows[-1].num_bytes) == (first, last)
+    assert run.rows[-1].time_us == last_time_us
+    sizes = [r.num_bytes for r in run.rows]
+    assert sizes == sorted(sizes) and all(r.time_us > 0 for r in run.rows)
+
+
+def test_wrong_rows_are_counted_aloud_and_never_kept() -> None:
+    log = read_log(DATA / "gh200-olivia/all_reduce_p16_int8_wrong.txt")
+    wrong = [s for s in log.run.skipped if s.kind == "#wrong"]
+    # 2 MiB .. 64 MiB printed non-zero #wrong counts (18134 ... 113492): six sizes
+    assert [int(s.text.split()[0]) for s in wrong] == [2 << 20 << i for i in range(6)]
+    assert not {r.num_bytes for r in log.rows} & {int(s.text.split()[0]) for s in wrong}
+    said = skipped_summary(log)
+    assert said is not None and "6 #wrong" in said and "no footer" in said
+
+
+# ---- variants of a real log, each built by a transform of its text -------------------------
+
+OCI = (DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt").read_text()
+BASE = read_log(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt").run
+INFO = "inst-abc:12345:12400 [3] NCCL INFO Channel 00/32 : 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"
+
+
+def _values(rows: tuple[Row, ...]) -> list[tuple[object, ...]]:
+    """Rows without their line numbers (a transform that adds lines moves them)."""
+    return [
+        (r.num_bytes, r.dtype, r.redop, r.time_us, r.busbw_gbps, r.inplace_time_us) for r in rows
+    ]
+
+
+def _prefix(text: str, label: str) -> str:
+    return "\n".join(label + line for line in text.splitlines()) + "\n"
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "0: ",  # srun -l, one task
+        " 0: ",  # srun -l padded where there are 10 or more tasks
+        "[1,0]<stdout>:",  # Open MPI --tag-output
+        "[pod/nccl-test-launcher-7x2kq/mpi-launcher] ",  # kubectl logs --prefix
+        "2026-12-07T08:01:02.123456789Z [1,0]<stdout>:",  # kubectl --timestamps over mpirun
+    ],
+)
+def test_launcher_prefixes_change_nothing(label: str) -> None:
+    run = parse_text(_prefix(OCI, label), "prefixed.txt").run
+    assert run.rows == BASE.rows and run.world_size == 16 and run.complete
+
+
+def test_nccl_lines_between_rows_and_inside_one() -> None:
+    lines = OCI.splitlines()
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    between = [*lines[: first_row + 3], INFO, f"10-0-0-1:9:9 [0] NCCL WARN {INFO}"]
+    between += lines[first_row + 3 :]
+    run = parse_text("\n".join(between), "between.txt").run
+    assert _values(run.rows) == _values(BASE.rows) and not run.skipped
+    # a row cut by a log line: its head and the log line, the log line, then its remainder
+    row = lines[first_row + 20]
+    cut = row.index("float") + 30
+    broken = [*lines[: first_row + 20], row[:cut] + INFO, INFO, row[cut:]]
+    broken += lines[first_row + 21 :]
+    run = parse_text("\n".join(broken), "broken.txt").run
+    assert len(run.rows) == len(BASE.rows) - 1
+    assert [(s.line, s.kind) for s in run.skipped] == [
+        (first_row + 21, "broken"),
+        (first_row + 23, "broken"),
+    ]
+    said = skipped_summary(parse_text("\n".join(broken), "broken.txt"))
+    assert said == f"broken.txt: run 1 skipped 2 broken (lines {first_row + 21}, {first_row + 23})"
+
+
+def test_a_cut_row_without_a_log_line_is_refused_with_file_and_line() -> None:
+    lines = OCI.splitlines()
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    lines[first_row + 4] = lines[first_row + 4][:50]
+    with pytest.raises(
+        ValueError, match=rf"^cut\.txt:{first_row + 5}: 4 fields where the header \(line 25"
+    ):
+        parse_text("\n".join(lines), "cut.txt")
+
+
+def test_two_runs_in_one_file_are_listed_and_chosen(tmp_path: Path) -> None:
+    second = OCI.replace("-1    ", "-1    1", 1)  # the same run, one time changed
+    path = tmp_path / "two.txt"
+    path.write_text(OCI + "\n" + second)
+    log = read_log(path)
+    assert [r.index for r in log.runs] == [1, 2] and log.runs[0].rows == BASE.rows
+    assert log.runs[1].world_size == 16 and log.runs[1].header_line > log.runs[0].rows[-1].line
+    with pytest.raises(ValueError, match=r"holds 2 runs \(run 1 \(line 25\): .*; pick one"):
+        read_logs([path])
+    assert read_logs([path], "2")[0].run == log.runs[1]
+    assert [one.run for one in read_logs([path], "all")] == list(log.runs)
+    with pytest.raises(ValueError, match="--run 3: the file holds 2 run"):
+        read_logs([path], "3")
+    with pytest.raises(ValueError, match="given twice"):
+        read_logs([path, path], "all")
+
+
+def test_zero_byte_rows_na_wrong_and_an_error_column() -> None:
+    lines = OCI.splitlines()
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    zero = "           0             0     float     sum      -1    15.51    0.00    0.00      0    15.52    0.00    0.00      0"  # noqa: E501
+    na = [re.sub(r"(\s)0$", r"\1N/A", line) for line in lines]
+    with_zero = [*na[:first_row], zero, zero, *na[first_row:]]
+    run = parse_text("\n".join(with_zero), "zero.txt").run
+    assert _values(run.rows) == _values(BASE.rows)
+    assert [r.line for r in run.rows] == [r.line + 2 for r in BASE.rows]
+    assert [s.kind for s in run.skipped] == ["0 bytes", "0 bytes"]
+    wrong = list(lines)
+    wrong[first_row + 25] = re.sub(r"0$", "12", wrong[first_row + 25])
+    run = parse_text("\n".join(wrong), "wrong.txt").run
+    assert [(s.line, s.kind) for s in run.skipped] == [(first_row + 26, "#wrong")]
+    bad = list(lines)
+    bad[first_row + 25] = re.sub(r"0$", "x", bad[first_row + 25])
+    with pytest.raises(ValueError, match=rf"bad\.txt:{first_row + 26}: #wrong 'x' is not a count"):
+        parse_text("\n".join(bad), "bad.txt")
+    # the old layout: no root, an error magnitude; one marked '*' exceeded the threshold
+    old = (DATA / "abci-v100/broadcast_p16.txt").read_text().replace("0e+00\n", "3e-02*\n", 1)
+    run = parse_text(old, "old.txt").run
+    marked = 1 + old.splitlines().index(next(x for x in old.splitlines() if x.endswith("*")))
+    assert len(run.rows) == 23 and [(s.line, s.kind) for s in run.skipped] == [(marked, "#wrong")]
+
+
+def test_a_log_over_the_size_limit_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.txt"
+    path.write_text(OCI)
+    monkeypatch.setattr(nccl_log, "MAX_LOG_BYTES", 1000)
+    with pytest.raises(ValueError, match="larger than 1,000 bytes"):
+        read_log(path)
