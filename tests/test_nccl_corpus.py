@@ -8,12 +8,18 @@ logs without a licence (tests/data/nccl_tests/SOURCES.md) are not read by any te
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from commprof.cli import main
 from commprof.modeling import nccl_log
+from commprof.modeling.cluster_link import cluster_link
+from commprof.modeling.collective_cli import add_arguments as add_collective_arguments
+from commprof.modeling.estimate import add_arguments as add_estimate_arguments
 from commprof.modeling.nccl_log import Row, parse_text, read_log, read_logs, skipped_summary
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
@@ -207,3 +213,56 @@ def test_a_log_over_the_size_limit_is_refused_unread(
     monkeypatch.setattr(nccl_log, "MAX_LOG_BYTES", 1000)
     with pytest.raises(ValueError, match="larger than 1,000 bytes"):
         read_log(path)
+
+
+# ---- repeated flags keep every log ---------------------------------------------------------
+
+
+def _slower_copy(tmp_path: Path) -> Path:
+    """The OCI log with every out-of-place time doubled: a second, different log."""
+    lines = []
+    for line in OCI.splitlines():
+        f = line.split()
+        if len(f) == 13 and f[0].isdigit():
+            line = line.replace(f" {f[5]} ", f" {float(f[5]) * 2:.1f} ", 1)
+        lines.append(line)
+    path = tmp_path / "slower.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_repeated_fit_flag_keeps_every_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    oci, slower = str(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt"), str(_slower_copy(tmp_path))
+    base = ["collective", "--cluster", "oci-bm-gpu4.8", "--world-size", "32", "--json"]
+
+    def table(*fit: str) -> list[dict[str, object]]:
+        assert main([*base, *fit]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    repeated = table("--fit", oci, "--fit", slower)
+    assert repeated == table("--fit", oci, slower)
+    assert repeated != table("--fit", slower) and repeated != table("--fit", oci)
+    assert main([*base, "--fit", oci, "--fit", oci]) == 2
+    assert "given twice" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    add_collective_arguments(parser)
+    args = parser.parse_args(
+        ["--cluster", "c", "--world-size", "8", "--fit", "a", "b", "--fit", "c"]
+    )
+    assert args.fit == ["a", "b", "c"]
+
+
+def test_a_repeated_nccl_tests_flag_keeps_every_log(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_estimate_arguments(parser)
+    oci, slower = str(DATA / "oci-bm-gpu4.8/all_reduce_p16_oke.txt"), str(_slower_copy(tmp_path))
+    argv = ["--model", "m", "--world-size", "16", "--cluster", "oci-bm-gpu4.8"]
+    args = parser.parse_args([*argv, "--nccl-tests", oci, "--nccl-tests", slower])
+    assert args.nccl_tests == [oci, slower]
+    both = cluster_link("oci-bm-gpu4.8", 16, args.nccl_tests)
+    assert both.calibrated_on == (oci, slower)
+    assert both.calibration != cluster_link("oci-bm-gpu4.8", 16, [slower]).calibration
+    with pytest.raises(ValueError, match="given twice"):
+        cluster_link("oci-bm-gpu4.8", 16, [oci, oci])
