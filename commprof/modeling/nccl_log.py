@@ -367,9 +367,9 @@ def _wrong(row_fields: dict[str, str], source: str, number: int) -> str | None:
             if text.endswith("*"):
                 return text
             continue
-        if not text.isdigit():
+        if not _NUMBER.match(text):  # large counts print as 3.55843e+07
             raise ValueError(f"{source}:{number}: #wrong {text!r} is not a count or N/A")
-        if int(text):
+        if float(text):
             return text
     return None
 
