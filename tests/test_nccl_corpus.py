@@ -266,3 +266,34 @@ def test_a_repeated_nccl_tests_flag_keeps_every_log(tmp_path: Path) -> None:
     assert both.calibration != cluster_link("oci-bm-gpu4.8", 16, [slower]).calibration
     with pytest.raises(ValueError, match="given twice"):
         cluster_link("oci-bm-gpu4.8", 16, [oci, oci])
+
+
+def _table_lines(text: str) -> tuple[list[str], int, int]:
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if re.match(r"^#\s+size\s+count", line))
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    return lines, header, first_row
+
+
+def test_the_newest_layouts_cputime_timestamps_per_iteration_and_big_counts() -> None:
+    lines, header, first_row = _table_lines(OCI)
+    rows = range(first_row, first_row + len(BASE.rows))
+    # -C: the time columns are "cputime"; -T: a timestamp column, printed with a space inside
+    stamped = list(lines)
+    stamped[header] = stamped[header].replace(" time ", " cputime ") + "  timestamp"
+    for i in rows:
+        stamped[i] += "  2025-11-02 20:32:20"
+    run = parse_text("\n".join(stamped), "stamped.txt").run
+    assert _values(run.rows) == _values(BASE.rows)
+    # per-iteration timing: four more columns after each half's #wrong
+    per_iter = list(lines)
+    per_iter[header] = re.sub(r"#wrong", "#wrong   i_min   i_max   i_p99   i_cv%", per_iter[header])
+    for i in rows:
+        f = per_iter[i].split()
+        per_iter[i] = "  ".join([*f[:9], "1.0", "2.0", "3.0", "4.5", *f[9:], "1.0", "2", "3", "4"])
+    assert _values(parse_text("\n".join(per_iter), "iter.txt").run.rows) == _values(BASE.rows)
+    # a wrong-element count of 35,584,300 prints as %g: 3.55843e+07
+    big = list(lines)
+    big[first_row + 3] = re.sub(r"0$", "3.55843e+07", big[first_row + 3])
+    run = parse_text("\n".join(big), "big.txt").run
+    assert [(s.line, s.kind) for s in run.skipped] == [(first_row + 4, "#wrong")]

@@ -251,7 +251,7 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
             continue
         if stripped.startswith("#"):
             words = stripped.lstrip("#").split()
-            if words[:2] == ["size", "count"] and "time" in words:
+            if words[:2] == ["size", "count"] and ("time" in words or "cputime" in words):
                 if run.columns is not None:
                     runs.append(run.finish(source, len(runs) + 1))
                     run = _Builder()
@@ -289,6 +289,8 @@ def _add_row(run: _Builder, stripped: str, next_line: str, source: str, number: 
     columns = run.columns
     assert columns is not None
     fields = stripped.split()
+    if columns[-1] == "timestamp" and len(fields) == len(columns) + 1:
+        fields[-2:] = [" ".join(fields[-2:])]  # nccl-tests -T: "2025-11-02 20:32:20"
     if _DEBUG.search(stripped) or len(fields) != len(columns):
         # A row that an interleaved log line broke: its head and the log line share a line (or
         # the log line follows a cut head), and its remainder, which does not open a row, comes
@@ -349,10 +351,11 @@ def _add_row(run: _Builder, stripped: str, next_line: str, source: str, number: 
 
 
 def _names(columns: Sequence[str]) -> list[str]:
-    """Column names made unique: the in-place half's ``time`` is ``time.2``."""
+    """Column names made unique: the in-place half's ``time`` is ``time.2``; ``cputime`` (nccl-tests
+    ``-C``: the host's time of a call, not the GPU's) is read as ``time``."""
     seen: dict[str, int] = {}
     out = []
-    for c in columns:
+    for c in ("time" if c == "cputime" else c for c in columns):
         seen[c] = seen.get(c, 0) + 1
         out.append(c if seen[c] == 1 else f"{c}.{seen[c]}")
     return out
