@@ -65,10 +65,54 @@ CORPUS = {
 }
 
 
+# files of several runs (one a collective): file: ranks, then per run (collective, rows, first
+# size, last size, its time us), read off the '# Collective test starting' lines and the tables
+H100 = "h100-cluster01/five_collectives_p{}.txt"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
+MULTI = {
+    H100.format("8_n1"): (8, [33554432] * 5, [17179869184] * 5,
+                          [62340.7, 41542.0, 41211.4, 43193.3, 46779.2]),
+    H100.format("10_n10"): (10, [33554432] + [33554400] * 3 + [33554432],
+                            [17179869184] + [17179869120] * 3 + [17179869184],
+                            [632480.0, 321112.0, 316586.0, 346210.0, 691104.0]),
+    H100.format("20_n10"): (20, [33554432] + [33554240] * 3 + [33554432],
+                            [17179869184] + [17179869120] * 3 + [17179869184],
+                            [333590.0, 167723.0, 166835.0, 341262.0, 681954.0]),
+    H100.format("40_n10"): (40, [33554432] + [33553920] * 3 + [33554432],
+                            [17179869184] + [17179868800] * 3 + [17179869184],
+                            [170665.0, 86184.2, 85733.1, 338186.0, 655122.0]),
+    H100.format("80_n10"): (80, [33554432] + [33553920] * 3 + [33554432],
+                            [17179869184] + [17179868160] * 3 + [17179869184],
+                            [105854.0, 52314.1, 52458.7, 336737.0, 1128428.0]),
+}  # fmt: skip
+
+
 def test_the_corpus_lists_every_kept_log() -> None:
     kept = {str(p.relative_to(DATA)) for p in DATA.rglob("*.txt")}
-    assert kept == set(CORPUS)
-    assert len(CORPUS) == 36 and len({name.split("/")[0] for name in CORPUS}) == 8
+    pairs = "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
+    assert kept == set(CORPUS) | set(MULTI) | {pairs}
+    assert len(kept) == 42 and len({name.split("/")[0] for name in kept}) == 9
+
+
+@pytest.mark.parametrize("name", sorted(MULTI))
+def test_files_of_several_runs_read_each_run(name: str) -> None:
+    ranks, firsts, lasts, last_times_us = MULTI[name]
+    log = read_log(DATA / name)
+    assert [r.collective for r in log.runs] == list(COLLECTIVES)
+    assert all(r.world_size == ranks and r.complete and len(r.rows) == 10 for r in log.runs)
+    assert [r.rows[0].num_bytes for r in log.runs] == firsts
+    assert [r.rows[-1].num_bytes for r in log.runs] == lasts
+    assert [r.rows[-1].time_us for r in log.runs] == last_times_us
+    with pytest.raises(
+        ValueError, match=rf"holds 5 runs \(run 1 \(line \d+\): all_reduce, {ranks} "
+    ):
+        log.rows  # noqa: B018 -- a file of several runs must be narrowed first
+    assert log.select(3).collective == "reduce_scatter"
+    pairs = read_log(DATA / "h100-cluster01/alltoall_sendrecv_p16_n2.txt")
+    assert [(r.collective, r.world_size, len(r.rows)) for r in pairs.runs] == [
+        ("alltoall", 16, 3),
+        ("sendrecv", 16, 3),
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
