@@ -62,6 +62,37 @@ CORPUS = {
     "gh200-olivia/all_reduce_p8_int8.txt": (8, 28, 0, True, 1, 134217728, 2309.49),
     "gh200-olivia/all_reduce_p16_int8_wrong.txt": (16, 22, 6, False, 1, 134217728, 2800.93),
     "oci-bm-gpu4.8/all_reduce_p16_oke.txt": (16, 31, 0, True, 8, 8589934592, 67689.0),
+    # OCI's quick-start pages: excerpts of two rows; GB300's rank lines cut with '...' (the last
+    # rank listed is the world's last), world sizes without rank lines from the page's headings
+    "oci-b300/all_reduce_p16.txt": (None, 2, 0, True, 8589934592, 17179869184, 42007.0),
+    "oci-b300/all_reduce_p8.txt": (None, 1, 0, True, 8589934592, 8589934592, 18006.0),
+    "oci-b300/alltoall_p16.txt": (None, 1, 0, True, 8589934592, 8589934592, 44498.0),
+    "oci-b300/alltoall_p8.txt": (None, 1, 0, True, 8589934592, 8589934592, 11126.0),
+    "oci-gb200/all_reduce_p128.txt": (None, 2, 0, False, 4294967296, 8589934592, 21313.0),
+    "oci-gb200/all_reduce_p192.txt": (None, 2, 0, False, 4294967296, 8589934592, 22820.0),
+    "oci-gb200/all_reduce_p4.txt": (4, 2, 0, False, 4294967296, 8589934592, 19424.0),
+    "oci-gb200/all_reduce_p8.txt": (None, 2, 0, False, 4294967296, 8589934592, 18967.0),
+    "oci-gb200/alltoall_p128.txt": (None, 2, 0, True, 4294967296, 8589934592, 95018.0),
+    "oci-gb200/alltoall_p192.txt": (None, 2, 0, True, 4294967296, 8589934592, 136749.0),
+    "oci-gb200/alltoall_p4.txt": (None, 2, 0, True, 4294967296, 8589934592, 10470.0),
+    "oci-gb200/alltoall_p64.txt": (None, 2, 0, True, 4294967296, 8589934592, 13574.0),
+    "oci-gb200/alltoall_p8.txt": (None, 2, 0, True, 8589934592, 17179869184, 22698.0),
+    "oci-gb300/all_reduce_p128.txt": (128, 2, 0, True, 8589934592, 17179869184, 46170.0),
+    "oci-gb300/all_reduce_p4.txt": (4, 2, 0, True, 8589934592, 17179869184, 37610.0),
+    "oci-gb300/all_reduce_p64.txt": (64, 2, 0, True, 8589934592, 17179869184, 36350.0),
+    "oci-gb300/all_reduce_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 35722.0),
+    "oci-gb300/alltoall_p128.txt": (128, 2, 0, True, 8589934592, 17179869184, 357610.0),
+    "oci-gb300/alltoall_p4.txt": (4, 2, 0, True, 8589934592, 17179869184, 20527.0),
+    "oci-gb300/alltoall_p64.txt": (64, 2, 0, True, 8589934592, 17179869184, 25357.0),
+    "oci-gb300/alltoall_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 21943.0),
+    "oci-mi355x-pollara/all_reduce_p16.txt": (None, 2, 0, True, 8589934592, 17179869184, 86980.0),
+    "oci-mi355x-pollara/all_reduce_p32.txt": (None, 2, 0, True, 8589934592, 17179869184, 89839.0),
+    "oci-mi355x-pollara/all_reduce_p8.txt": (None, 2, 0, True, 8589934592, 17179869184, 73544.0),
+    "oci-mi355x-pollara/alltoall_p16.txt": (None, 2, 0, True, 8589934592, 17179869184, 185711.0),
+    "oci-mi355x-pollara/alltoall_p32.txt": (None, 2, 0, True, 8589934592, 17179869184, 328749.0),
+    "oci-mi355x-pollara/alltoall_p8.txt": (None, 2, 0, True, 8589934592, 17179869184, 41626.0),
+    "oci-mi355x/all_reduce_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 73913.0),
+    "oci-mi355x/alltoall_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 41593.0),
 }
 
 
@@ -91,7 +122,7 @@ def test_the_corpus_lists_every_kept_log() -> None:
     kept = {str(p.relative_to(DATA)) for p in DATA.rglob("*.txt")}
     pairs = "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
     assert kept == set(CORPUS) | set(MULTI) | {pairs}
-    assert len(kept) == 42 and len({name.split("/")[0] for name in kept}) == 9
+    assert len(kept) == 71 and len({name.split("/")[0] for name in kept}) == 14
 
 
 @pytest.mark.parametrize("name", sorted(MULTI))
@@ -341,3 +372,14 @@ def test_the_newest_layouts_cputime_timestamps_per_iteration_and_big_counts() ->
     big[first_row + 3] = re.sub(r"0$", "3.55843e+07", big[first_row + 3])
     run = parse_text("\n".join(big), "big.txt").run
     assert [(s.line, s.kind) for s in run.skipped] == [(first_row + 4, "#wrong")]
+
+
+def test_rank_lines_cut_by_the_page_and_rank_lines_missing() -> None:
+    text = (DATA / "oci-gb300/all_reduce_p128.txt").read_text()
+    run = read_log(DATA / "oci-gb300/all_reduce_p128.txt").run
+    assert (run.world_size, run.num_hosts) == (128, None)  # ranks 0, 1, '...', 126, 127
+    without_dots = "\n".join(line for line in text.splitlines() if line.strip() != "...")
+    with pytest.raises(
+        ValueError, match=r"cut\.txt:\d+: the rank lines of this run are not 0\.\.3"
+    ):
+        parse_text(without_dots, "cut.txt")

@@ -93,7 +93,7 @@ class Run:
     world_size: int | None
     """Ranks (``#  Rank`` lines of this run); None where the log lists none."""
     num_hosts: int | None
-    """Distinct hosts of those ranks."""
+    """Distinct hosts of those ranks; None where the log lists none or some were cut (``...``)."""
     rows: tuple[Row, ...]
     """The rows kept, in file order."""
     skipped: tuple[Skipped, ...]
@@ -190,10 +190,16 @@ class _Builder:
         self.footer = False
         self.broken_at = 0
         """Line of the last row a log line broke (its remainder may follow)."""
+        self.elided = False
+        """A ``...`` line among the rank lines: the page that printed the log cut some."""
 
     def finish(self, source: str, index: int) -> Run:
         ranks = self.ranks
-        if ranks and sorted(ranks) != list(range(len(ranks))):
+        world_size, num_hosts = len(ranks) or None, len(set(ranks.values())) or None
+        if ranks and self.elided and 0 in ranks:
+            # "#  Rank 0 ..., ..., #  Rank 127 ...": the last rank listed is the world's last
+            world_size, num_hosts = max(ranks) + 1, None
+        elif ranks and sorted(ranks) != list(range(len(ranks))):
             raise ValueError(
                 f"{source}:{self.header_line}: the rank lines of this run are not "
                 f"0..{len(ranks) - 1} (ranks {min(ranks)}..{max(ranks)}, {len(ranks)} lines); "
@@ -205,8 +211,8 @@ class _Builder:
             index=index,
             header_line=self.header_line,
             collective=self.collective,
-            world_size=len(ranks) or None,
-            num_hosts=len(set(ranks.values())) or None,
+            world_size=world_size,
+            num_hosts=num_hosts,
             rows=tuple(self.rows),
             skipped=tuple(self.skipped),
             complete=self.footer,
@@ -260,6 +266,8 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
                 run.footer = True
             continue
         if not stripped[0].isdigit():
+            if set(stripped) == {"."} and len(stripped) >= 3 and run.ranks and run.columns is None:
+                run.elided = True
             continue  # NCCL INFO lines, launcher messages, versions
         in_table = run.columns is not None and not run.footer
         if _DEBUG.search(stripped) and not (in_table and _opens_row(stripped.split())):
