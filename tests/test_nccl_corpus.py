@@ -20,7 +20,14 @@ from commprof.modeling import nccl_log
 from commprof.modeling.cluster_link import cluster_link
 from commprof.modeling.collective_cli import add_arguments as add_collective_arguments
 from commprof.modeling.estimate import add_arguments as add_estimate_arguments
-from commprof.modeling.nccl_log import Row, parse_text, read_log, read_logs, skipped_summary
+from commprof.modeling.nccl_log import (
+    Row,
+    implied_world_size,
+    parse_text,
+    read_log,
+    read_logs,
+    skipped_summary,
+)
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 
@@ -71,7 +78,7 @@ CORPUS = {
     "oci-gb200/all_reduce_p128.txt": (None, 2, 0, False, 4294967296, 8589934592, 21313.0),
     "oci-gb200/all_reduce_p192.txt": (None, 2, 0, False, 4294967296, 8589934592, 22820.0),
     "oci-gb200/all_reduce_p4.txt": (4, 2, 0, False, 4294967296, 8589934592, 19424.0),
-    "oci-gb200/all_reduce_p8.txt": (None, 2, 0, False, 4294967296, 8589934592, 18967.0),
+    "oci-gb200/all_reduce_p64.txt": (None, 2, 0, False, 4294967296, 8589934592, 18967.0),
     "oci-gb200/alltoall_p128.txt": (None, 2, 0, True, 4294967296, 8589934592, 95018.0),
     "oci-gb200/alltoall_p192.txt": (None, 2, 0, True, 4294967296, 8589934592, 136749.0),
     "oci-gb200/alltoall_p4.txt": (None, 2, 0, True, 4294967296, 8589934592, 10470.0),
@@ -383,3 +390,25 @@ def test_rank_lines_cut_by_the_page_and_rank_lines_missing() -> None:
         ValueError, match=r"cut\.txt:\d+: the rank lines of this run are not 0\.\.3"
     ):
         parse_text(without_dots, "cut.txt")
+
+
+def test_the_bandwidth_ratio_implies_the_world_size() -> None:
+    """busbw / algbw = 2(n-1)/n (all-reduce) or (n-1)/n: never another n than the rank lines',
+    and the ranks of the logs that list none, as their sources state them."""
+    listed = 0
+    for name in [*CORPUS, *MULTI]:
+        for run in read_log(DATA / name).runs:
+            implied = implied_world_size(run)
+            if run.world_size is not None and implied is not None:
+                assert implied == run.world_size, name
+                listed += 1
+    assert listed >= 40
+    no_ranks = {name: n for name, (n, *_rest) in CORPUS.items() if n is None}
+    implied = {name: implied_world_size(read_log(DATA / name).run) for name in no_ranks}
+    stated = {name: int(re.search(r"_p(\d+)", name).group(1)) for name in no_ranks}
+    # too many ranks for two-decimal bandwidths to tell 127 from 129: no answer, not a wrong one
+    assert {k for k, v in implied.items() if v is None} == {
+        "oci-gb200/alltoall_p128.txt",
+        "oci-gb200/alltoall_p192.txt",
+    }
+    assert all(implied[k] == stated[k] for k in implied if implied[k] is not None)

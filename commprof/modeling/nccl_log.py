@@ -19,6 +19,7 @@ line, a field that is not a number, a row before any header) is refused with the
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -438,6 +439,36 @@ def read_logs(paths: Sequence[str | Path], run: str | None = None) -> list[NcclT
             log.run  # noqa: B018 -- raises, listing the runs, where the file holds several
             out.append(log)
     return out
+
+
+def implied_world_size(run: Run) -> int | None:
+    """The ranks that the run's busbw / algbw ratio implies, a check on logs without rank lines.
+
+    nccl-tests prints busbw = algbw x 2(n-1)/n for all-reduce and x (n-1)/n for all-gather,
+    reduce-scatter and alltoall (NVIDIA/nccl-tests doc/PERFORMANCE.md), so a ratio r > 1 gives
+    n = 2 / (2 - r) and r < 1 gives n = 1 / (1 - r). Both bandwidths are printed to 0.01 GB/s, so
+    each row bounds n to an interval; the answer is the one whole number in every row's interval.
+
+    Returns:
+        The world size, or None where the rows do not pin one (a ratio of 1: broadcast or two
+        ranks of an all-gather; rows too slow for the rounding; many ranks, whose ratios differ
+        by less than it).
+    """
+    rows = [r for r in run.rows if r.algbw_gbps >= 1.0]
+    if not rows:
+        return None
+    ratio = sorted(r.busbw_gbps / r.algbw_gbps for r in rows)[len(rows) // 2]
+    if abs(ratio - 1.0) < 0.01 or not 0.0 < ratio < 2.0:
+        return None
+    factor = 2.0 if ratio > 1.0 else 1.0
+    low, high = 1.0, float("inf")
+    for r in rows:
+        r_low = (r.busbw_gbps - 0.005) / (r.algbw_gbps + 0.005)
+        r_high = (r.busbw_gbps + 0.005) / (r.algbw_gbps - 0.005)
+        low = max(low, factor / (factor - r_low)) if r_low < factor else low
+        high = min(high, factor / (factor - r_high)) if r_high < factor else high
+    whole = [n for n in range(math.ceil(low), math.floor(high) + 1)] if high < 1e6 else []
+    return whole[0] if len(whole) == 1 else None
 
 
 def log_world_size(log: NcclTestsLog, given: int | None = None) -> int:
