@@ -412,3 +412,28 @@ def test_the_bandwidth_ratio_implies_the_world_size() -> None:
         "oci-gb200/alltoall_p192.txt",
     }
     assert all(implied[k] == stated[k] for k in implied if implied[k] is not None)
+
+
+def test_every_dtype_and_redop_of_one_table_and_a_repeated_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines, _header, first_row = _table_lines(OCI)
+    row = lines[first_row + 20]
+    as_half = row.replace("   float", "    half").replace("     sum", "    prod")
+    both = [*lines[: first_row + 21], as_half, *lines[first_row + 21 :]]
+    run = parse_text("\n".join(both), "types.txt").run  # nccl-tests -d all -o all: one table
+    same_size = [(r.dtype, r.redop) for r in run.rows if r.num_bytes == BASE.rows[20].num_bytes]
+    assert same_size == [("float", "sum"), ("half", "prod")]
+    twice = [*lines[: first_row + 21], row, *lines[first_row + 21 :]]
+    with pytest.raises(ValueError, match=rf"twice\.txt:{first_row + 22}: size \d+ \(float, sum\)"):
+        parse_text("\n".join(twice), "twice.txt")
+    # the command refuses a file of two runs without --run, listing them, and takes --run 2
+    path = tmp_path / "two.txt"
+    path.write_text(OCI + OCI)
+    argv = ["collective", "--cluster", "oci-bm-gpu4.8", "--world-size", "16", "--fit", str(path)]
+    assert main(argv) == 2
+    assert (
+        "holds 2 runs (run 1 (line 25): collective not named, 16 ranks" in capsys.readouterr().err
+    )
+    assert main([*argv, "--run", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["bytes"] == 1 << 20
