@@ -63,6 +63,7 @@ CORPUS = {
     "aws-p5/all_reduce_p16_mpijob_excerpt.txt": (None, 6, 1, True, 67108864, 2147483648, 9197.5),
     "aws-p5/all_reduce_p8_batch.txt": (None, 32, 0, True, 8, 17179869184, 62239.0),
     "aws-p5en/all_reduce_p128_excerpt.txt": (None, 3, 0, True, 8, 17179869184, 92173.0),
+    "dgx-h100/all_reduce_p8_dgxc.txt": (8, 32, 0, True, 8, 17179869184, 62648.0),
     "gh200-alps/all_reduce_p2_one_gpu_per_node.txt": (2, 8, 0, True, 1048576, 134217728, 5871.07),
     "gh200-alps/all_reduce_p8.txt": (8, 25, 0, True, 8, 134217728, 1916.4),
     "gh200-alps/all_reduce_p8_cxi_hook_disabled.txt": (8, 25, 0, True, 8, 134217728, 43293.0),
@@ -129,7 +130,7 @@ def test_the_corpus_lists_every_kept_log() -> None:
     kept = {str(p.relative_to(DATA)) for p in DATA.rglob("*.txt")}
     pairs = "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
     assert kept == set(CORPUS) | set(MULTI) | {pairs}
-    assert len(kept) == 71 and len({name.split("/")[0] for name in kept}) == 14
+    assert len(kept) == 72 and len({name.split("/")[0] for name in kept}) == 15
 
 
 @pytest.mark.parametrize("name", sorted(MULTI))
