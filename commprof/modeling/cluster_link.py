@@ -107,7 +107,8 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
             log that does not read or fit.
     """
-    from commprof.modeling.nccl_tests import calibrate, read_log
+    from commprof.modeling.nccl_log import read_logs
+    from commprof.modeling.nccl_tests import calibrate
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:
@@ -115,7 +116,7 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
     cluster.nodes_for(world_size)  # the world size must fit the cluster: say so before anything
     if not nccl_tests:
         return ClusterLink(cluster=cluster)
-    calibration = calibrate(cluster, [read_log(p) for p in nccl_tests])
+    calibration = calibrate(cluster, read_logs(nccl_tests))
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
 
 
@@ -124,6 +125,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nccl-tests",
         nargs="+",
+        action="extend",
         metavar="LOG",
         help="with --cluster: all_reduce_perf logs of that cluster to calibrate the model on",
     )

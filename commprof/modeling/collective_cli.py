@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import COLLECTIVES, NO_CALIBRATION, predict
-from commprof.modeling.nccl_tests import calibrate, read_log
+from commprof.modeling.nccl_log import read_logs, skipped_summary
+from commprof.modeling.nccl_tests import calibrate
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64
@@ -37,7 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-bytes", type=byte_size, default=1 << 20, help="default 1M")
     parser.add_argument("--max-bytes", type=byte_size, default=4 << 30, help="default 4G")
     parser.add_argument(
-        "--fit", nargs="+", metavar="LOG", help="nccl-tests logs of this cluster to calibrate on"
+        "--fit",
+        nargs="+",
+        action="extend",
+        metavar="LOG",
+        help="nccl-tests logs of this cluster to calibrate on (repeat the flag or list several)",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="K|all",
+        help="with --fit: run K of each log, or 'all' runs (a file of several runs needs it)",
     )
     parser.add_argument("--json", action="store_true", help="a JSON list of rows on stdout")
 
@@ -58,8 +69,14 @@ def run(args: argparse.Namespace) -> int:
     """Entry of ``commprof collective``."""
     cluster = load_cluster(args.cluster)
     calibration = NO_CALIBRATION
-    if args.fit:
-        calibration = calibrate(cluster, [read_log(p) for p in args.fit], args.collective)
+    if args.run and not args.fit:
+        raise ValueError(f"--run {args.run}: give the logs it picks from with --fit LOG ...")
+    logs = read_logs(args.fit, args.run) if args.fit else []
+    if logs:
+        for log in logs:
+            if (said := skipped_summary(log)) is not None:
+                print(f"commprof collective: {said}", file=sys.stderr)
+        calibration = calibrate(cluster, logs, args.collective)
     rows = predict(
         cluster,
         args.world_size,
@@ -85,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     nodes = cluster.nodes_for(args.world_size)
-    fitted = "description alone" if not args.fit else f"calibrated on {len(args.fit)} log(s)"
+    fitted = "description alone" if not args.fit else f"calibrated on {len(logs)} log(s)"
     print(f"# {args.collective}, cluster {cluster.name} ({cluster.description})")
     print(f"# {args.world_size} ranks on {nodes} node(s); predicted ({fitted}), not measured")
     print(f"#{'size':>12} {'time':>10} {'algbw':>8} {'busbw':>8}  {'algorithm':<10} protocol")
