@@ -27,7 +27,6 @@ from commprof.modeling.step_advice import (
     host_cells,
     host_interference,
     in_sample_layout,
-    latest_ok,
     link_fit,
     link_stall_ns,
     load_step_model,
@@ -48,6 +47,7 @@ from commprof.modeling.step_model import (
     split_hook,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
+from commprof.query import ok_attempts
 from tests.test_in_sample import assert_in_sample, assert_reproduces
 
 CELL = "0123456789ab"
@@ -134,6 +134,7 @@ def test_repeats_are_pooled() -> None:
 
 def test_repeats_of_a_configuration() -> None:
     base = dict.fromkeys(REPEAT_KEYS, "x") | {"bucket_cap_mb": float("nan"), "status": "ok"}
+    base |= {"attempt": 1}
     cells = pd.DataFrame([
         base | {"cell_id": "c", "repeat": 0}, base | {"cell_id": "a", "repeat": 1},
         base | {"cell_id": "b", "repeat": 2, "batch_size": 16},  # another configuration
@@ -299,7 +300,7 @@ def test_the_hook_split_takes_the_hosts_unprofiled_cells_and_moves_a_small_cap()
     model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
     pooled = list(model.calibration.cell_ids)
     cells = tables["cells"]
-    host = latest_ok(cells, [*pooled, *host_cells(tables, pooled[0])["cell_id"]])
+    host = ok_attempts(cells, [*pooled, *host_cells(tables, pooled[0])["cell_id"]])
     assert host["profile"].any()  # a profiled cell of the host, left out: the profiler's cost
     unprofiled = host[~host["profile"].astype(bool) & (host["hook"] == "allreduce")]
     assert model.hook_fixed_ns == host_hook_fixed_ns(tables, unprofiled) > 0

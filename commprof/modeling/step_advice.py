@@ -54,6 +54,7 @@ from commprof.modeling.step_model import (
     same_setting,
 )
 from commprof.modeling.step_sim import Interference, StepPrediction
+from commprof.query import ok_attempts, resolve_cell
 
 __all__ = [  # the corrections' names, where callers of the model find them too
     "ALL_CORRECTIONS",
@@ -111,9 +112,8 @@ def select_calibration_cell(
         ValueError: naming the models and backends the dataset has, when none matches.
     """
     cells = tables["cells"]
-    ok = cells[
-        (cells["status"] == "ok") & (cells["model"] == model) & (cells["backend"] == backend)
-    ]
+    ok = ok_attempts(cells)
+    ok = ok[(ok["model"] == model) & (ok["backend"] == backend)]
     ok = ok[ok["cell_id"].isin(tables["buckets"]["cell_id"])]
     if ok.empty:
         have = sorted(set(zip(cells["model"], cells["backend"], strict=True)))
@@ -146,10 +146,7 @@ def link_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> tuple[
     ``CALIBRATION_SIZES_BYTES`` by default), every ok cell's of the first cell's backend, device
     and world size.
     """
-    cells = tables["cells"]
-    cells = cells[cells["status"] == "ok"][
-        ["cell_id", "attempt", "backend", "device", "world_size"]
-    ]
+    cells = ok_attempts(tables["cells"])[["cell_id", "attempt", "backend", "device", "world_size"]]
     rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
     if "num_wrong" in rows:
         rows = rows[rows["num_wrong"].fillna(0) == 0]
@@ -190,9 +187,8 @@ def param_sizes_for(
         return parameter_sizes(model)
     except ValueError:
         pass
-    cells = tables["cells"]
-    ok = cells[(cells["model"] == model) & (cells["status"] == "ok")]
-    ids = [cell_id] if cell_id is not None else list(ok["cell_id"])
+    ok = ok_attempts(tables["cells"])
+    ids = [cell_id] if cell_id is not None else list(ok.loc[ok["model"] == model, "cell_id"])
     rows = tables["bucket_params"]
     rows = rows[rows["cell_id"].isin(ids)]
     if rows.empty:
@@ -250,7 +246,7 @@ def load_step_model(
     else:
         pooled = [cell_id] if isinstance(cell_id, str) else list(cell_id)
     cells = tables["cells"]
-    pooled = [str(cells[cells["cell_id"].str.startswith(c)]["cell_id"].iloc[-1]) for c in pooled]
+    pooled = [resolve_cell(cells, c) for c in pooled]
     row = cells[cells["cell_id"] == pooled[0]].iloc[-1]
     interference = interference_from_rows(
         host_interference(tables, pooled[0]), statistic=interference_statistic
@@ -262,7 +258,7 @@ def load_step_model(
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
     host = [*pooled, *(c for c in link_cells if c not in pooled)]
     link, stall = link_fit(tables, host)
-    hooked = _like(latest_ok(cells, host), cells, pooled[0], HOOK_KEYS)
+    hooked = _like(ok_attempts(cells, host), cells, pooled[0], HOOK_KEYS)
     fitted = StepModel(
         calibration=calibration,
         link=link,
@@ -311,19 +307,11 @@ HOOK_KEYS = ("hook", "profile")
 profiler adds a cost an operation, which is what the fixed part measures."""
 
 
-def latest_ok(cells: pd.DataFrame, cell_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """The latest attempt of every completed cell (of ``cell_ids``; all by default)."""
-    ok = cells[cells["status"] == "ok"]
-    if cell_ids is not None:
-        ok = ok[ok["cell_id"].isin(list(cell_ids))]
-    return ok.sort_values("attempt").groupby("cell_id").tail(1)
-
-
 def host_cells(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
     """``cell_id`` and attempt of every completed cell (its latest attempt) of ``cell_id``'s
     backend, device and world size (:data:`HOST_KEYS`)."""
     cells = tables["cells"]
-    return _like(latest_ok(cells), cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
+    return _like(ok_attempts(cells), cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
 
 
 def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
@@ -361,7 +349,8 @@ def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
     """``cell_id`` and the other completed cells of its configuration that recorded buckets
     (``cell_id`` first)."""
     cells = tables["cells"]
-    ok = cells[(cells["status"] == "ok") & cells["cell_id"].isin(tables["buckets"]["cell_id"])]
+    ok = ok_attempts(cells)
+    ok = ok[ok["cell_id"].isin(tables["buckets"]["cell_id"])]
     others = sorted(set(_like(ok, cells, cell_id, REPEAT_KEYS)["cell_id"]) - {cell_id})
     return [cell_id, *others]
 

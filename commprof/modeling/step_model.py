@@ -62,6 +62,7 @@ from commprof.modeling.step_sim import (
     simulate_step,
 )
 from commprof.modeling.timeline import spread_to_parameters
+from commprof.query import cell_steps, keys_of, ok_cell
 
 ARM_COMM = "comm_under_compute"
 ARM_COMPUTE = "compute_under_comm"
@@ -190,17 +191,6 @@ def _in_flight_pieces(
     return pieces
 
 
-def _latest_ok(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
-    cells = tables["cells"]
-    ok = cells[(cells["status"] == "ok") & cells["cell_id"].str.startswith(cell_id)]
-    if ok["cell_id"].nunique() != 1:
-        raise ValueError(
-            f"cell {cell_id!r} must name exactly one cell that completed; "
-            f"matches: {sorted(set(ok['cell_id']))}"
-        )
-    return ok.sort_values("attempt").iloc[-1]
-
-
 def same_setting(a: object, b: object) -> bool:
     """Equal cell settings, two missing values (NaN, None: DDP's default cap) counting equal."""
     return bool(a == b) or bool(pd.isna(a) and pd.isna(b))  # type: ignore[call-overload]
@@ -210,7 +200,7 @@ def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> li
     """The latest ok attempt of each cell; they must be one configuration (same buckets)."""
     if not cell_ids:
         raise ValueError("calibrate_step needs at least one cell")
-    rows = [_latest_ok(tables, c) for c in cell_ids]
+    rows = [ok_cell(tables["cells"], c) for c in cell_ids]
     first = rows[0]
     for row in rows[1:]:
         for key in WORKLOAD_FIELDS:
@@ -245,10 +235,8 @@ def calibrate_step(
     """
     rows = _pooled_rows(tables, [cell_id] if isinstance(cell_id, str) else list(cell_id))
     row = rows[0]
-    keys = pd.DataFrame({
-        "cell_id": [r["cell_id"] for r in rows], "attempt": [r["attempt"] for r in rows]
-    })  # fmt: skip
-    steps = measured_steps(tables, keys)
+    keys = keys_of(rows)
+    steps = cell_steps(tables, keys)
     if steps.empty or steps["start_ns"].isna().any():
         raise ValueError(f"cell {row['cell_id']} has no measured steps with start times; rerun it")
     buckets = tables["buckets"].merge(steps, on=list(STEP_KEYS))
@@ -291,8 +279,8 @@ def calibrate_step(
         {k: float(np.median(v)) - before[i] for i, (k, v) in enumerate(sorted(per_bucket.items()))}
     )
     # per cell the median over its rank-steps, then the median over cells (as repeats are judged)
-    cell_steps = steps.groupby("cell_id", sort=False)["step_ns"].median()
-    missing = sorted(set(keys["cell_id"]) - set(cell_steps.index))
+    per_cell = steps.groupby("cell_id", sort=False)["step_ns"].median()
+    missing = sorted(set(keys["cell_id"]) - set(per_cell.index))
     if missing:
         raise ValueError(f"calibration cells {missing} have no measured step: leave them out")
     cell_exposed = pd.Series(
@@ -317,9 +305,9 @@ def calibrate_step(
         forward_ns=float(steps["forward_ns"].median()),
         optimizer_ns=float(steps["optimizer_ns"].median()),
         other_ns=max(0.0, float(np.median(other))),
-        measured_step_ns=float(cell_steps.median()),
+        measured_step_ns=float(per_cell.median()),
         measured_exposed_ns=float(cell_exposed.median()),
-        cell_step_ns=tuple(float(cell_steps[c]) for c in keys["cell_id"]),
+        cell_step_ns=tuple(float(per_cell[c]) for c in keys["cell_id"]),
         bucket_cap_mb=cap_mb(row.get("bucket_cap_mb")),
     )
 
@@ -347,13 +335,6 @@ def hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     return nonnegative_line(x, y)
 
 
-def measured_steps(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> pd.DataFrame:
-    """The measured (not warm-up) ``steps`` rows of the attempts in ``keys`` (``cell_id``,
-    ``attempt``)."""
-    steps = tables["steps"].merge(keys[["cell_id", "attempt"]], on=["cell_id", "attempt"])
-    return steps[steps["measured"].astype(bool)]
-
-
 def host_hook_fixed_ns(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> float:
     """The fixed part ``a`` of :func:`hook_fit` over the measured steps of the attempts in
     ``keys`` pooled (the host's cells with the calibration's hook, several models and bucket
@@ -364,7 +345,7 @@ def host_hook_fixed_ns(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> f
     benchmark's) the smallest size weighs most on the intercept, and a 5 % change of the largest
     size's cost moves it by about 14 us.
     """
-    steps = measured_steps(tables, keys)
+    steps = cell_steps(tables, keys)
     buckets = tables["buckets"].merge(steps[list(STEP_KEYS)], on=list(STEP_KEYS))
     if buckets["num_bytes"].nunique() < 2:
         return 0.0
