@@ -199,3 +199,12 @@ def test_the_idle_model_is_the_list_switched_off(
     assert step_corrections.applied(model, link=None, corrections=IDLE) == step_model.Applied()
     with pytest.raises(ValueError, match=r"unknown corrections \['nope'\]"):
         Corrections.without(["nope"])
+
+
+def test_the_design_table_of_corrections_is_the_list() -> None:
+    """docs/design.md, "The step model": a row per correction, its scope and section, in order."""
+    text = DESIGN.read_text(encoding="utf-8")
+    body = text.split("## The step model\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in body.splitlines() if ln.startswith("| `")]
+    table = [tuple(c.strip().strip("`") for c in ln.strip("|").split("|")) for ln in rows]
+    assert table == [(c.name, c.scope.value, c.section) for c in step_corrections.CORRECTIONS]
