@@ -202,11 +202,10 @@ def extrapolation(
     the stall, the hook), not from a measurement. None otherwise. ``search``: ``buckets`` is the
     most of a cap search's caps, and the text speaks of its caps.
 
-    On the 2-core gloo host 15 of 22 such predictions of the step-model benchmark (runs 17 and
-    18 and the unseen split's runs 1 and 2: 10 of 11 in the first two, 5 of 11 in the next) ran
-    short, by up to 35 % for a latency-bound model, the others up to 12 % long
-    (benchmarks/README.md, "Step model on configurations the split does not contain"): a
-    calibration at one bucket cannot see what the first overlapped all-reduce costs.
+    On the 2-core gloo host most such predictions of the step-model benchmark ran short, by up
+    to 35 % for a latency-bound model, the others up to 12 % long (benchmarks/README.md, "Step
+    model on configurations the split does not contain"): a calibration at one bucket cannot see
+    what the first overlapped all-reduce costs.
     """
     cal = model.calibration
     seen = len(assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb))
