@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pandas as pd
@@ -111,6 +111,13 @@ class Correction:
     """Its value as the spec prints it, for a fitted model and what a prediction applies."""
     aliases: tuple[str, ...] = ()
     """Other flags that switch it off."""
+
+    def __post_init__(self) -> None:
+        if self.field not in {f.name for f in fields(Applied)}:
+            raise ValueError(
+                f"correction {self.name!r}: field {self.field!r} is no field of "
+                "step_model.Applied; declare its applied value there"
+            )
 
     @property
     def switch(self) -> str:
