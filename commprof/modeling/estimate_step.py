@@ -85,10 +85,11 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
 
 
 def corrections_from_args(args: argparse.Namespace) -> Corrections:
-    """``--without NAME`` (repeatable) and ``--no-interference`` (``--without interference``)."""
+    """``--without NAME`` (repeatable) and each correction's alias flags
+    (``Correction.aliases``: ``--no-interference`` is ``--without interference``)."""
     names = list(args.without or ())
-    if args.no_interference:
-        names.append("interference")
+    for c in CORRECTIONS:
+        names += [c.name for flag in c.aliases if getattr(args, flag[2:].replace("-", "_"))]
     return Corrections.without(names)
 
 
@@ -431,7 +432,7 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CORRECTION_NAMES,
         metavar="CORRECTION",
         help="with --fit DIR: switch one correction of the step model off (repeatable): "
-        + "; ".join(f"{c.name} ({c.scope.value})" for c in CORRECTIONS),
+        + ", ".join(f"{c.name} ({c.scope.short})" for c in CORRECTIONS),
     )
 
 

@@ -53,6 +53,11 @@ class Scope(enum.Enum):
     """The gap between the model and the calibration cells' measurement, given back where a
     prediction is their own configuration only."""
 
+    @property
+    def short(self) -> str:
+        """The scope in a few words (``--help``)."""
+        return self.value.partition(":")[0]
+
     def reaches(self, *, calibrated_link: bool, in_sample: bool) -> bool:
         """Whether a correction of this scope applies to a prediction on the calibrated link
         (or not) at the calibration's configuration (or not)."""
