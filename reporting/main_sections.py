@@ -18,6 +18,7 @@ from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
 from commprof.caps import cap_label, cap_mb
 from commprof.matrix import RUN_SWEEP
+from commprof.query import latest_attempts, ok_attempts
 from commprof.reporting import instrument, prose, report_tables
 from commprof.reporting.prose import Quotes, Section, escape, named, paragraph, words
 from commprof.reporting.recommend import cap_choices
@@ -90,7 +91,7 @@ def _cap_order(cap: float) -> float:
 def sources(data: Processed) -> str:
     """Where the cells come from: ``from the sweeps a and b``, ``recorded by commprof.attach in
     the user's own training``, ``from commprof run`` (:func:`cell_origin`), joined."""
-    cells = data.tables["cells"].sort_values("attempt").drop_duplicates("cell_id", keep="last")
+    cells = latest_attempts(data.tables["cells"])
     if cells.empty:
         return ""
     origin = cells.apply(cell_origin, axis=1)
@@ -444,8 +445,7 @@ def cell_origin(row: Any) -> str:
 
 def _origin_sentence(data: Processed, q: Quotes) -> str:
     """The Method's first sentence: what a cell is and how its steps came to be measured."""
-    cells = data.tables["cells"]
-    ok = cells[cells["status"] == "ok"].drop_duplicates("cell_id", keep="last")
+    ok = ok_attempts(data.tables["cells"])
     origins: dict[str, int] = (
         {str(k): int(n) for k, n in ok.apply(cell_origin, axis=1).value_counts().items()}
         if len(ok)

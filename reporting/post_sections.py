@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from commprof.analysis.dataset import Processed
+from commprof.query import is_ok
 from commprof.reporting import instrument, prose, report_tables
 from commprof.reporting.figures import hook_vs_trace
 from commprof.reporting.main_sections import environment_sentence, fig_ref, sources, tab_ref
@@ -24,7 +25,7 @@ def what_ran(data: Processed, q: Quotes) -> Section:
     """Cells by final status, attempts and retries; the status table."""
     status = data.status
     counts = status["status"].value_counts()
-    retried = int(((status["status"] == "ok") & (status["num_attempts"] > 1)).sum())
+    retried = int((is_ok(status) & (status["num_attempts"] > 1)).sum())
     num_attempts = len(data.tables["cells"])
     parts = []
     for name, words_ in (
@@ -45,7 +46,7 @@ def what_ran(data: Processed, q: Quotes) -> Section:
             f"{q.count('num_cells_retried', retried)} ok {plural(retried, 'cell')} succeeded "
             "only after a failed attempt."
         )
-    if not (status["status"] != "ok").any() and not retried:
+    if is_ok(status).all() and not retried:
         sentences.append("No cell failed or was rejected, and no attempt failed.")
     sentences.append(f"{tab_ref('status')} lists every cell with its final status.")
     caption = (
@@ -63,7 +64,7 @@ def what_ran(data: Processed, q: Quotes) -> Section:
 
 def _has_failures(data: Processed) -> bool:
     status = data.status
-    return bool(((status["status"] != "ok") | (status["num_attempts"] > 1)).any())
+    return bool((~is_ok(status) | (status["num_attempts"] > 1)).any())
 
 
 def failures(data: Processed) -> Section | None:

@@ -27,7 +27,6 @@ from commprof.modeling.step_advice import (
     host_cells,
     host_interference,
     in_sample_layout,
-    latest_ok,
     link_fit,
     link_stall_ns,
     load_step_model,
@@ -37,7 +36,9 @@ from commprof.modeling.step_advice import (
     without_in_sample,
 )
 from commprof.modeling.step_model import (
+    Applied,
     StepCalibration,
+    WhatIf,
     calibrate_step,
     cpu_share_scale,
     host_hook_fixed_ns,
@@ -46,6 +47,7 @@ from commprof.modeling.step_model import (
     split_hook,
 )
 from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
+from commprof.query import ok_attempts
 from tests.test_in_sample import assert_in_sample, assert_reproduces
 
 CELL = "0123456789ab"
@@ -132,6 +134,7 @@ def test_repeats_are_pooled() -> None:
 
 def test_repeats_of_a_configuration() -> None:
     base = dict.fromkeys(REPEAT_KEYS, "x") | {"bucket_cap_mb": float("nan"), "status": "ok"}
+    base |= {"attempt": 1}
     cells = pd.DataFrame([
         base | {"cell_id": "c", "repeat": 0}, base | {"cell_id": "a", "repeat": 1},
         base | {"cell_id": "b", "repeat": 2, "batch_size": 16},  # another configuration
@@ -297,7 +300,7 @@ def test_the_hook_split_takes_the_hosts_unprofiled_cells_and_moves_a_small_cap()
     model = load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
     pooled = list(model.calibration.cell_ids)
     cells = tables["cells"]
-    host = latest_ok(cells, [*pooled, *host_cells(tables, pooled[0])["cell_id"]])
+    host = ok_attempts(cells, [*pooled, *host_cells(tables, pooled[0])["cell_id"]])
     assert host["profile"].any()  # a profiled cell of the host, left out: the profiler's cost
     unprofiled = host[~host["profile"].astype(bool) & (host["hook"] == "allreduce")]
     assert model.hook_fixed_ns == host_hook_fixed_ns(tables, unprofiled) > 0
@@ -580,14 +583,16 @@ def test_prediction_in_closed_form() -> None:
     )  # fmt: skip
     sizes = [("a", 1000), ("b", 1000)]
     link = LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0)
-    p = predict_step(cal, sizes, bucket_cap_mb=512, link=link)
+    p = predict_step(cal, sizes, WhatIf(bucket_cap_mb=512, link=link))
     assert len(p.buckets) == 1 and p.exposed_ns == pytest.approx(90 + 8000)
     assert p.step_ns == pytest.approx(50 + 300 + 90 + 8000 + 20 + 5)
     # p = 4: 2 (3/4) 8000 = 12000 ns; compute scaled by 2: forward, work, hooks and optimizer
-    p4 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, world_size=4, compute_scale=2)
+    p4 = predict_step(
+        cal, sizes, WhatIf(bucket_cap_mb=512, link=link, world_size=4, compute_scale=2)
+    )
     assert p4.step_ns == pytest.approx(2 * (50 + 300 + 90 + 20) + 12000 + 5)
     # a cap of 4000 B: b (registration index 1) is ready first at 100, then a at 300
-    two = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link)
+    two = predict_step(cal, sizes, WhatIf(bucket_cap_mb=4000 / 2**20, link=link))
     hook = 10 + 0.01 * 4000
     assert [b.ready_ns for b in two.buckets] == pytest.approx([100, 300 + hook])
     assert two.compute_end_ns == pytest.approx(300 + 2 * hook)
@@ -595,26 +600,33 @@ def test_prediction_in_closed_form() -> None:
     # over at 400 and queued behind it on nccl's one channel until 4150, done at 8150
     assert two.buckets[1].end_ns == pytest.approx(4150 + 4000)
     with pytest.raises(ValueError, match="parameters"):
-        predict_step(cal, sizes[:1], bucket_cap_mb=1, link=link)
+        predict_step(cal, sizes[:1], WhatIf(bucket_cap_mb=1, link=link))
     # service_scale multiplies the link's times: the exposed all-reduce takes 3 x 8000
-    p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3)
+    p3 = predict_step(cal, sizes, WhatIf(bucket_cap_mb=512, link=link, service_scale=3))
     assert p3.exposed_ns == pytest.approx(90 + 24000)
     with pytest.raises(ValueError, match="service_scale"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=0)
+        predict_step(cal, sizes, WhatIf(bucket_cap_mb=512, link=link, service_scale=0))
     # a stall is added to each all-reduce before the scale: 3 x (8000 + 500); per bucket, so
     # two buckets of 4000 B pay it twice
-    p3 = predict_step(cal, sizes, bucket_cap_mb=512, link=link, service_scale=3, stall_ns=500)
+    p3 = predict_step(
+        cal, sizes, WhatIf(bucket_cap_mb=512, link=link, service_scale=3), Applied(stall_ns=500)
+    )
     assert p3.exposed_ns == pytest.approx(90 + 3 * 8500)
-    two_stalled = predict_step(cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, stall_ns=500)
+    two_stalled = predict_step(
+        cal, sizes, WhatIf(bucket_cap_mb=4000 / 2**20, link=link), Applied(stall_ns=500)
+    )
     assert two_stalled.buckets[1].end_ns == pytest.approx(150 + 2 * 4500)
     with pytest.raises(ValueError, match="stall_ns"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, stall_ns=-1)
+        predict_step(cal, sizes, WhatIf(bucket_cap_mb=512, link=link), Applied(stall_ns=-1))
     # an exposed residual of 300 ns (scaled with the compute, x 2) adds that much exposed
     # communication and communication time; the step does not move
     waited = predict_step(
-        cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, exposed_residual_ns=300
+        cal,
+        sizes,
+        WhatIf(bucket_cap_mb=512, link=link, compute_scale=2),
+        Applied(exposed_residual_ns=300),
     )
-    slowest = predict_step(cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2)
+    slowest = predict_step(cal, sizes, WhatIf(bucket_cap_mb=512, link=link, compute_scale=2))
     assert waited.step_ns == slowest.step_ns and waited.exposed_residual_ns == 600
     assert waited.exposed_ns == pytest.approx(slowest.exposed_ns + 600)
     assert waited.comm_busy_ns == pytest.approx(slowest.comm_busy_ns + 600)
@@ -622,26 +634,40 @@ def test_prediction_in_closed_form() -> None:
     assert (
         two.overlap_efficiency
         > predict_step(
-            cal, sizes, bucket_cap_mb=4000 / 2**20, link=link, exposed_residual_ns=300
+            cal,
+            sizes,
+            WhatIf(bucket_cap_mb=4000 / 2**20, link=link),
+            Applied(exposed_residual_ns=300),
         ).overlap_efficiency
     )
     # a negative residual takes exposed time off, never below 0 (what is applied is said)
-    less = predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=-1000)
+    less = predict_step(
+        cal, sizes, WhatIf(bucket_cap_mb=512, link=link), Applied(exposed_residual_ns=-1000)
+    )
     assert less.exposed_ns == pytest.approx(p.exposed_ns - 1000)
-    floor = predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=-1e9)
+    floor = predict_step(
+        cal, sizes, WhatIf(bucket_cap_mb=512, link=link), Applied(exposed_residual_ns=-1e9)
+    )
     assert floor.exposed_ns == 0 and floor.exposed_residual_ns == -p.exposed_ns
     with pytest.raises(ValueError, match="exposed_residual_ns"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, exposed_residual_ns=math.inf)
+        predict_step(
+            cal, sizes, WhatIf(bucket_cap_mb=512, link=link), Applied(exposed_residual_ns=math.inf)
+        )
     # the host residual (scaled with the compute, x 2) adds to the step alone, either sign
     for residual in (250.0, -250.0):
         moved = predict_step(
-            cal, sizes, bucket_cap_mb=512, link=link, compute_scale=2, host_residual_ns=residual
+            cal,
+            sizes,
+            WhatIf(bucket_cap_mb=512, link=link, compute_scale=2),
+            Applied(host_residual_ns=residual),
         )
         assert moved.step_ns == pytest.approx(slowest.step_ns + 2 * residual)
         assert moved.host_residual_ns == 2 * residual
         assert moved.exposed_ns == slowest.exposed_ns and moved.buckets == slowest.buckets
     with pytest.raises(ValueError, match="host_residual_ns"):
-        predict_step(cal, sizes, bucket_cap_mb=512, link=link, host_residual_ns=math.nan)
+        predict_step(
+            cal, sizes, WhatIf(bucket_cap_mb=512, link=link), Applied(host_residual_ns=math.nan)
+        )
 
 
 def _point(cap: float, step_ns: float, num_buckets: int) -> CapPrediction:

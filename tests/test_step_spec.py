@@ -14,9 +14,10 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.cli import main
-from commprof.modeling import cap_advice, step_advice, step_model
-from commprof.modeling.step_advice import CORRECTION_NAMES, IDLE
-from commprof.modeling.step_spec import SPEC, spec_doc
+from commprof.modeling import cap_advice, step_advice, step_corrections, step_model
+from commprof.modeling.cost_model import LinkParams
+from commprof.modeling.step_corrections import CORRECTION_NAMES, IDLE, Corrections, Scope
+from commprof.modeling.step_spec import SPEC, SpecEntry, spec_doc
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 SMOKE = Path(__file__).parent / "data" / "results_smoke"
@@ -52,7 +53,7 @@ def test_every_entry_names_the_code_that_fits_and_applies_it() -> None:
         if e.kind == "correction":
             assert len(e.code) >= 2, e.name  # what fits it, then what applies it
     by = {e.name: e for e in SPEC}
-    assert by["stall"].code[0] is step_advice.link_stall_ns
+    assert by["stall"].code[0] is step_corrections.link_stall_ns
     assert cap_advice.best_of in by["in_use_rule"].code
 
 
@@ -99,7 +100,7 @@ def test_estimate_prints_the_spec_with_its_fitted_values(
     assert spec["host_residual"]["value"] == f"{cal['host_residual_ns'] / 1e6:+.3f} ms"
     assert spec["link_scale"]["on"] is False and spec["link_scale"]["value"] is None
     assert spec["advice_tolerance"]["value"] == "1%"
-    assert spec["stall"]["code"][0] == "commprof.modeling.step_advice.link_stall_ns"
+    assert spec["stall"]["code"][0] == "commprof.modeling.step_corrections.link_stall_ns"
 
 
 def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(
@@ -112,7 +113,7 @@ def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(
         if e.kind != "removed":
             assert f"spec {e.name} ({e.kind}, on)" in text
     assert "spec removed after ablations: link_scale, straggler_wait, queue_factor" in text
-    assert not any(getattr(IDLE, n) for n in CORRECTION_NAMES)
+    assert not any(IDLE.on(n) for n in CORRECTION_NAMES)
 
 
 def test_on_another_link_the_calibrated_links_corrections_show_off(
@@ -133,8 +134,8 @@ def test_the_hook_split_and_residual_lines_say_what_applies() -> None:
     model = step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
 
     def value(m: step_advice.StepModel, name: str, *, in_sample: bool = True) -> str:
-        used = step_advice.applied(m, link=None, in_sample=in_sample)
-        doc = spec_doc(m, used, step_advice.ALL_CORRECTIONS)
+        used = step_corrections.applied(m, link=None, in_sample=in_sample)
+        doc = spec_doc(m, used, step_corrections.ALL_CORRECTIONS)
         return next(e["value"] for e in doc if e["name"] == name)
 
     split = step_model.split_hook(model.calibration, model.hook_fixed_ns)
@@ -155,3 +156,55 @@ def test_the_hook_split_and_residual_lines_say_what_applies() -> None:
     assert value(model, "host_residual", in_sample=False) == (
         f"0 here, out of sample ({host} at the calibration's buckets and world size)"
     )
+
+
+@pytest.fixture(scope="module")
+def smoke_model() -> tuple[step_advice.StepModel, list[tuple[str, int]]]:
+    sizes = parameter_sizes("srn-1m")
+    tables = results.load(SMOKE)
+    return step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes), sizes
+
+
+@pytest.mark.parametrize("c", step_corrections.CORRECTIONS, ids=lambda c: c.name)
+def test_each_correction_is_switched_and_scoped_by_its_object(
+    smoke_model: tuple[step_advice.StepModel, list[tuple[str, int]]],
+    c: step_corrections.Correction,
+) -> None:
+    model, sizes = smoke_model
+    apply = step_corrections.applied
+    on = apply(model, link=None, in_sample=True)
+    off = apply(model, link=None, corrections=Corrections.without([c.name]), in_sample=True)
+    assert getattr(on, c.field) == getattr(model, c.field)  # in its scope: its fitted value
+    assert getattr(off, c.field) == c.neutral  # off: neutral, and nothing else moves
+    assert replace(off, **{c.field: getattr(on, c.field)}) == on
+    # out of sample on another link, only a correction of every prediction stays
+    elsewhere = apply(model, link=LinkParams(alpha_ns=0.0, beta_ns_per_byte=1.0), in_sample=False)
+    expected = getattr(model, c.field) if c.scope is Scope.EVERY else c.neutral
+    assert getattr(elsewhere, c.field) == expected
+    # calibrated without it: its value neutral in the model itself
+    assert getattr(step_advice.recalibrated_without(model, [c.name], sizes), c.field) == c.neutral
+    # the command line and the spec take it from the object
+    assert f"--without {c.name}" in step_spec_entry(c.name).switch
+    assert step_spec_entry(c.name).applies_to == c.scope.value
+
+
+def step_spec_entry(name: str) -> SpecEntry:
+    return next(e for e in SPEC if e.name == name)
+
+
+def test_the_idle_model_is_the_list_switched_off(
+    smoke_model: tuple[step_advice.StepModel, list[tuple[str, int]]],
+) -> None:
+    model, _ = smoke_model
+    assert step_corrections.applied(model, link=None, corrections=IDLE) == step_model.Applied()
+    with pytest.raises(ValueError, match=r"unknown corrections \['nope'\]"):
+        Corrections.without(["nope"])
+
+
+def test_the_design_table_of_corrections_is_the_list() -> None:
+    """docs/design.md, "The step model": a row per correction, its scope and section, in order."""
+    text = DESIGN.read_text(encoding="utf-8")
+    body = text.split("## The step model\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in body.splitlines() if ln.startswith("| `")]
+    table = [tuple(c.strip().strip("`") for c in ln.strip("|").split("|")) for ln in rows]
+    assert table == [(c.name, c.scope.value, c.section) for c in step_corrections.CORRECTIONS]

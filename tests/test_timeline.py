@@ -53,7 +53,7 @@ def test_parameters_are_placed_by_cumulative_bytes() -> None:
 
 
 def test_errors_name_what_to_change() -> None:
-    with pytest.raises(ValueError, match="exactly one cell"):
+    with pytest.raises(ValueError, match="'ffff': no cell id starts with it"):
         bucket_ready_offsets(_tables(), "ffff")
     with pytest.raises(ValueError, match="differ from the model"):
         parameter_ready_ns(_tables(), CELL, [("x", 1)])

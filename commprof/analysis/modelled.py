@@ -35,6 +35,7 @@ from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cost_model import bus_bandwidth_factor
 from commprof.modeling.ring_fit import CalibrationWarning, Fit, RingFit, fit_table
+from commprof.query import only_ok
 
 FitKey = tuple[str, str, int]
 """(backend, regime, world_size), as ``ring_fit.GROUP_KEYS``."""
@@ -60,8 +61,7 @@ def calibrate(
     Returns:
         The fits and the calibration warnings as text (e.g. a parameter clamped to 0).
     """
-    ok = status.loc[status["status"] == "ok", ["cell_id", "attempt", "backend", "regime"]]
-    ok = ok.assign(world_size=status.loc[status["status"] == "ok", "world_size"])
+    ok = only_ok(status)[["cell_id", "attempt", "backend", "regime", "world_size"]]
     points = microbench.merge(ok, on=["cell_id", "attempt"])
     notes = []
     wrong = points["num_wrong"] > 0
@@ -146,7 +146,7 @@ def microbench_points(
         ``modelled_ns``, ``modelled_busbw_gbps`` and ``error_pct``.
     """
     cols = ["cell_id", "attempt", "backend", "regime", "world_size"]
-    ok = status.loc[status["status"] == "ok", cols]
+    ok = only_ok(status)[cols]
     points = microbench[microbench["num_wrong"] == 0].merge(ok, on=["cell_id", "attempt"])
     keys = ["backend", "regime", "world_size", "num_bytes"]
     out = (

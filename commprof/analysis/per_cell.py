@@ -23,6 +23,7 @@ import pandas as pd
 from commprof import matrix
 from commprof.analysis.breakdown import BREAKDOWN_COLUMNS, STEP_KEYS
 from commprof.matrix import CELL_COLUMNS
+from commprof.query import latest_attempts, only_ok
 from commprof.units import format_bytes
 
 CONFIG_COLUMNS = [
@@ -175,7 +176,7 @@ def cell_summary(
         ``repeat``, ``CONFIG_COLUMNS``, ``num_samples``, ``num_buckets`` (median per step) and
         ``<metric>_<stat>`` for every metric, ``bucket_latency_ns`` included.
     """
-    ok = status.loc[status["status"] == "ok", ["cell_id", "attempt", "config_key", "repeat"]]
+    ok = only_ok(status)[["cell_id", "attempt", "config_key", "repeat"]]
     ok = ok.join(status.set_index("cell_id")[CONFIG_COLUMNS], on="cell_id")
     keys = ["cell_id", "attempt"]
     steps = breakdown.merge(ok[keys], on=keys)
@@ -226,7 +227,7 @@ def guard_pools(cells: pd.DataFrame) -> pd.DataFrame:
         budget_bytes, ratio`` (need / budget) and ``ok``; empty if no cell has a record.
     """
     rows = []
-    latest = cells.sort_values("attempt").groupby("cell_id").tail(1)
+    latest = latest_attempts(cells)
     records: list[Any] = list(latest.itertuples(index=False))
     for cell in records:
         if not isinstance(cell.guard_json, str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from commprof.caps import cap_number
+from commprof.query import latest_attempts
 
 
 def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
@@ -14,7 +15,7 @@ def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
     cells = cells[cells["cell_id"].isin(cell_ids)]
     if cells.empty:
         return "(no cells)"
-    latest = cells.sort_values("attempt").groupby("cell_id").tail(1).set_index("cell_id")
+    latest = latest_attempts(cells).set_index("cell_id")
     steps = tables["steps"]  # only ok attempts have step rows
     measured = steps[steps["measured"]]
     step_ms = measured.groupby("cell_id")["step_ns"].median() / 1e6

@@ -6,7 +6,7 @@ With a dataset folder, ``estimate`` calibrates the step simulator on one cell of
 the calibration's CPU host) or link (``--interconnect``, or ``--cluster``: NCCL's collective
 model on that cluster at ``--world-size`` GPUs; the measured compute timeline kept, the link
 swapped). The idle ring model (every correction off) is printed beside it as the baseline.
-Each correction (``step_advice.CORRECTION_NAMES``) is switched off on its own with ``--without
+Each correction (``step_corrections.CORRECTIONS``) is switched off on its own with ``--without
 NAME`` (``--no-interference`` is ``--without interference``). Printed with every prediction:
 what it assumed, each with its source (:func:`assumptions`), and its in-sample error, the same
 model at the calibration cells' cap and world size against their measured step and exposed
@@ -21,7 +21,7 @@ corrections applied; ``assumptions``, ``in_sample`` and ``extrapolation`` (None 
 calibration measured overlap, or the prediction has one bucket); ``recommendation``
 (``--recommend-bucket-cap``) the cap search, its ``verdict``, its ``extrapolation`` and its
 ``basis``: ``model``, every cap predicted without the residuals that give the calibration's own
-configuration its measurement back (``step_advice.IN_SAMPLE_ONLY``), so its point at that
+configuration its measurement back (``step_corrections.IN_SAMPLE_ONLY``), so its point at that
 configuration is the model's, not the measurement ``prediction`` shows there.
 
 This module imports no torch and no ray.
@@ -44,16 +44,19 @@ from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.ring_fit import PiecewiseFit, RingFit, fit_to_dict
 from commprof.modeling.step_advice import (
-    CORRECTION_NAMES,
-    IDLE,
     CapPrediction,
-    Corrections,
     StepModel,
-    applied,
     in_sample_layout,
     load_step_model,
     predict_cap,
     recalibrated_without,
+)
+from commprof.modeling.step_corrections import (
+    CORRECTION_NAMES,
+    CORRECTIONS,
+    IDLE,
+    Corrections,
+    applied,
 )
 from commprof.modeling.step_model import split_hook
 from commprof.modeling.step_spec import spec_doc, spec_text
@@ -82,10 +85,11 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
 
 
 def corrections_from_args(args: argparse.Namespace) -> Corrections:
-    """``--without NAME`` (repeatable) and ``--no-interference`` (``--without interference``)."""
+    """``--without NAME`` (repeatable) and each correction's alias flags
+    (``Correction.aliases``: ``--no-interference`` is ``--without interference``)."""
     names = list(args.without or ())
-    if args.no_interference:
-        names.append("interference")
+    for c in CORRECTIONS:
+        names += [c.name for flag in c.aliases if getattr(args, flag[2:].replace("-", "_"))]
     return Corrections.without(names)
 
 
@@ -199,11 +203,10 @@ def extrapolation(
     the stall, the hook), not from a measurement. None otherwise. ``search``: ``buckets`` is the
     most of a cap search's caps, and the text speaks of its caps.
 
-    On the 2-core gloo host 15 of 22 such predictions of the step-model benchmark (runs 17 and
-    18 and the unseen split's runs 1 and 2: 10 of 11 in the first two, 5 of 11 in the next) ran
-    short, by up to 35 % for a latency-bound model, the others up to 12 % long
-    (benchmarks/README.md, "Step model on configurations the split does not contain"): a
-    calibration at one bucket cannot see what the first overlapped all-reduce costs.
+    On the 2-core gloo host most such predictions of the step-model benchmark ran short, by up
+    to 35 % for a latency-bound model, the others up to 12 % long (benchmarks/README.md, "Step
+    model on configurations the split does not contain"): a calibration at one bucket cannot see
+    what the first overlapped all-reduce costs.
     """
     cal = model.calibration
     seen = len(assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb))
@@ -248,8 +251,7 @@ def run_step(
         tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
         backend=args.fit_backend, cell_id=args.cell,
     )  # fmt: skip
-    off = [n for n in CORRECTION_NAMES if not getattr(corrections, n)]
-    model = recalibrated_without(model, off, param_sizes)
+    model = recalibrated_without(model, sorted(corrections.off), param_sizes)
     link, label = _link(args, model, cluster, alpha_ns, corrections)
     what_if: dict[str, Any] = {
         "link": link, "same_host": args.same_host, "corrections": corrections
@@ -278,13 +280,15 @@ def run_step(
             "bucket_cap_mb": cal.bucket_cap_mb,
             "link": label,
             "fit": fit_to_dict(model.link) if link is None else None,
-            "corrections": {n: getattr(corrections, n) for n in CORRECTION_NAMES},
+            "corrections": corrections.as_dict(),
             "stall_ns": round(fitted.stall_ns),
             "exposed_residual_ns": round(fitted.exposed_residual_ns),
             "host_residual_ns": round(fitted.host_residual_ns),
             "hook_fixed_ns": round(fitted.hook_fixed_ns),
             "hook_split_applies": split_hook(cal, fitted.hook_fixed_ns) is not cal,
-            "interference": asdict(model.interference) if corrections.interference else None,
+            "interference": (
+                asdict(model.interference) if corrections.on("interference") else None
+            ),
             "measured_step_ns": round(cal.measured_step_ns),
         },
         "assumptions": assumptions(args, model, label, alpha_ns, _batch_size(tables, cal.cell_id)),
@@ -428,9 +432,7 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         choices=CORRECTION_NAMES,
         metavar="CORRECTION",
         help="with --fit DIR: switch one correction of the step model off (repeatable): "
-        + ", ".join(CORRECTION_NAMES)
-        + "; the two residuals act in sample only (the calibration's buckets and world size), "
-        "so off they change nothing elsewhere",
+        + ", ".join(f"{c.name} ({c.scope.short})" for c in CORRECTIONS),
     )
 
 

@@ -3,11 +3,11 @@
 :func:`load_step_model` picks a calibration cell of a model in a dataset (the one a single
 ``commprof run`` makes is enough) and its repeats, fits the ring model to the host's
 microbenchmarks' typical (median) times and measures their stall per operation, reads the
-interference factors, calibrates the simulator (``step_model``) and fits its exposed and host
-residuals (:func:`with_residuals`), so that at the calibration cap it gives the calibration
-cells' own step and exposed communication (the residuals apply there only:
-:data:`IN_SAMPLE_ONLY`). Each correction of the idle model is switched on its own
-(:class:`Corrections`). :func:`predict_cap` predicts the step at one cap, world size and link;
+interference factors, calibrates the simulator (``step_model``) and fits its residuals
+(:func:`with_residuals`), so that at the calibration cap it gives the calibration cells' own step
+and exposed communication. The corrections of the idle model are declared in
+``step_corrections`` (one object each, switched on its own: ``step_corrections.Corrections``).
+:func:`predict_cap` predicts the step at one cap, world size and link;
 ``cap_advice`` searches the caps with it. Both are what ``commprof estimate --fit RESULTS``
 uses, and what a report calls::
 
@@ -20,30 +20,52 @@ This module imports no torch and no ray.
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
+from commprof.modeling import step_corrections
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize, assign_buckets
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
+from commprof.modeling.step_corrections import (
+    ALL_CORRECTIONS,
+    CORRECTION_NAMES,
+    IDLE,
+    IN_SAMPLE_ONLY,
+    Corrections,
+    applied,
+    link_stall_ns,
+    without_in_sample,
+)
 from commprof.modeling.step_model import (
     INTERFERENCE_STATISTIC,
     StepCalibration,
+    WhatIf,
     calibrate_step,
     cpu_share_scale,
     host_hook_fixed_ns,
     interference_from_rows,
     predict_range,
     same_setting,
-    split_hook,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, StepPrediction
+from commprof.modeling.step_sim import Interference, StepPrediction
+from commprof.query import ok_attempts, resolve_cell
+
+__all__ = [  # the corrections' names, where callers of the model find them too
+    "ALL_CORRECTIONS",
+    "CORRECTION_NAMES",
+    "IDLE",
+    "IN_SAMPLE_ONLY",
+    "Corrections",
+    "applied",
+    "link_stall_ns",
+    "without_in_sample",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,76 +84,21 @@ class StepModel:
     cores_per_rank_host: float
     """CPU cores of the calibration host over threads per rank (for :func:`cpu_share_scale`)."""
     stall_ns: float = 0.0
-    """Expected stall of one all-reduce on the calibrated link (:func:`link_stall_ns`), added to
-    each bucket's time in training."""
+    """The stall correction's value (``step_corrections``, "stall"): expected stall of one
+    all-reduce on the calibrated link, added to each bucket's time there."""
     exposed_residual_ns: float = 0.0
-    """Exposed residual (:func:`exposed_residual_ns`): measured exposed communication of the
-    calibration cells minus the model's at their cap; added where a prediction is the
-    calibration's own buckets and world size on the calibrated link (:func:`in_sample_layout`)."""
+    """The exposed residual's value (``step_corrections.exposed_residual_ns``): measured exposed
+    communication of the calibration cells minus the model's at their cap; added in sample only
+    (the calibration's buckets and world size on the calibrated link,
+    :func:`in_sample_layout`)."""
     host_residual_ns: float = 0.0
-    """Host residual (:func:`host_residual_ns`): measured step of the calibration cells minus
-    the model's step at their cap, every other correction on; added to every predicted step."""
+    """The host residual's value (``step_corrections.host_residual_ns``): measured step of the
+    calibration cells minus the model's step at their cap, every other correction on; added in
+    sample only, as the exposed residual."""
     hook_fixed_ns: float = 0.0
-    """The host's fixed hook cost a bucket (``step_model.host_hook_fixed_ns``), which splits a
-    one-size calibration's hook cost (``step_model.split_hook``)."""
-
-
-CORRECTION_NAMES = ("interference", "stall", "hook_split", "exposed_residual", "host_residual")
-"""The step model's corrections of the idle model, each switchable on its own
-(:class:`Corrections`; ``commprof estimate --without NAME``)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Corrections:
-    """Which corrections of the idle model a prediction applies (docs/design.md, "The step
-    model"). The idle model is every one off (:data:`IDLE`).
-
-    ``stall`` is the calibrated link's in training: on another link (a published interconnect,
-    a cluster) it does not apply whatever is asked (:func:`applied`). The two residuals
-    (:data:`IN_SAMPLE_ONLY`) apply in sample only: the calibration's own buckets and world size
-    on the calibrated link (:func:`in_sample_layout`), where they give its measurement back.
-    ``interference`` and ``hook_split`` belong to the measured compute timeline, which every
-    what-if keeps. (An in-training link scale and a rank wait were
-    corrections too; the benchmark's ablation showed neither lowering the held-out error, and
-    they went.)
-    """
-
-    interference: bool = True
-    """The measured slowdown factors of overlapped communication and compute."""
-    stall: bool = True
-    """The link's expected stall of one all-reduce (:func:`link_stall_ns`)."""
-    hook_split: bool = True
-    """A one-size hook cost split by the host's fixed part (``step_model.split_hook``)."""
-    exposed_residual: bool = True
-    """The exposed residual added to the exposed communication (:func:`exposed_residual_ns`)."""
-    host_residual: bool = True
-    """The host residual added to the step (:func:`host_residual_ns`)."""
-
-    @classmethod
-    def without(cls, names: Sequence[str]) -> Corrections:
-        """Every correction on but ``names`` (of :data:`CORRECTION_NAMES`)."""
-        bad = sorted(set(names) - set(CORRECTION_NAMES))
-        if bad:
-            raise ValueError(f"unknown corrections {bad}; choose from {list(CORRECTION_NAMES)}")
-        return cls(**{name: name not in names for name in CORRECTION_NAMES})
-
-
-IN_SAMPLE_ONLY = ("exposed_residual", "host_residual")
-"""Corrections that apply to the calibration's own configuration only (:func:`applied`): each
-the gap between the model and the calibration cells' measurement, which the step-model
-benchmark's ablation showed lowering no held-out error when carried to other configurations."""
-
-
-def without_in_sample(corrections: Corrections) -> Corrections:
-    """``corrections`` without :data:`IN_SAMPLE_ONLY`: the model at any configuration as at a new
-    one, the basis on which the cap advice compares caps (``cap_advice.recommend_cap``)."""
-    return replace(corrections, **dict.fromkeys(IN_SAMPLE_ONLY, False))
-
-
-ALL_CORRECTIONS = Corrections()
-"""The calibrated model: every correction on."""
-IDLE = Corrections.without(CORRECTION_NAMES)
-"""The idle model: the link's idle times, overlap free, no residual."""
+    """The hook split's value: the host's fixed hook cost a bucket
+    (``step_model.host_hook_fixed_ns``), which splits a one-size calibration's hook cost
+    (``step_model.split_hook``)."""
 
 
 def select_calibration_cell(
@@ -145,9 +112,8 @@ def select_calibration_cell(
         ValueError: naming the models and backends the dataset has, when none matches.
     """
     cells = tables["cells"]
-    ok = cells[
-        (cells["status"] == "ok") & (cells["model"] == model) & (cells["backend"] == backend)
-    ]
+    ok = ok_attempts(cells)
+    ok = ok[(ok["model"] == model) & (ok["backend"] == backend)]
     ok = ok[ok["cell_id"].isin(tables["buckets"]["cell_id"])]
     if ok.empty:
         have = sorted(set(zip(cells["model"], cells["backend"], strict=True)))
@@ -171,41 +137,6 @@ LINK_TIME = "time_p50_ns"
 stalls the mean adds are :func:`link_stall_ns`, one per all-reduce."""
 
 
-STALL_MIN_ITERS = 3
-"""Iterations a microbenchmark row needs to show a stall: of one or two, the median is the
-mean, whatever stalled."""
-
-
-def link_stall_ns(rows: pd.DataFrame) -> float:
-    """The expected stall of one all-reduce: what the mean time adds to the median, per
-    microbenchmark iteration of a cell (all sizes), and the median of that over the cells of
-    ``rows`` (a ``cell_id`` column; without one, all rows are one cell).
-
-    On a shared host a few all-reduces in ten stall for milliseconds whatever their size (the
-    scheduler, not the bytes), so a step pays one expected stall per bucket: a cost per
-    operation. A ring fit of mean times (an earlier form of this fit) spread it over alpha and
-    beta and, weighting each point by 1/t, leaned to the unstalled ones: small buckets came out
-    short. Pooled over sizes, a cell's stall is estimated from all its iterations at once (one
-    size's mean excess ranged from 0.1 to 1.6 ms on the 2-core benchmark host). Over cells, the
-    median: a step model is judged on median steps of repeated cells, and one cell's minute of
-    host load (one of 30 cells at 3.1 ms, 7.6 times the median cell, in one step-model benchmark
-    run) would otherwise move every bucket's time. Rows of fewer than
-    :data:`STALL_MIN_ITERS` iterations are left out (a matrix's ``microbench_iters: 1`` times
-    each size once, as the step-model benchmark's other cells do), and so is a cell whose
-    rows all have fewer. 0 where no row is left (rows from before ``time_mean_ns``).
-    """
-    if "time_mean_ns" not in rows:
-        return 0.0
-    rows = rows[rows["time_mean_ns"].notna() & (rows["num_iters"] >= STALL_MIN_ITERS)]
-    if rows.empty:
-        return 0.0
-    weight = rows["num_iters"]
-    excess = (rows["time_mean_ns"] - rows["time_p50_ns"]).astype(float) * weight
-    cell = rows["cell_id"] if "cell_id" in rows else pd.Series(0, index=rows.index)
-    per_cell = excess.groupby(cell).sum() / weight.groupby(cell).sum()
-    return max(0.0, float(per_cell.median()))
-
-
 def link_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> tuple[Fit, float]:
     """(ring fit, per-operation stall ns) of the cells' microbenchmarks, pooled.
 
@@ -215,10 +146,7 @@ def link_fit(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> tuple[
     ``CALIBRATION_SIZES_BYTES`` by default), every ok cell's of the first cell's backend, device
     and world size.
     """
-    cells = tables["cells"]
-    cells = cells[cells["status"] == "ok"][
-        ["cell_id", "attempt", "backend", "device", "world_size"]
-    ]
+    cells = ok_attempts(tables["cells"])[["cell_id", "attempt", "backend", "device", "world_size"]]
     rows = tables["microbench"].merge(cells, on=["cell_id", "attempt"])
     if "num_wrong" in rows:
         rows = rows[rows["num_wrong"].fillna(0) == 0]
@@ -259,9 +187,8 @@ def param_sizes_for(
         return parameter_sizes(model)
     except ValueError:
         pass
-    cells = tables["cells"]
-    ok = cells[(cells["model"] == model) & (cells["status"] == "ok")]
-    ids = [cell_id] if cell_id is not None else list(ok["cell_id"])
+    ok = ok_attempts(tables["cells"])
+    ids = [cell_id] if cell_id is not None else list(ok.loc[ok["model"] == model, "cell_id"])
     rows = tables["bucket_params"]
     rows = rows[rows["cell_id"].isin(ids)]
     if rows.empty:
@@ -319,7 +246,7 @@ def load_step_model(
     else:
         pooled = [cell_id] if isinstance(cell_id, str) else list(cell_id)
     cells = tables["cells"]
-    pooled = [str(cells[cells["cell_id"].str.startswith(c)]["cell_id"].iloc[-1]) for c in pooled]
+    pooled = [resolve_cell(cells, c) for c in pooled]
     row = cells[cells["cell_id"] == pooled[0]].iloc[-1]
     interference = interference_from_rows(
         host_interference(tables, pooled[0]), statistic=interference_statistic
@@ -331,7 +258,7 @@ def load_step_model(
     calibration = calibrate_step(tables, pooled, param_sizes, interference)
     host = [*pooled, *(c for c in link_cells if c not in pooled)]
     link, stall = link_fit(tables, host)
-    hooked = _like(latest_ok(cells, host), cells, pooled[0], HOOK_KEYS)
+    hooked = _like(ok_attempts(cells, host), cells, pooled[0], HOOK_KEYS)
     fitted = StepModel(
         calibration=calibration,
         link=link,
@@ -344,92 +271,29 @@ def load_step_model(
     return with_residuals(fitted, param_sizes)
 
 
+def _predict_at_calibration(
+    model: StepModel, param_sizes: Sequence[ParamSize], corrections: Corrections
+) -> CapPrediction:
+    """The model at its calibration's cap and world size on the calibrated link (what the
+    residuals are fitted against, ``step_corrections.Predict``)."""
+    cal = model.calibration
+    return predict_cap(model, param_sizes, bucket_cap_mb=cal.bucket_cap_mb, corrections=corrections)
+
+
 def with_residuals(model: StepModel, param_sizes: Sequence[ParamSize]) -> StepModel:
-    """The model with its two residuals fitted on its calibration cells: the exposed residual,
-    then the host residual (each with the other corrections on)."""
-    exposed = replace(model, exposed_residual_ns=exposed_residual_ns(model, param_sizes))
-    return replace(exposed, host_residual_ns=host_residual_ns(exposed, param_sizes))
+    """The model with its residuals fitted on its calibration cells
+    (``step_corrections.with_residuals``)."""
+    return step_corrections.with_residuals(model, param_sizes, _predict_at_calibration)
 
 
 def recalibrated_without(
     model: StepModel, names: Sequence[str], param_sizes: Sequence[ParamSize]
 ) -> StepModel:
     """The model as calibrating it with the corrections ``names`` (of
-    :data:`CORRECTION_NAMES`) off would give: the stall or the interference factors removed and
-    the residuals fitted again without them (so it still reproduces its calibration), a
-    residual named set to 0 (the hook split: its fixed part 0). What ``estimate --without
-    NAME`` predicts with, and the benchmark's ablation scores."""
-    bad = sorted(set(names) - set(CORRECTION_NAMES))
-    if bad:
-        raise ValueError(f"unknown corrections {bad}; choose from {list(CORRECTION_NAMES)}")
-    out = model
-    if "stall" in names:
-        out = replace(out, stall_ns=0.0)
-    if "interference" in names:
-        out = replace(out, interference=NO_INTERFERENCE)
-    if "hook_split" in names:
-        out = replace(out, hook_fixed_ns=0.0)
-    if out is not model:
-        out = with_residuals(out, param_sizes)
-    if "exposed_residual" in names:
-        out = replace(out, exposed_residual_ns=0.0)
-    if "host_residual" in names:
-        out = replace(out, host_residual_ns=0.0)
-    return out
-
-
-def exposed_residual_ns(model: StepModel, param_sizes: Sequence[ParamSize]) -> float:
-    """The exposed residual: ``measured_exposed - model_exposed`` at the calibration cap and
-    world size, on the calibrated link with the interference and the stall on (the host
-    residual does not move the exposed time).
-
-    The simulator plays the slowest rank on the link's idle times plus its stall, slowed by the
-    interference factors; the timing hook measures the exposed time on every rank, a rank that
-    ends its compute first counting its wait for the slowest as exposed, and in training the
-    all-reduces share the host with the other ranks' backward, the reducer and the allocator,
-    which the idle link does not see. The calibration cells measure the sum; the residual is its
-    gap to the model, signed, added to the exposed time of a prediction of the calibration's
-    own buckets and world size on the calibrated link (:func:`in_sample_layout`), so that the
-    model reproduces its calibration's exposed communication. It replaced a multiplicative
-    in-training link scale and a measured rank wait, which the benchmark's ablation showed
-    raising the held-out error; added to every prediction on the link, it raised the held-out
-    error too (runs 14 to 16), so out of sample the model is the model.
-    """
-    cal = model.calibration
-    if not math.isfinite(cal.measured_exposed_ns):
-        return 0.0
-    base = predict_cap(
-        model, param_sizes, bucket_cap_mb=cal.bucket_cap_mb,
-        corrections=Corrections.without(["exposed_residual", "host_residual"]),
-    )  # fmt: skip
-    return cal.measured_exposed_ns - base.exposed_ns
-
-
-def host_residual_ns(model: StepModel, param_sizes: Sequence[ParamSize]) -> float:
-    """The host residual: ``measured_step - model_step`` at the calibration cap and world size,
-    on the calibrated link with every other correction on (``model.host_residual_ns`` is not
-    used).
-
-    The simulator's step is ``forward + backward + optimizer + other``, each a median of its
-    own over rank-steps; the measured step is the
-    median over the calibration cells of each cell's median step. Medians of parts do not add
-    up to the median of their sum, and the slowest rank's timeline is not any one rank's step,
-    so the sum misses the step it was calibrated on (19.5 against 21.0 ms for srn-1m in the
-    committed dataset, before this correction). The residual is that gap, host time the parts
-    do not explain; signed, it is added to a prediction of the calibration's own buckets and
-    world size on the calibrated link (:func:`in_sample_layout`), so that the model reproduces
-    its calibration. Added to every prediction (from its first form to run 17 of the step-model
-    benchmark) it lowered no held-out error over runs 14 to 17 and the unseen split's run 1
-    pooled, so out of sample the model is the model, as with :func:`exposed_residual_ns`.
-    """
-    cal = model.calibration
-    if not math.isfinite(cal.measured_step_ns):
-        return 0.0
-    base = predict_cap(
-        model, param_sizes, bucket_cap_mb=cal.bucket_cap_mb,
-        corrections=Corrections.without(["host_residual"]),
-    )  # fmt: skip
-    return cal.measured_step_ns - base.step_ns
+    ``step_corrections.CORRECTION_NAMES``) off would give
+    (``step_corrections.recalibrated_without``): what ``estimate --without NAME`` predicts with,
+    and the benchmark's ablation scores."""
+    return step_corrections.recalibrated_without(model, names, param_sizes, _predict_at_calibration)
 
 
 HOST_KEYS = LINK_FIELDS
@@ -443,19 +307,11 @@ HOOK_KEYS = ("hook", "profile")
 profiler adds a cost an operation, which is what the fixed part measures."""
 
 
-def latest_ok(cells: pd.DataFrame, cell_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """The latest attempt of every completed cell (of ``cell_ids``; all by default)."""
-    ok = cells[cells["status"] == "ok"]
-    if cell_ids is not None:
-        ok = ok[ok["cell_id"].isin(list(cell_ids))]
-    return ok.sort_values("attempt").groupby("cell_id").tail(1)
-
-
 def host_cells(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
     """``cell_id`` and attempt of every completed cell (its latest attempt) of ``cell_id``'s
     backend, device and world size (:data:`HOST_KEYS`)."""
     cells = tables["cells"]
-    return _like(latest_ok(cells), cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
+    return _like(ok_attempts(cells), cells, cell_id, HOST_KEYS)[["cell_id", "attempt"]]
 
 
 def host_interference(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.DataFrame:
@@ -493,7 +349,8 @@ def repeats_of(tables: dict[str, pd.DataFrame], cell_id: str) -> list[str]:
     """``cell_id`` and the other completed cells of its configuration that recorded buckets
     (``cell_id`` first)."""
     cells = tables["cells"]
-    ok = cells[(cells["status"] == "ok") & cells["cell_id"].isin(tables["buckets"]["cell_id"])]
+    ok = ok_attempts(cells)
+    ok = ok[ok["cell_id"].isin(tables["buckets"]["cell_id"])]
     others = sorted(set(_like(ok, cells, cell_id, REPEAT_KEYS)["cell_id"]) - {cell_id})
     return [cell_id, *others]
 
@@ -543,8 +400,8 @@ def predict_cap(
         same_host: the ranks share the calibration's CPU host, so compute, and gloo's
             transfers on the calibrated link, slow by the core share
             (:func:`step_model.cpu_share_scale`); else each rank has its own.
-        corrections: which corrections apply (:class:`Corrections`; :data:`IDLE`: the idle
-            model); :func:`applied` gives their values.
+        corrections: which corrections apply (``step_corrections.Corrections``; ``IDLE``: the
+            idle model); ``step_corrections.applied`` gives their values.
 
     Returns:
         The prediction with its range.
@@ -556,20 +413,14 @@ def predict_cap(
         scale = cpu_share_scale(ws, cal.world_size, num_cores=int(model.cores_per_rank_host))
     own = in_sample_layout(model, param_sizes, bucket_cap_mb=bucket_cap_mb, world_size=ws)
     used = applied(model, link=link, corrections=corrections, in_sample=own)
-    service = scale if link is None else 1.0
-    low, mid, high = predict_range(
-        split_hook(cal, used.hook_fixed_ns),
-        param_sizes,
+    what_if = WhatIf(
         bucket_cap_mb=bucket_cap_mb,
         link=model.link if link is None else link,
-        interference=model.interference if corrections.interference else NO_INTERFERENCE,
         world_size=ws,
         compute_scale=scale,
-        service_scale=service,
-        stall_ns=used.stall_ns,
-        exposed_residual_ns=used.exposed_residual_ns,
-        host_residual_ns=used.host_residual_ns,
+        service_scale=scale if link is None else 1.0,
     )
+    low, mid, high = predict_range(cal, param_sizes, what_if, used)
     return CapPrediction(
         bucket_cap_mb=bucket_cap_mb,
         num_buckets=len(mid.buckets),
@@ -598,41 +449,3 @@ def in_sample_layout(
     here = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
     there = assign_buckets(param_sizes, bucket_cap_mb=cal.bucket_cap_mb)
     return [b.num_bytes for b in here] == [b.num_bytes for b in there]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Applied:
-    """The values of the corrections a prediction applies (neutral where one is off)."""
-
-    stall_ns: float
-    """Added to each all-reduce (0: off)."""
-    exposed_residual_ns: float
-    """Added to the exposed communication (0: off, or out of sample)."""
-    host_residual_ns: float
-    """Added to the step (0: off, or out of sample)."""
-    hook_fixed_ns: float
-    """The fixed part a one-size hook cost is split by (0: off)."""
-
-
-def applied(
-    model: StepModel,
-    *,
-    link: LinkParams | Fit | ClusterLink | None,
-    corrections: Corrections = ALL_CORRECTIONS,
-    in_sample: bool = True,
-) -> Applied:
-    """What each correction adds: ``model.stall_ns`` where switched on and the link is the
-    calibrated one (``link`` None; it is that link's in training, on that host),
-    ``model.exposed_residual_ns`` and ``model.host_residual_ns`` where, besides, the prediction
-    is ``in_sample`` (the calibration's buckets and world size, :func:`in_sample_layout`),
-    ``model.hook_fixed_ns`` where switched on, on any link (it belongs to the measured compute
-    timeline); each 0 otherwise."""
-    here = link is None and in_sample  # the calibration's own configuration
-    return Applied(
-        stall_ns=model.stall_ns if link is None and corrections.stall else 0.0,
-        exposed_residual_ns=(
-            model.exposed_residual_ns if here and corrections.exposed_residual else 0.0
-        ),
-        host_residual_ns=model.host_residual_ns if here and corrections.host_residual else 0.0,
-        hook_fixed_ns=model.hook_fixed_ns if corrections.hook_split else 0.0,
-    )

@@ -22,22 +22,19 @@ MiB is the usual one) and the interference factors (:func:`interference_from_row
   per cell the median over its rank-steps, the exposed time the timing hook's, then the median
   over cells), which the two residuals of ``step_advice`` are fitted to.
 
-Prediction (:func:`predict_step`): the link fit gives each bucket's idle all-reduce time at the
-world size asked for (the ring model's p dependence), ``stall_ns`` adds the calibrated link's
-expected stall of one operation (``step_advice.link_stall_ns``), :func:`step_sim.simulate_step`
-plays the step. ``compute_scale`` multiplies the compute (forward, backward, optimizer): 1 on
-another link or world size whose ranks have their own devices; on one CPU host whose cores the
-ranks share, the ratio of the ranks' core shares (:func:`cpu_share_scale`). ``service_scale``
-multiplies the link's all-reduce times (stall included): the same core share on one CPU host
-(gloo over loopback moves and reduces the bytes on the ranks' cores).
-``exposed_residual_ns`` (``step_advice.exposed_residual_ns``, times ``compute_scale``) is added
-to the exposed communication and communication time (:func:`with_exposed_residual`): what the
-calibration cells' hooks measured exposed beyond the simulated slowest rank. ``host_residual_ns``
-(``step_advice.host_residual_ns``, times ``compute_scale``) is added to the step: what the
-calibration cells' step holds beyond the simulated parts. ``step_advice`` passes both in sample
-only (``step_advice.IN_SAMPLE_ONLY``), where the scale is 1. Uncertainty: the same
-prediction with alpha and beta at the ends of their 95 % intervals and the interference factors
-at their quartiles (:func:`predict_range`).
+Prediction (:func:`predict_step`, for a :class:`WhatIf` and the corrections' values as
+:class:`Applied`): the link gives each bucket's idle all-reduce time at the world size asked for
+(the ring model's p dependence), the stall (``step_corrections``) is added to each,
+:func:`step_sim.simulate_step` plays the step. ``compute_scale`` multiplies the compute (forward,
+backward, hooks, optimizer): 1 on another link or world size whose ranks have their own devices;
+on one CPU host whose cores the ranks share, the ratio of the ranks' core shares
+(:func:`cpu_share_scale`). ``service_scale`` multiplies the link's all-reduce times (stall
+included): the same core share on one CPU host (gloo over loopback moves and reduces the bytes
+on the ranks' cores). The exposed residual (times ``compute_scale``) is added to the exposed
+communication and communication time (:func:`with_exposed_residual`), the host residual (times
+``compute_scale``) to the step; ``step_corrections`` applies both in sample only, where the
+scale is 1. Uncertainty: the same prediction with alpha and beta at the ends of their 95 %
+intervals and the interference factors at their quartiles (:func:`predict_range`).
 
 This module imports no torch and no ray.
 """
@@ -65,6 +62,7 @@ from commprof.modeling.step_sim import (
     simulate_step,
 )
 from commprof.modeling.timeline import spread_to_parameters
+from commprof.query import cell_steps, keys_of, ok_cell
 
 ARM_COMM = "comm_under_compute"
 ARM_COMPUTE = "compute_under_comm"
@@ -193,17 +191,6 @@ def _in_flight_pieces(
     return pieces
 
 
-def _latest_ok(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
-    cells = tables["cells"]
-    ok = cells[(cells["status"] == "ok") & cells["cell_id"].str.startswith(cell_id)]
-    if ok["cell_id"].nunique() != 1:
-        raise ValueError(
-            f"cell {cell_id!r} must name exactly one cell that completed; "
-            f"matches: {sorted(set(ok['cell_id']))}"
-        )
-    return ok.sort_values("attempt").iloc[-1]
-
-
 def same_setting(a: object, b: object) -> bool:
     """Equal cell settings, two missing values (NaN, None: DDP's default cap) counting equal."""
     return bool(a == b) or bool(pd.isna(a) and pd.isna(b))  # type: ignore[call-overload]
@@ -213,7 +200,7 @@ def _pooled_rows(tables: dict[str, pd.DataFrame], cell_ids: Sequence[str]) -> li
     """The latest ok attempt of each cell; they must be one configuration (same buckets)."""
     if not cell_ids:
         raise ValueError("calibrate_step needs at least one cell")
-    rows = [_latest_ok(tables, c) for c in cell_ids]
+    rows = [ok_cell(tables["cells"], c) for c in cell_ids]
     first = rows[0]
     for row in rows[1:]:
         for key in WORKLOAD_FIELDS:
@@ -248,10 +235,8 @@ def calibrate_step(
     """
     rows = _pooled_rows(tables, [cell_id] if isinstance(cell_id, str) else list(cell_id))
     row = rows[0]
-    keys = pd.DataFrame({
-        "cell_id": [r["cell_id"] for r in rows], "attempt": [r["attempt"] for r in rows]
-    })  # fmt: skip
-    steps = measured_steps(tables, keys)
+    keys = keys_of(rows)
+    steps = cell_steps(tables, keys)
     if steps.empty or steps["start_ns"].isna().any():
         raise ValueError(f"cell {row['cell_id']} has no measured steps with start times; rerun it")
     buckets = tables["buckets"].merge(steps, on=list(STEP_KEYS))
@@ -294,8 +279,8 @@ def calibrate_step(
         {k: float(np.median(v)) - before[i] for i, (k, v) in enumerate(sorted(per_bucket.items()))}
     )
     # per cell the median over its rank-steps, then the median over cells (as repeats are judged)
-    cell_steps = steps.groupby("cell_id", sort=False)["step_ns"].median()
-    missing = sorted(set(keys["cell_id"]) - set(cell_steps.index))
+    per_cell = steps.groupby("cell_id", sort=False)["step_ns"].median()
+    missing = sorted(set(keys["cell_id"]) - set(per_cell.index))
     if missing:
         raise ValueError(f"calibration cells {missing} have no measured step: leave them out")
     cell_exposed = pd.Series(
@@ -320,9 +305,9 @@ def calibrate_step(
         forward_ns=float(steps["forward_ns"].median()),
         optimizer_ns=float(steps["optimizer_ns"].median()),
         other_ns=max(0.0, float(np.median(other))),
-        measured_step_ns=float(cell_steps.median()),
+        measured_step_ns=float(per_cell.median()),
         measured_exposed_ns=float(cell_exposed.median()),
-        cell_step_ns=tuple(float(cell_steps[c]) for c in keys["cell_id"]),
+        cell_step_ns=tuple(float(per_cell[c]) for c in keys["cell_id"]),
         bucket_cap_mb=cap_mb(row.get("bucket_cap_mb")),
     )
 
@@ -350,13 +335,6 @@ def hook_fit(buckets: pd.DataFrame) -> tuple[float, float]:
     return nonnegative_line(x, y)
 
 
-def measured_steps(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> pd.DataFrame:
-    """The measured (not warm-up) ``steps`` rows of the attempts in ``keys`` (``cell_id``,
-    ``attempt``)."""
-    steps = tables["steps"].merge(keys[["cell_id", "attempt"]], on=["cell_id", "attempt"])
-    return steps[steps["measured"].astype(bool)]
-
-
 def host_hook_fixed_ns(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> float:
     """The fixed part ``a`` of :func:`hook_fit` over the measured steps of the attempts in
     ``keys`` pooled (the host's cells with the calibration's hook, several models and bucket
@@ -367,7 +345,7 @@ def host_hook_fixed_ns(tables: dict[str, pd.DataFrame], keys: pd.DataFrame) -> f
     benchmark's) the smallest size weighs most on the intercept, and a 5 % change of the largest
     size's cost moves it by about 14 us.
     """
-    steps = measured_steps(tables, keys)
+    steps = cell_steps(tables, keys)
     buckets = tables["buckets"].merge(steps[list(STEP_KEYS)], on=list(STEP_KEYS))
     if buckets["num_bytes"].nunique() < 2:
         return 0.0
@@ -412,43 +390,77 @@ def _service_ns(
     return link.predict_ns(sizes, world_size)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WhatIf:
+    """The configuration a prediction is asked about, resolved (``step_advice.predict_cap``
+    makes it from a cap, world size, link and host)."""
+
+    bucket_cap_mb: float | None
+    """DDP cap (MiB); None is DDP's default."""
+    link: LinkParams | Fit | ClusterLink
+    """A calibrated fit, published link parameters or a cluster's collective model."""
+    world_size: int | None = None
+    """Ranks (None: the calibration's)."""
+    num_channels: int | None = None
+    """Collectives in flight at once (None: the backend's; NCCL's on a cluster, whose GPUs run
+    NCCL)."""
+    compute_scale: float = 1.0
+    """Multiplies forward, backward compute, hooks and optimizer (module docstring)."""
+    service_scale: float = 1.0
+    """Multiplies every bucket's all-reduce time, stall included (the core share of ranks that
+    share one CPU host)."""
+
+    def __post_init__(self) -> None:
+        for name in ("compute_scale", "service_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Applied:
+    """The values of the step model's corrections as one prediction applies them
+    (``step_corrections.applied``; one field each, named as ``StepModel``'s): neutral where a
+    correction is off or out of its scope. The default is the idle model."""
+
+    interference: Interference = NO_INTERFERENCE
+    """Slowdown factors of overlapped communication and compute."""
+    stall_ns: float = 0.0
+    """Added to every bucket's idle all-reduce time from the link before the service scale:
+    the expected stall of one operation on the calibrated link."""
+    hook_fixed_ns: float = 0.0
+    """The fixed part a one-size hook cost is split by (:func:`split_hook`)."""
+    exposed_residual_ns: float = 0.0
+    """Times ``compute_scale``, added to the exposed communication and communication time
+    (:func:`with_exposed_residual`)."""
+    host_residual_ns: float = 0.0
+    """Times ``compute_scale``, added to the step (``StepPrediction.host_residual_ns``)."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.stall_ns) and self.stall_ns >= 0):
+            raise ValueError(f"stall_ns must be finite and >= 0, got {self.stall_ns}")
+        for name in ("hook_fixed_ns", "exposed_residual_ns", "host_residual_ns"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+
+
+IDLE_APPLIED = Applied()
+"""Every correction neutral: the idle model."""
+
+
 def predict_step(
     calibration: StepCalibration,
     param_sizes: Sequence[ParamSize],
-    *,
-    bucket_cap_mb: float | None,
-    link: LinkParams | Fit | ClusterLink,
-    world_size: int | None = None,
-    interference: Interference = NO_INTERFERENCE,
-    num_channels: int | None = None,
-    compute_scale: float = 1.0,
-    service_scale: float = 1.0,
-    stall_ns: float = 0.0,
-    exposed_residual_ns: float = 0.0,
-    host_residual_ns: float = 0.0,
+    what_if: WhatIf,
+    applied: Applied = IDLE_APPLIED,
 ) -> StepPrediction:
     """Simulate the calibrated step at a cap, link and world size.
 
     Args:
         calibration: from :func:`calibrate_step`.
         param_sizes: the same model's parameter sizes.
-        bucket_cap_mb: DDP cap (MiB); None is DDP's default.
-        link: a calibrated fit, published link parameters or a cluster's collective model.
-        world_size: ranks (default: the calibration's).
-        interference: slowdown factors (:data:`NO_INTERFERENCE`: the idle model).
-        num_channels: collectives in flight at once (default: the backend's; NCCL's on a
-            cluster, whose GPUs run NCCL).
-        compute_scale: multiplies forward, backward compute and optimizer (module docstring).
-        service_scale: multiplies every bucket's all-reduce time (the core share of ranks that
-            share one CPU host).
-        stall_ns: added to every bucket's idle all-reduce time from ``link`` before the
-            scale: the expected stall of one operation on the calibrated link
-            (``step_advice.link_stall_ns``).
-        exposed_residual_ns: the calibrated exposed residual
-            (``step_advice.exposed_residual_ns``), times ``compute_scale``, added to the exposed
-            communication and communication time (:func:`with_exposed_residual`).
-        host_residual_ns: the calibrated host residual (``step_advice.host_residual_ns``),
-            times ``compute_scale``, added to the step time (``StepPrediction.host_residual_ns``).
+        what_if: the cap, link, world size and scales asked about.
+        applied: the corrections' values (:class:`Applied`; the default: the idle model).
 
     Returns:
         The simulated step.
@@ -458,32 +470,26 @@ def predict_step(
             f"the model has {len(param_sizes)} parameters, the calibration cell "
             f"{calibration.cell_id} {len(calibration.param_ready_work_ns)}: use its own model"
         )
-    for name, value in (("compute_scale", compute_scale), ("service_scale", service_scale)):
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be finite and > 0, got {value}")
-    if not (math.isfinite(stall_ns) and stall_ns >= 0):
-        raise ValueError(f"stall_ns must be finite and >= 0, got {stall_ns}")
-    for name, value in (
-        ("exposed_residual_ns", exposed_residual_ns), ("host_residual_ns", host_residual_ns)
-    ):  # fmt: skip
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value}")
-    ws = calibration.world_size if world_size is None else world_size
+    ws = calibration.world_size if what_if.world_size is None else what_if.world_size
     if ws < 2:
         raise ValueError(f"world_size must be >= 2 for gradient all-reduce, got {ws}")
-    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
+    calibration = split_hook(calibration, applied.hook_fixed_ns)
+    compute_scale, link = what_if.compute_scale, what_if.link
+    buckets = assign_buckets(param_sizes, bucket_cap_mb=what_if.bucket_cap_mb)
     work = calibration.param_ready_work_ns
     ready = [compute_scale * max(work[i] for i in b.param_indices) for b in buckets]
     sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
     backend = "nccl" if isinstance(link, ClusterLink) else calibration.backend
-    channels = BACKEND_CHANNELS.get(backend, 1) if num_channels is None else num_channels
+    channels = what_if.num_channels
+    channels = BACKEND_CHANNELS.get(backend, 1) if channels is None else channels
+    service = _service_ns(link, sizes, ws) + applied.stall_ns
     slowest = simulate_step(
         ready_work_ns=ready,
-        service_ns=(service_scale * (_service_ns(link, sizes, ws) + stall_ns)).tolist(),
+        service_ns=(what_if.service_scale * service).tolist(),
         num_bytes=[b.num_bytes for b in buckets],
         compute_work_ns=max(compute_scale * calibration.compute_work_ns, max(ready)),
         num_channels=channels,
-        interference=interference,
+        interference=applied.interference,
         launch_overhead_ns=[
             compute_scale * (calibration.hook_fixed_ns + calibration.hook_ns_per_byte * n)
             for n in sizes
@@ -492,10 +498,10 @@ def predict_step(
         optimizer_ns=compute_scale * calibration.optimizer_ns,
         other_ns=calibration.other_ns,
     )
-    residual = compute_scale * host_residual_ns
+    residual = compute_scale * applied.host_residual_ns
     if residual:
         slowest = replace(slowest, step_ns=slowest.step_ns + residual, host_residual_ns=residual)
-    return with_exposed_residual(slowest, compute_scale * exposed_residual_ns)
+    return with_exposed_residual(slowest, compute_scale * applied.exposed_residual_ns)
 
 
 def with_exposed_residual(prediction: StepPrediction, residual_ns: float) -> StepPrediction:
@@ -534,11 +540,8 @@ def _fit_bound(fit: Fit, side: int) -> Fit:
 def predict_range(
     calibration: StepCalibration,
     param_sizes: Sequence[ParamSize],
-    *,
-    bucket_cap_mb: float | None,
-    link: LinkParams | Fit | ClusterLink,
-    interference: Interference,
-    **kwargs: float | int | None,
+    what_if: WhatIf,
+    applied: Applied = IDLE_APPLIED,
 ) -> tuple[StepPrediction, StepPrediction, StepPrediction]:
     """(low, central, high) predictions: the calibration's uncertainty carried through.
 
@@ -546,21 +549,17 @@ def predict_range(
     at their lower quartiles; high: the upper ends. Published links and clusters have no
     interval.
     """
-    central = predict_step(
-        calibration, param_sizes, bucket_cap_mb=bucket_cap_mb, link=link,
-        interference=interference, **kwargs,  # type: ignore[arg-type]
-    )  # fmt: skip
+    central = predict_step(calibration, param_sizes, what_if, applied)
     ends = []
+    link = what_if.link
     for side, sign in ((0, -1.0), (1, 1.0)):
         bound = link if isinstance(link, LinkParams | ClusterLink) else _fit_bound(link, side)
         ends.append(
             predict_step(
                 calibration,
                 param_sizes,
-                bucket_cap_mb=bucket_cap_mb,
-                link=bound,
-                interference=interference.shifted(sign),
-                **kwargs,  # type: ignore[arg-type]
+                replace(what_if, link=bound),
+                replace(applied, interference=applied.interference.shifted(sign)),
             )
         )
     return ends[0], central, ends[1]

@@ -4,10 +4,10 @@ prediction, in one frozen table (docs/design.md, "The step model's spec", a sect
 Each :class:`SpecEntry` names its formula, what it is fitted from, where it applies, how it is
 switched off and, for a fitted model, its value (:func:`spec_doc`); ``commprof estimate --fit
 DIR`` prints the table beside every prediction. The entries are what the code applies, not a
-description beside it: the corrections are :data:`step_advice.CORRECTION_NAMES` (checked by
-``tests/test_step_spec.py``), the constants are read from the modules that use them, and the
-removed entries are named so that no one adds them back without an ablation
-(docs/design.md says which removed them and why). This module imports no torch and no ray.
+description beside it: the corrections' entries are made from ``step_corrections.CORRECTIONS``
+(their on/off from each one's declared scope), the constants are read from the modules that use
+them, and the removed entries are named so that no one adds them back without an ablation
+(docs/design.md says why). This module imports no torch and no ray.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from commprof.modeling import cap_advice, step_advice, step_model, step_sim
+from commprof.modeling import cap_advice, step_model, step_sim
 from commprof.modeling.cap_advice import TIE_TOLERANCE
-from commprof.modeling.step_advice import Applied, Corrections, StepModel
-from commprof.modeling.step_model import HOOK_QUANTILE, INTERFERENCE_STATISTIC
+from commprof.modeling.step_advice import StepModel
+from commprof.modeling.step_corrections import BY_NAME, CORRECTIONS, Correction, Corrections
+from commprof.modeling.step_model import HOOK_QUANTILE, INTERFERENCE_STATISTIC, Applied
 
 Kind = Literal["correction", "fitted", "rule", "removed"]
 
@@ -48,28 +49,16 @@ class SpecEntry:
     """The functions that fit it, then those that apply it (none for a removed entry)."""
 
 
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:+.3f} ms"
+def _entry(c: Correction) -> SpecEntry:
+    """A correction's entry: all of it from its declaration."""
+    return SpecEntry(
+        name=c.name, kind="correction", formula=c.formula, fitted_from=c.fitted_from,
+        applies_to=c.scope.value, switch=c.switch, section=c.section, code=(c.fit, c.apply),
+    )  # fmt: skip
 
 
 SPEC: Final[tuple[SpecEntry, ...]] = (
-    SpecEntry(
-        name="stall", kind="correction",
-        formula="t_k = alpha + beta * n_k + stall, for every all-reduce k",
-        fitted_from="the host's microbenchmarks: mean minus median time of a cell's iterations "
-        "(all sizes), median over cells",
-        applies_to="the calibrated link", switch="--without stall", section="Stall",
-        code=(step_advice.link_stall_ns, step_model.predict_step),
-    ),
-    SpecEntry(
-        name="interference", kind="correction",
-        formula="an all-reduce of n bytes runs comm_factor(n) times slower while compute runs; "
-        "compute compute_factor(n) times slower while it runs",
-        fitted_from="the interference arms of every cell of the host, median over cells",
-        applies_to="every prediction", switch="--without interference (--no-interference)",
-        section="Interference",
-        code=(step_model.interference_from_rows, step_sim.simulate_step),
-    ),
+    *(_entry(c) for c in CORRECTIONS),
     SpecEntry(
         name="interference_statistic", kind="rule",
         formula=f"factor = {INTERFERENCE_STATISTIC} loaded time / {INTERFERENCE_STATISTIC} "
@@ -86,31 +75,6 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         applies_to="every prediction", switch="none: part of the calibrated timeline",
         section="Hook cost",
         code=(step_model.hook_fit, step_sim.simulate_step),
-    ),
-    SpecEntry(
-        name="hook_split", kind="correction",
-        formula="where the calibration saw one bucket size n0: L(n) = a_host + (L(n0) - a_host) "
-        "/ n0 * n, a_host at most L(n0)",
-        fitted_from="the intercept of the hook-cost line over every bucket size of the host's "
-        "cells with the calibration's hook, unprofiled",
-        applies_to="every prediction", switch="--without hook_split", section="Hook split",
-        code=(step_model.host_hook_fixed_ns, step_model.split_hook),
-    ),
-    SpecEntry(
-        name="exposed_residual", kind="correction",
-        formula="exposed += measured exposed - model exposed at the calibration cap, in sample "
-        "only (the calibration's buckets and world size)",
-        fitted_from="the calibration cells", applies_to="the calibrated link",
-        switch="--without exposed_residual", section="Exposed residual",
-        code=(step_advice.exposed_residual_ns, step_model.with_exposed_residual),
-    ),
-    SpecEntry(
-        name="host_residual", kind="correction",
-        formula="step += measured step - model step at the calibration cap, in sample only "
-        "(the calibration's buckets and world size)",
-        fitted_from="the calibration cells", applies_to="the calibrated link",
-        switch="--without host_residual", section="Host residual",
-        code=(step_advice.host_residual_ns, step_model.predict_step),
     ),
     SpecEntry(
         name="advice_tolerance", kind="rule",
@@ -147,48 +111,23 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="-", applies_to="-", switch="removed", section="Queue factor (removed)",
     ),
 )  # fmt: skip
-"""The step model's spec, in the order a prediction applies it."""
+"""The step model's spec: its corrections (in ``step_corrections.CORRECTIONS`` order), then the
+fitted parts and rules, then the removed corrections."""
 
 
 def _values(model: StepModel, used: Applied) -> dict[str, Callable[[], str]]:
     cal = model.calibration
-    f = model.interference
-    return {
-        "stall": lambda: f"{_ms(used.stall_ns)} an all-reduce",
-        "interference": lambda: (
-            f"comm x{min(f.comm_slowdown):.2f} to x{max(f.comm_slowdown):.2f}, compute "
-            f"x{min(f.compute_slowdown):.2f} to x{max(f.compute_slowdown):.2f} over "
-            f"{len(f.sizes_bytes)} size(s)"
-        ),
+    values: dict[str, Callable[[], str]] = {
         "interference_statistic": lambda: INTERFERENCE_STATISTIC,
         "hook_cost": lambda: (
             f"a = {cal.hook_fixed_ns / 1e3:.1f} us, b = {cal.hook_ns_per_byte:.3g} ns/B"
         ),
-        "hook_split": lambda: _hook_split(model, used),
-        "exposed_residual": lambda: _residual(used.exposed_residual_ns, model.exposed_residual_ns),
-        "host_residual": lambda: _residual(used.host_residual_ns, model.host_residual_ns),
         "advice_tolerance": lambda: f"{TIE_TOLERANCE:.0%}",
         "in_use_rule": lambda: f"within {TIE_TOLERANCE:.0%}",
     }
-
-
-def _residual(used_ns: float, fitted_ns: float) -> str:
-    """An in-sample residual's value: as applied, or 0 and the fitted value out of sample."""
-    if used_ns or not fitted_ns:
-        return _ms(used_ns)
-    return f"0 here, out of sample ({_ms(fitted_ns)} at the calibration's buckets and world size)"
-
-
-def _hook_split(model: StepModel, used: Applied) -> str:
-    """The hook split's value: the split line, or why there is none."""
-    sizes = len(model.calibration.hook_sizes_bytes)
-    fixed = used.hook_fixed_ns / 1e3
-    if sizes != 1:
-        return f"a_host = {fixed:.1f} us, not used: the calibration saw {sizes} sizes"
-    if used.hook_fixed_ns <= 0:
-        return "not used: the host's cells saw one bucket size (no fixed part to take)"
-    split = step_model.split_hook(model.calibration, used.hook_fixed_ns)
-    return f"a = {split.hook_fixed_ns / 1e3:.1f} us, b = {split.hook_ns_per_byte:.3g} ns/B"
+    for c in CORRECTIONS:
+        values[c.name] = lambda c=c: c.value_text(model, used)  # type: ignore[misc]
+    return values
 
 
 def spec_doc(
@@ -199,16 +138,22 @@ def spec_doc(
 
     Args:
         model: The fitted model (``step_advice.load_step_model``).
-        used: What the prediction applies (``step_advice.applied``).
+        used: What the prediction applies (``step_corrections.applied``).
         corrections: Which corrections are switched on.
         calibrated_link: The prediction is on the calibrated link; on another (a published
-            interconnect, a cluster) the entries that apply to "the calibrated link" are off.
+            interconnect, a cluster) a correction whose scope needs that link is off (an
+            in-sample one shows on at the calibrated link, its value saying whether it
+            applies to this configuration).
     """
     values = _values(model, used)
     out = []
     for e in SPEC:
-        on = getattr(corrections, e.name) if e.kind == "correction" else e.kind != "removed"
-        on = on and (calibrated_link or e.applies_to != "the calibrated link")
+        on = e.kind != "removed"
+        if e.kind == "correction":
+            scope = BY_NAME[e.name].scope
+            on = corrections.on(e.name) and scope.reaches(
+                calibrated_link=calibrated_link, in_sample=True
+            )
         out.append({
             "name": e.name, "kind": e.kind, "on": bool(on),
             "value": values[e.name]() if e.name in values and on else None,

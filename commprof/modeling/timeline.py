@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from commprof.modeling.buckets import ParamSize
+from commprof.query import cell_steps, keys_of, ok_cell, resolve_cell
 
 
 def bucket_ready_offsets(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Series:
@@ -37,19 +38,9 @@ def bucket_ready_offsets(tables: dict[str, pd.DataFrame], cell_id: str) -> pd.Se
     Returns:
         Offsets indexed by bucket index.
     """
-    cells = tables["cells"]
-    ok = cells[(cells["status"] == "ok") & cells["cell_id"].str.startswith(cell_id)]
-    if ok["cell_id"].nunique() != 1:
-        found = sorted(set(cells["cell_id"][cells["cell_id"].str.startswith(cell_id)]))
-        raise ValueError(
-            f"--cell {cell_id!r} must name exactly one cell that completed; matches: {found}"
-        )
-    row = ok.sort_values("attempt").iloc[-1]
+    row = ok_cell(tables["cells"], cell_id)
     key = ["cell_id", "attempt", "rank", "step"]
-    steps = tables["steps"]
-    steps = steps[(steps["cell_id"] == row["cell_id"]) & (steps["attempt"] == row["attempt"])].loc[
-        lambda s: s["measured"]
-    ]
+    steps = cell_steps(tables, keys_of([row]))
     if steps.empty or steps["start_ns"].isna().any():
         raise ValueError(
             f"cell {row['cell_id']} has no step start times (a dataset from before they were "
@@ -75,8 +66,8 @@ def parameter_ready_ns(
     """
     offsets = bucket_ready_offsets(tables, cell_id)
     params = tables["bucket_params"]
-    cell = tables["cells"].loc[tables["cells"]["cell_id"].str.startswith(cell_id), "cell_id"]
-    return spread_to_parameters(offsets, params[params["cell_id"] == cell.iloc[0]], param_sizes)
+    cell = resolve_cell(tables["cells"], cell_id)
+    return spread_to_parameters(offsets, params[params["cell_id"] == cell], param_sizes)
 
 
 def spread_to_parameters(
