@@ -28,12 +28,15 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from commprof.traces.comm_rules import CommRules
 from commprof.traces.intervals import Int64Array, IntervalSet, difference
+from commprof.traces.possible_comm import possible_comm
 from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
 from commprof.traces.trace_rules import (
     CLASSES,
     COMM_OP_PATTERN,
+    DEFAULT_COMM,
     DEVICE_CATS,
     DTYPE_BYTES,
     GRAPH_LAUNCH_PATTERN,
@@ -102,10 +105,13 @@ class ParsedTrace:
     """Interval set of each class in CLASSES."""
     collectives: pd.DataFrame = field(repr=False)
     """One row per collective: name, collective_type, start_ns, end_ns, duration_ns, step, seq,
-    num_bytes, process_group, thread, group_size, type_source. ``step`` is the step whose
+    num_bytes, process_group, thread, group_size, type_source, library, point_to_point.
+    ``step`` is the step whose
     ProfilerStep launched it, else the window it starts in, else NA (outside every window);
     type, group, size and sequence number come from the event's own args, else from its
-    launching op (``type_source``: "args", "launching op", "op name", "event name")."""
+    launching op (``type_source``: "args", "launching op", "op name", "event name"), unless the
+    communication rule that claims the kernel types it by its name ("event name") or fixes it
+    ("rule"); ``library`` and ``point_to_point`` are that rule's ("" and False where none)."""
     unlaunched_rule: str = "keep"
     """What was done with device activities whose launch is not in the trace: "keep" or "drop"."""
     num_unlaunched: int = 0
@@ -132,6 +138,10 @@ class ParsedTrace:
     counted: pd.DataFrame | None = field(default=None, repr=False)
     """What each class holds: per class its names with the most time (class, name,
     num_events, time_ns), at most COUNTED_TOP of a class (:func:`counted_names`)."""
+    possible_comm: pd.DataFrame | None = field(default=None, repr=False)
+    """Kernels counted as compute that may be communication (no rule claims them; name,
+    num_events, time_ns, why, rule_line: :func:`commprof.traces.possible_comm.possible_comm`);
+    None in the regimes whose communication is not kernels."""
 
     @property
     def outside(self) -> pd.DataFrame:
@@ -405,6 +415,7 @@ def _collectives(
     idx: npt.NDArray[np.intp],
     windows: tuple[Int64Array, Int64Array, Int64Array],
     cpu: tuple[Int64Array, Int64Array, Int64Array] | None,
+    comm: CommRules | None = None,
 ) -> pd.DataFrame:
     """The collectives table (see ``ParsedTrace.collectives``)."""
     ids, starts, ends = windows
@@ -425,9 +436,17 @@ def _collectives(
     ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
     event_names = [evs.names[c] for c in evs.name_code[idx].tolist()]
     op_names = [evs.names[evs.name_code[i]] if i >= 0 else None for i in with_name.tolist()]
-    names, kinds, sources = [], [], []
+    claims = {n: comm.claim(str(n)) for n in set(event_names)} if comm is not None else {}
+    names, kinds, sources, libraries, p2p = [], [], [], [], []
     for a, o, event_name, op_name in zip(own, ops, event_names, op_names, strict=True):
-        if "Collective name" in a:
+        rule = claims.get(event_name)
+        libraries.append(rule.library if rule is not None else "")
+        p2p.append(rule is not None and rule.kind == "point_to_point")
+        if rule is not None and rule.type_from == "fixed":
+            name, kind, how = event_name, rule.collective_type, "rule"
+        elif rule is not None and rule.type_from == "name":
+            name, kind, how = event_name, None, "event name"
+        elif "Collective name" in a:
             name, kind, how = a["Collective name"], None, "args"
         elif "Collective name" in o:
             name, kind, how = o["Collective name"], None, "launching op"
@@ -451,6 +470,7 @@ def _collectives(
         "thread": evs.thread[idx],
         "group_size": _int_column([a.get("Group size") for a in merged]),
         "type_source": _category(sources),
+        "library": _category(libraries), "point_to_point": np.array(p2p, bool),
     })  # fmt: skip
     frame.loc[~known, "step"] = pd.NA
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -504,6 +524,7 @@ def parse_trace(
     source: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     unlaunched: str = "keep",
+    comm_rules: CommRules | None = None,
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
 
@@ -521,6 +542,8 @@ def parse_trace(
         unlaunched: Device activities with no launch event in the trace (launched before
             profiling started): "keep" them (the default; they ran inside the profiled time)
             or "drop" them (HolisticTraceAnalysis' rule). docs/design.md, Definitions.
+        comm_rules: Which kernels are communication (default: the shipped rules,
+            :func:`commprof.traces.comm_rules.default_rules`; ``resolve_rules`` adds a user's).
 
     Returns:
         The :class:`ParsedTrace`.
@@ -532,14 +555,19 @@ def parse_trace(
         source = "<dict>" if isinstance(trace, dict) else str(trace)
     if unlaunched not in UNLAUNCHED_RULES:
         raise ValueError(f"unlaunched must be one of {UNLAUNCHED_RULES}, got {unlaunched!r}")
-    tables = candidate_tables(regime, rules)  # validates regime before reading
+    tables = candidate_tables(regime, rules, comm_rules)  # validates regime before reading
     cols = read_columns(trace, tables, source=source, chunk_bytes=chunk_bytes)
     evs = _Events(cols)
     meta = cols.meta
     if regime is None:
-        regime = rules.regime if rules is not None else detect_regime(meta, evs.cats, evs.names)
+        comm_kernel = re.compile((comm_rules or DEFAULT_COMM).comm_pattern())
+        regime = (
+            rules.regime
+            if rules is not None
+            else detect_regime(meta, evs.cats, evs.names, comm_kernel)
+        )
     if rules is None:
-        rules = RULES[regime]
+        rules = {t.regime: t for t in tables}.get(regime, RULES[regime])
     orphan = _unlaunched(evs)
     targets, collective, not_compute = _classify(evs, rules, orphan & (unlaunched == "drop"))
     if unlaunched == "keep":  # classify them (again) to count their communication time
@@ -583,7 +611,9 @@ def parse_trace(
         step_end_ns=ends.astype(np.int64),
         step_source=label,
         classes=classes,
-        collectives=_collectives(evs, np.flatnonzero(collective), (ids, starts, ends), cpu),
+        collectives=_collectives(
+            evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
+        ),
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
         unlaunched_ns=summed(orphan),
@@ -596,4 +626,13 @@ def parse_trace(
         gpu_lag_ns=int(np.median(lag)) if lag.size else None,
         has_backward=any(TRAINING_NAMES.match(str(n)) for n in names),
         counted=counted_names(evs, targets),
+        possible_comm=None if rules.comm is None else _possible(evs, targets, rules.comm),
     )
+
+
+def _possible(evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules) -> pd.DataFrame:
+    """The possible communication not counted (:mod:`commprof.traces.possible_comm`)."""
+    launch = np.full(len(evs), -1, np.intp)
+    kernels = np.flatnonzero(evs.cat_mask(frozenset({"kernel"})))
+    launch[kernels] = evs.launch_of(kernels)
+    return possible_comm(evs.cols, targets, comm, launch)
