@@ -72,7 +72,9 @@ class CommRule:
                 f"got type_from {self.type_from!r} and collective_type {self.collective_type!r}"
             )
         if self.collective_type is not None and self.collective_type not in TYPES:
-            raise ValueError(f"collective_type must be one of {TYPES}, got {self.collective_type!r}")
+            raise ValueError(
+                f"collective_type must be one of {TYPES}, got {self.collective_type!r}"
+            )
         try:
             re.compile(self.pattern)
         except re.error as err:
@@ -144,12 +146,16 @@ def parse_rules(doc: Any, source: str) -> tuple[CommRule, ...]:
         raise ValueError(f"{source}: a rule file is a mapping with a 'rules' list of entries")
     extra = sorted(set(doc) - {"rules", "version"})
     if extra:
-        raise ValueError(f"{source}: unknown top-level key(s) {extra}; only 'rules' (and 'version')")
+        raise ValueError(
+            f"{source}: unknown top-level key(s) {extra}; only 'rules' (and 'version')"
+        )
     out = []
     for i, entry in enumerate(doc["rules"]):
         where = f"{source}: rules[{i}]"
         if not isinstance(entry, dict):
-            raise ValueError(f"{where}: an entry is a mapping of {list(FIELDS)}, got {short(entry)}")
+            raise ValueError(
+                f"{where}: an entry is a mapping of {list(FIELDS)}, got {short(entry)}"
+            )
         if isinstance(entry.get("name"), str):
             where += f" ({entry['name']})"
         unknown = sorted(set(map(str, entry)) - set(FIELDS))

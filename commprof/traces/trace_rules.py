@@ -134,7 +134,7 @@ COLLECTIVE_TYPES = (
     ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce|quickreduce", re.I)),
     ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
     ("all_gather", re.compile(r"all_?gather", re.I)),
-    ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+    ("all_to_all", re.compile(r"all_?(?:to|2)_?all", re.I)),
     ("dispatch", re.compile(r"dispatch", re.I)),
     ("combine", re.compile(r"combine", re.I)),
     ("send_recv", re.compile(r"send|recv", re.I)),
