@@ -127,7 +127,7 @@ def possible_comm(
     })  # fmt: skip
     rows = []
     for code, group in frame.groupby("code", sort=False):
-        name = names[int(code)]
+        name = names[int(code)]  # type: ignore[arg-type]  # an int32 group key
         why = []
         if group["named"].any():
             why.append("its name reads like communication")
