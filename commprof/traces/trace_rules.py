@@ -52,12 +52,18 @@ COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
 ``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
 type, group, size and sequence number from its launching op. (The dispatcher's
 ``c10d::allreduce_`` around them says nothing more and is left out: fewer events kept.)"""
-HOST_COMM_PATTERN = (
-    r"record_param_comms|c10d::|nccl:|rccl:|(?i:.*?(?:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp"
-    r"|userbuffers|all_?to_?all|moe_?dispatch|moe_?combine|ep_?dispatch|ep_?combine))"
+LIBRARY_RANGE_PATTERN = (
+    r"(?i:.*?(?:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp|userbuffers|all_?to_?all|moe_?dispatch"
+    r"|moe_?combine|ep_?dispatch|ep_?combine))"
 )
-"""Host ops (any category) whose time is a communication library's: a kernel launched inside
-one is communication or its preparation (``re.match``)."""
+"""Host ranges (``record_function``, any category) named after a communication library or an
+expert-parallel exchange: kept in every category, for the possible-communication check."""
+HOST_COMM_PATTERN = rf"record_param_comms|c10d::|nccl:|rccl:|{LIBRARY_RANGE_PATTERN}"
+"""Host ops whose time is a communication library's: a kernel launched inside one is
+communication or its preparation (``re.match``; :mod:`commprof.traces.possible_comm`). The
+dispatcher's ``c10d::*`` ops count where their category is kept anyway, but are not kept for
+this: each encloses a ``record_param_comms`` that is (a c10d op per collective, kept, cost
+a tenth more kept events on a trace of many small collectives)."""
 STEP_NAME_PATTERN = r"ProfilerStep#"
 """Names of the step annotations, kept in any category (CPU and device ``ProfilerStep#N``)."""
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
@@ -264,7 +270,7 @@ def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
     names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
     names += [COMM_OP_PATTERN, STEP_NAME_PATTERN]
     if any(t.comm is not None for t in tables):  # possible communication (possible_comm)
-        names.append(HOST_COMM_PATTERN)
+        names.append(LIBRARY_RANGE_PATTERN)
     if len(tables) > 1:
         names += [t.comm.comm_pattern() for t in tables if t.comm is not None]
     return re.compile("|".join(f"(?:{n})" for n in names))
