@@ -27,10 +27,19 @@ if TYPE_CHECKING:
     from commprof.traces.trace_columns import TraceColumns
 
 COMM_WORDS = re.compile(
-    r"(?i)(?<![a-z])(?:dispatch|combine|all_?2_?all|all_?to_?all|send|recv|notify|barrier"
-    r"|all_?reduce|all_?gather|reduce_?scatter|broadcast|nvshmem|multimem)"
+    r"(?<![a-z])(?:[aA]ll_?(?:[rR]educe|[gG]ather|[tT]o_?[aA]ll|2_?[aA]ll)|[rR]educe_?[sS]catter"
+    r"|[sS]end|[rR]ecv|[bB]roadcast|[bB]arrier|[nN]otify|nvshmem|multimem)"
 )
-"""Words in a kernel name that suggest communication (each at the start of a word)."""
+"""Words in a kernel name that suggest communication, each at the start of a word (after a
+separator, a digit or an upper-case letter)."""
+EP_WORDS = re.compile(r"(?<![a-z])(?:[dD]ispatch|[cC]ombine)(?![a-z])")
+"""Expert-parallel words (a whole word: not ``combined``), which compute kernels use too: they
+suggest communication only in a name without a COMPUTE_WORDS word."""
+COMPUTE_WORDS = re.compile(
+    r"(?i)norm|gemm|matmul|attn|attention|softmax|conv|elementwise|topk|sort|embedding|rotary"
+    r"|rope|silu|gelu|swiglu|quant|cast|routing|gate|scores"
+)
+"""Words of compute kernels (``groupnorm_kernel_dispatch_up``, a MoE router's scores)."""
 COMPUTE_NAMESPACES = re.compile(
     r"at::native|at::cuda|\bc10::|cutlass|cublas|cudnn|\bsm\d+_xmma|\btriton_|\bthrust::|\bcub::"
     r"|flash_?attn|\bfmha|\bgemm|\bgemv|\bfbgemm_gpu::|\bvllm::moe::|\bsgl_kernel::|\btensorrt_llm::kernels::"
@@ -40,6 +49,14 @@ COMPUTE_NAMESPACES = re.compile(
 Triton, FlashAttention, GEMMs, MoE routing helpers): their kernels are compute whatever
 their names say."""
 COLUMNS = ("name", "num_events", "time_ns", "why", "rule_line")
+
+
+def looks_like_comm(kernel_name: str) -> bool:
+    """Whether a kernel's name reads like communication (COMM_WORDS, or EP_WORDS without
+    COMPUTE_WORDS)."""
+    if COMM_WORDS.search(kernel_name):
+        return True
+    return EP_WORDS.search(kernel_name) is not None and not COMPUTE_WORDS.search(kernel_name)
 
 
 def rule_line(kernel_name: str) -> str:
@@ -104,7 +121,7 @@ def possible_comm(
     cand = np.flatnonzero(is_kernel & (targets == compute) & code_mask(cols.name_code, unclaimed))
     if not cand.size:
         return pd.DataFrame(columns=list(COLUMNS))
-    by_name = np.array([COMM_WORDS.search(n) is not None for n in names], bool)
+    by_name = np.array([looks_like_comm(n) for n in names], bool)
     named = by_name[cols.name_code[cand]]
     host_rx = re.compile(HOST_COMM_PATTERN)
     host_code = [host_rx.match(n) is not None for n in names]
