@@ -24,7 +24,7 @@ from commprof.traces.comm_rules import (
 )
 from commprof.traces.metrics import collective_type_metrics, step_metrics
 from commprof.traces.possible_comm import rule_line
-from commprof.traces.trace_parser import parse_trace
+from commprof.traces.trace_parser import load_trace, parse_trace
 from tests.prereqs import needs
 from tests.trace_events import x
 
@@ -231,3 +231,21 @@ def test_public_deepep_training_trace_counts_every_deepep_kernel() -> None:
     assert set(p.collectives["collective_type"]) == {"dispatch", "combine", "all_to_all"}
     assert p.possible_comm is not None and p.possible_comm.empty
     assert int(p.collectives["duration_ns"].sum()) == sum(round(e["dur"] * 1000) for e in ep)
+
+
+def test_kept_symmetric_memory_trace_counts_every_communication_kernel() -> None:
+    path = (
+        Path(__file__).parent / "data" / "external" / "tracelens_b200_eager" / "eager_trace.json.gz"
+    )
+    events = load_trace(path)["traceEvents"]
+    comm = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel"
+            and re.search(r"multimem_all_reduce_kernel|^ncclDevKernel", e["name"])]  # fmt: skip
+    with pytest.warns(UserWarning, match="no ProfilerStep#N annotations"):
+        p = parse_trace(path)
+    assert p.regime == "cuda-nccl" and len(p.collectives) == len(comm) == 74
+    by_library = p.collectives.groupby("library", observed=True)["collective_type"].agg(set)
+    assert by_library.to_dict() == {
+        "PyTorch symmetric memory": {"all_reduce"},
+        "NCCL / RCCL": {"all_gather"},
+    }
+    assert p.possible_comm is not None and p.possible_comm.empty
