@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,8 @@ class CommRules:
     """Entries; the first whose pattern a kernel name holds claims it."""
     sources: tuple[str, ...] = ()
     """Files they came from (for messages)."""
+    claimed: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Kernel name -> index of the entry that claims it (-1: none), filled as names are asked."""
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.rules]
@@ -102,7 +104,9 @@ class CommRules:
 
     def claim(self, kernel_name: str) -> CommRule | None:
         """The entry that claims ``kernel_name`` (None: no entry)."""
-        index = _claim_index(self.rules, kernel_name)
+        index = self.claimed.get(kernel_name)
+        if index is None:
+            index = self.claimed[kernel_name] = _claim_index(self.rules, kernel_name)
         return None if index < 0 else self.rules[index]
 
     def runs(self) -> list[tuple[bool, str]]:
@@ -123,7 +127,6 @@ class CommRules:
         return ".*?(?:" + "|".join(f"(?:{p})" for p in pats) + ")" if pats else "(?!)"
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _claim_index(rules: tuple[CommRule, ...], kernel_name: str) -> int:
     for i, rule in enumerate(rules):
         if _compiled(rule.pattern).search(kernel_name):
