@@ -8,6 +8,7 @@ tests/trace_events.py; the real trace itself is read where a local copy exists.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,12 @@ REQUIRED_LIBRARIES = {
     "pplx-kernels", "FlashInfer", "MSCCL", "MSCCL++", "UCC", "oneCCL", "HCCL", "vLLM",
     "TensorRT-LLM", "PyTorch symmetric memory",
 }  # fmt: skip
-EXTERNAL = Path("/work/external_traces/deepseek_profile_data")
-"""A local copy of deepseek-ai/profile-data's train.json (no licence: not kept here)."""
+EXTERNAL = (
+    Path(os.environ.get("COMMPROF_EXTERNAL_TRACES", "/work/external_traces"))
+    / "deepseek_profile_data"
+)
+"""A local copy of deepseek-ai/profile-data's train.json (no licence: not kept here); the folder
+of such copies is ``COMMPROF_EXTERNAL_TRACES`` (tests/data/external/SOURCES.md)."""
 
 
 def ep_trace() -> dict[str, Any]:
