@@ -130,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         help="write every rank as one trace on one clock (estimated offsets applied, "
         "collectives linked across ranks) for Perfetto or chrome://tracing",
     )
+    analyze.add_argument(
+        "--rules",
+        type=Path,
+        metavar="FILE",
+        help="YAML file of communication-kernel rules that add to or override the shipped ones "
+        "(docs/analyze_rules.md); default: the file COMMPROF_RULES names, if set",
+    )
     analyze.set_defaults(func=_analyze)
 
     for name, help_text in (
@@ -555,6 +562,7 @@ def _analyze(args: argparse.Namespace) -> int:
             address=args.address,
             unlaunched=args.unlaunched,
             perfetto_out=args.perfetto,
+            rules=args.rules,
         )
     )
 

@@ -316,6 +316,7 @@ def run(
     address: str | None = None,
     unlaunched: str = "keep",
     perfetto_out: Path | None = None,
+    rules: Path | None = None,
 ) -> int:
     """Entry point of ``commprof analyze``; returns the process exit code.
 
@@ -329,14 +330,22 @@ def run(
         address: Ray cluster address (implies use_ray).
         unlaunched: "keep" or "drop" device kernels with no launch event in the trace.
         perfetto_out: Write every rank as one Chrome trace here (``--perfetto``).
+        rules: A rule file of communication kernels (``--rules``) that adds to or overrides
+            the shipped one; None reads the file ``COMMPROF_RULES`` names, if set.
 
     Returns:
         0 on success, 2 when the traces cannot be analysed (message on stderr).
     """
     import json
 
+    from commprof.traces.comm_rules import resolve_rules
     from commprof.traces.metrics import STEP_COLUMNS
 
+    try:  # checked before any trace is read
+        comm_rules = resolve_rules(rules)
+    except ValueError as exc:
+        print(f"commprof analyze: {exc}", file=sys.stderr)
+        return 2
     trace_dir = Path(trace_dir)
     cells = {p.name: p for p in cell_folders(trace_dir)} if trace_dir.is_dir() else {}
     jobs = cells or {"": trace_dir}
@@ -352,7 +361,7 @@ def run(
                     workers=workers,
                     use_ray=use_ray,
                     address=address,
-                    parse_options={"unlaunched": unlaunched},
+                    parse_options={"unlaunched": unlaunched, "comm_rules": comm_rules},
                 )
         except ValueError as exc:
             print(f"commprof analyze: {exc}", file=sys.stderr)

@@ -27,12 +27,14 @@ import pandas as pd
 
 from commprof.traces.crossrank import rank_collectives
 from commprof.traces.metrics import collective_type_metrics, step_metrics, type_totals
+from commprof.traces.possible_comm import COLUMNS as POSSIBLE_COLUMNS
 from commprof.traces.trace_notes import trace_notes
 from commprof.traces.trace_parser import ParsedTrace, parse_trace
 
 
 def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
     """One row of the ``traces`` table: what is said of a trace as a whole."""
+    possible = parsed.possible_comm
     return {
         "rank": parsed.rank,
         "source": parsed.source,
@@ -52,6 +54,8 @@ def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
         "num_device_events": parsed.num_device_events,
         "gpu_lag_ns": parsed.gpu_lag_ns,
         "training": parsed.has_backward,
+        "num_possible_comm": 0 if possible is None else int(possible["num_events"].sum()),
+        "possible_comm_ns": 0 if possible is None else int(possible["time_ns"].sum()),
     }
 
 
@@ -65,12 +69,20 @@ def _counted(parsed: ParsedTrace) -> pd.DataFrame:
     return counted.assign(rank=parsed.rank)[["rank", *counted.columns]]
 
 
+def _possible_comm(parsed: ParsedTrace) -> pd.DataFrame:
+    possible = parsed.possible_comm
+    if possible is None:
+        possible = pd.DataFrame(columns=list(POSSIBLE_COLUMNS))
+    return possible.assign(rank=parsed.rank)[["rank", *possible.columns]]
+
+
 RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "steps": step_metrics,
     "collectives": _collectives,
     "collective_types": collective_type_metrics,
     "type_totals": type_totals,
     "counted": _counted,
+    "possible_comm": _possible_comm,
 }
 """Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
 ("steps": :func:`commprof.traces.metrics.step_metrics`, "collectives": the collectives
@@ -78,7 +90,8 @@ with rank and matching group, :func:`commprof.traces.crossrank.rank_collectives`
 "collective_types": per step and collective type,
 :func:`commprof.traces.metrics.collective_type_metrics`, "type_totals": how those add up to
 the step table, :func:`commprof.traces.metrics.type_totals`, "counted": the names with the
-most time in each class, ``ParsedTrace.counted``)."""
+most time in each class, ``ParsedTrace.counted``, "possible_comm": kernels counted as compute
+that may be communication, ``ParsedTrace.possible_comm``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -73,11 +73,12 @@ def cross_text(cross: CrossRank) -> list[str]:
 
 
 BASIC_TABLES = ("steps", "ranks", "traces", "collectives", "collective_types", "type_totals",
-                "counted")  # fmt: skip
+                "counted", "possible_comm")  # fmt: skip
 """Tables printed in their own places; any other per-rank table prints after them."""
 TRACE_COLUMNS = (
     "rank", "world_size", "regime", "window_source", "num_collectives", "num_outside",
-    "outside_comm_ns", "num_duplicates", "num_unlaunched", "unlaunched_ns",
+    "outside_comm_ns", "num_duplicates", "num_unlaunched", "unlaunched_ns", "num_possible_comm",
+    "possible_comm_ns",
 )  # fmt: skip
 """Columns of the printed traces table (``--json`` and ``--out`` hold every column)."""
 MAX_COUNTED_RANKS = 8
@@ -105,6 +106,23 @@ def counted_text(counted: pd.DataFrame) -> list[str]:
     ]
     if len(ranks) > MAX_COUNTED_RANKS:
         lines.append(f"({len(ranks) - MAX_COUNTED_RANKS} more ranks in --json and --out)")
+    return lines
+
+
+def possible_text(possible: pd.DataFrame) -> list[str]:
+    """The "possible communication, not counted" section: kernels counted as compute that may
+    be communication, with the rule-file line that would count each."""
+    if possible.empty:
+        return []
+    shown = possible.assign(name=possible["name"].map(_short))
+    lines = [
+        "\nPossible communication, not counted (kernels no rule claims, counted as compute; "
+        "time summed over their events):",
+        _table(shown[["rank", "name", "num_events", "time_ns", "why"]]),
+        "To count one, add its line to a rule file (docs/analyze_rules.md) and pass it with "
+        "--rules FILE or COMMPROF_RULES=FILE:",
+        *(f"  {line}" for line in dict.fromkeys(possible["rule_line"])),
+    ]
     return lines
 
 
@@ -157,6 +175,7 @@ def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
         "from; outside: collectives in no step):",
         _table(traces),
         *counted_text(analysis.per_rank.get("counted", empty)),
+        *possible_text(analysis.per_rank.get("possible_comm", empty)),
         *types_text(
             analysis.per_rank.get("collective_types", empty),
             analysis.per_rank.get("type_totals", empty),
@@ -186,7 +205,7 @@ def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dic
             "clock_offsets": json_rows(c.offsets),
             "stragglers": json_rows(c.stragglers),
         }
-    shown = ("collective_types", "type_totals", "counted")
+    shown = ("collective_types", "type_totals", "counted", "possible_comm")
     return {
         "steps": step_records,
         "ranks": json_rows(analysis.ranks),

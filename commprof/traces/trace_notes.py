@@ -63,6 +63,14 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
         )
     elif not comm:
         out.append("no communication at all (no collective, no communication kernel): overlap n/a")
+    possible = parsed.possible_comm
+    if possible is not None and len(possible):
+        out.append(
+            f"{int(possible['num_events'].sum())} kernels of {len(possible)} names "
+            f"({_ms(possible['time_ns'].sum())}) may be communication that no rule claims: "
+            "counted as compute (see 'Possible communication, not counted'; add the line "
+            "shown there to a rule file and pass it with --rules to count them)"
+        )
     lag = parsed.gpu_lag_ns
     if parsed.step_source == LAUNCH_SOURCE and lag is not None and lag >= LAG_NOTE_NS:
         out.append(

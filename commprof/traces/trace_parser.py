@@ -28,12 +28,15 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from commprof.traces.comm_rules import CommRule, CommRules
 from commprof.traces.intervals import Int64Array, IntervalSet, difference
+from commprof.traces.possible_comm import possible_comm
 from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
 from commprof.traces.trace_rules import (
     CLASSES,
     COMM_OP_PATTERN,
+    DEFAULT_COMM,
     DEVICE_CATS,
     DTYPE_BYTES,
     GRAPH_LAUNCH_PATTERN,
@@ -102,10 +105,13 @@ class ParsedTrace:
     """Interval set of each class in CLASSES."""
     collectives: pd.DataFrame = field(repr=False)
     """One row per collective: name, collective_type, start_ns, end_ns, duration_ns, step, seq,
-    num_bytes, process_group, thread, group_size, type_source. ``step`` is the step whose
+    num_bytes, process_group, thread, group_size, type_source, library, point_to_point.
+    ``step`` is the step whose
     ProfilerStep launched it, else the window it starts in, else NA (outside every window);
     type, group, size and sequence number come from the event's own args, else from its
-    launching op (``type_source``: "args", "launching op", "op name", "event name")."""
+    launching op (``type_source``: "args", "launching op", "op name", "event name"), unless the
+    communication rule that claims the kernel types it by its name ("event name") or fixes it
+    ("rule"); ``library`` and ``point_to_point`` are that rule's ("" and False where none)."""
     unlaunched_rule: str = "keep"
     """What was done with device activities whose launch is not in the trace: "keep" or "drop"."""
     num_unlaunched: int = 0
@@ -132,6 +138,10 @@ class ParsedTrace:
     counted: pd.DataFrame | None = field(default=None, repr=False)
     """What each class holds: per class its names with the most time (class, name,
     num_events, time_ns), at most COUNTED_TOP of a class (:func:`counted_names`)."""
+    possible_comm: pd.DataFrame | None = field(default=None, repr=False)
+    """Kernels counted as compute that may be communication (no rule claims them; name,
+    num_events, time_ns, why, rule_line: :func:`commprof.traces.possible_comm.possible_comm`);
+    None in the regimes whose communication is not kernels."""
 
     @property
     def outside(self) -> pd.DataFrame:
@@ -405,6 +415,7 @@ def _collectives(
     idx: npt.NDArray[np.intp],
     windows: tuple[Int64Array, Int64Array, Int64Array],
     cpu: tuple[Int64Array, Int64Array, Int64Array] | None,
+    comm: CommRules | None = None,
 ) -> pd.DataFrame:
     """The collectives table (see ``ParsedTrace.collectives``)."""
     ids, starts, ends = windows
@@ -423,26 +434,19 @@ def _collectives(
     kept = evs.cols.args
     own = [kept.get(i, _NO_ARGS) for i in idx.tolist()]
     ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
-    event_names = [evs.names[c] for c in evs.name_code[idx].tolist()]
-    op_names = [evs.names[evs.name_code[i]] if i >= 0 else None for i in with_name.tolist()]
-    names, kinds, sources = [], [], []
-    for a, o, event_name, op_name in zip(own, ops, event_names, op_names, strict=True):
-        if "Collective name" in a:
-            name, kind, how = a["Collective name"], None, "args"
-        elif "Collective name" in o:
-            name, kind, how = o["Collective name"], None, "launching op"
-        elif op_name is not None:
-            name, kind, how = event_name, op_name, "op name"
-        else:
-            name, kind, how = event_name, None, "event name"
-        names.append(name)
-        kinds.append(name if kind is None else kind)  # the name the type is read from
-        sources.append(how)
-    type_of = {k: collective_type(k) for k in set(map(str, kinds))}
-    types = [type_of[str(k)] for k in kinds]
-    merged = [{**o, **a} if o else a for a, o in zip(own, ops, strict=True)]
+    event_code = evs.name_code[idx]
+    op_code = np.where(with_name >= 0, evs.name_code[np.maximum(with_name, 0)], -1)
+    claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
+    claims = {n: comm.claim(str(n)) for n in claimed} if comm is not None else {}
+    typed = _typed(own, ops, event_code, op_code.astype(np.int64), evs.names, claims)
+    if not any(own):  # no kernel carries metadata (RCCL, symmetric memory): the ops' alone
+        merged = ops
+    elif not any(ops):
+        merged = own
+    else:
+        merged = [{**o, **a} if o and a else (a or o) for a, o in zip(own, ops, strict=True)]
     frame = pd.DataFrame({
-        "name": _category(list(map(str, names))), "collective_type": _category(types),
+        "name": typed["name"], "collective_type": typed["collective_type"],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
         "seq": _int_column([a.get("Seq", a.get("seq_num")) for a in merged]),
@@ -450,10 +454,99 @@ def _collectives(
         "process_group": _category([str(a.get("Process Group Name", "")) for a in merged]),
         "thread": evs.thread[idx],
         "group_size": _int_column([a.get("Group size") for a in merged]),
-        "type_source": _category(sources),
+        "type_source": typed["type_source"],
+        "library": typed["library"], "point_to_point": typed["point_to_point"],
     })  # fmt: skip
     frame.loc[~known, "step"] = pd.NA
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+_Typed = tuple[Any, Any, str, str, bool]
+"""A collective's name, the name its type is read from, type source, library, point-to-point."""
+
+
+def _type_one(
+    a: dict[str, Any], o: dict[str, Any], event_name: Any, op_name: Any, rule: CommRule | None
+) -> _Typed:
+    """One collective's name and type source (``ParsedTrace.collectives``): the claiming rule's
+    fixed type or kernel name, else ``Collective name`` in its own args, then its launching
+    op's, then the launching ``nccl:<op>``'s name, then the kernel name."""
+    library = rule.library if rule is not None else ""
+    p2p = rule is not None and rule.kind == "point_to_point"
+    if rule is not None and rule.type_from == "fixed":
+        return event_name, rule.collective_type, "rule", library, p2p
+    if rule is not None and rule.type_from == "name":
+        return event_name, event_name, "event name", library, p2p
+    if "Collective name" in a:
+        return a["Collective name"], a["Collective name"], "args", library, p2p
+    if "Collective name" in o:
+        return o["Collective name"], o["Collective name"], "launching op", library, p2p
+    if op_name is not None:
+        return event_name, op_name, "op name", library, p2p
+    return event_name, event_name, "event name", library, p2p
+
+
+def _factorized(values: list[Any]) -> npt.NDArray[np.int64]:
+    """Codes of hashable values in order of first appearance (TypeError if one is not)."""
+    table: dict[Any, int] = {}
+    return np.fromiter((table.setdefault(v, len(table)) for v in values), np.int64, len(values))
+
+
+def _from_combos(values: list[Any], inverse: npt.NDArray[np.intp]) -> pd.Categorical:
+    """A categorical column whose row i holds ``values[inverse[i]]`` (as strings)."""
+    text = [str(v) for v in values]
+    distinct = list(dict.fromkeys(text))
+    code = {v: i for i, v in enumerate(distinct)}
+    codes = np.array([code[t] for t in text], np.int32)[inverse]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
+
+
+def _typed(
+    own: list[dict[str, Any]],
+    ops: list[dict[str, Any]],
+    event_code: npt.NDArray[np.int32],
+    op_code: npt.NDArray[np.int64],
+    names: list[Any],
+    claims: dict[Any, CommRule | None],
+) -> dict[str, Any]:
+    """The name, collective_type, type_source, library and point_to_point columns: each
+    collective's :func:`_type_one`, computed once per distinct combination of what it reads
+    (kernel name, launching op name, the two ``Collective name`` values; a trace of many
+    collectives holds few), then spread to the rows with numpy."""
+    missing = object()
+    own_cn = [a.get("Collective name", missing) for a in own]
+    op_cn = [o.get("Collective name", missing) for o in ops]
+    try:
+        keys = np.stack([event_code.astype(np.int64), op_code, _factorized(own_cn),
+                         _factorized(op_cn)], axis=1)  # fmt: skip
+    except TypeError:  # an unhashable Collective name (a list): every collective on its own
+        keys = np.arange(len(own), dtype=np.int64)[:, None]
+    if not len(own):
+        combos, inverse = np.empty(0, np.intp), np.empty(0, np.intp)
+    else:
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # combinations in order of first appearance
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        combos, inverse = first[order], rank[np.asarray(inverse).reshape(-1)]
+    inverse = np.asarray(inverse).reshape(-1)
+    rows = []
+    for i in combos.tolist():
+        a = {} if own_cn[i] is missing else {"Collective name": own_cn[i]}
+        o = {} if op_cn[i] is missing else {"Collective name": op_cn[i]}
+        op_name = names[op_code[i]] if op_code[i] >= 0 else None
+        event_name = names[event_code[i]]
+        rows.append(_type_one(a, o, event_name, op_name, claims.get(event_name)))
+    name, kind, how, library, p2p = (
+        (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [], [], [])
+    )
+    return {
+        "name": _from_combos(name, inverse),
+        "collective_type": _from_combos([collective_type(k) for k in kind], inverse),
+        "type_source": _from_combos(how, inverse),
+        "library": _from_combos(library, inverse),
+        "point_to_point": np.array(p2p, bool)[inverse] if rows else np.zeros(0, bool),
+    }
 
 
 def counted_names(evs: _Events, targets: npt.NDArray[np.int8]) -> pd.DataFrame:
@@ -504,6 +597,7 @@ def parse_trace(
     source: str | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     unlaunched: str = "keep",
+    comm_rules: CommRules | None = None,
 ) -> ParsedTrace:
     """Classify a trace's events into interval sets per class and find its step windows.
 
@@ -521,6 +615,8 @@ def parse_trace(
         unlaunched: Device activities with no launch event in the trace (launched before
             profiling started): "keep" them (the default; they ran inside the profiled time)
             or "drop" them (HolisticTraceAnalysis' rule). docs/design.md, Definitions.
+        comm_rules: Which kernels are communication (default: the shipped rules,
+            :func:`commprof.traces.comm_rules.default_rules`; ``resolve_rules`` adds a user's).
 
     Returns:
         The :class:`ParsedTrace`.
@@ -532,14 +628,19 @@ def parse_trace(
         source = "<dict>" if isinstance(trace, dict) else str(trace)
     if unlaunched not in UNLAUNCHED_RULES:
         raise ValueError(f"unlaunched must be one of {UNLAUNCHED_RULES}, got {unlaunched!r}")
-    tables = candidate_tables(regime, rules)  # validates regime before reading
+    tables = candidate_tables(regime, rules, comm_rules)  # validates regime before reading
     cols = read_columns(trace, tables, source=source, chunk_bytes=chunk_bytes)
     evs = _Events(cols)
     meta = cols.meta
     if regime is None:
-        regime = rules.regime if rules is not None else detect_regime(meta, evs.cats, evs.names)
+        comm_kernel = re.compile((comm_rules or DEFAULT_COMM).comm_pattern())
+        regime = (
+            rules.regime
+            if rules is not None
+            else detect_regime(meta, evs.cats, evs.names, comm_kernel)
+        )
     if rules is None:
-        rules = RULES[regime]
+        rules = {t.regime: t for t in tables}.get(regime, RULES[regime])
     orphan = _unlaunched(evs)
     targets, collective, not_compute = _classify(evs, rules, orphan & (unlaunched == "drop"))
     if unlaunched == "keep":  # classify them (again) to count their communication time
@@ -583,7 +684,9 @@ def parse_trace(
         step_end_ns=ends.astype(np.int64),
         step_source=label,
         classes=classes,
-        collectives=_collectives(evs, np.flatnonzero(collective), (ids, starts, ends), cpu),
+        collectives=_collectives(
+            evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
+        ),
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
         unlaunched_ns=summed(orphan),
@@ -596,4 +699,13 @@ def parse_trace(
         gpu_lag_ns=int(np.median(lag)) if lag.size else None,
         has_backward=any(TRAINING_NAMES.match(str(n)) for n in names),
         counted=counted_names(evs, targets),
+        possible_comm=None if rules.comm is None else _possible(evs, targets, rules.comm),
     )
+
+
+def _possible(evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules) -> pd.DataFrame:
+    """The possible communication not counted (:mod:`commprof.traces.possible_comm`)."""
+    launch = np.full(len(evs), -1, np.intp)
+    kernels = np.flatnonzero(evs.cat_mask(frozenset({"kernel"})))
+    launch[kernels] = evs.launch_of(kernels)
+    return possible_comm(evs.cols, targets, comm, launch)

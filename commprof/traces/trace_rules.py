@@ -13,10 +13,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from commprof.matrix import REGIMES as MATRIX_REGIMES
+from commprof.traces.comm_rules import CommRules, default_rules
 
 CLASSES = ("communication", "compute", "memcpy", "memset", "sync", "other")
 """Event classes a rule can assign; ``"ignore"`` drops an event."""
@@ -51,6 +52,18 @@ COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
 ``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
 type, group, size and sequence number from its launching op. (The dispatcher's
 ``c10d::allreduce_`` around them says nothing more and is left out: fewer events kept.)"""
+LIBRARY_RANGE_PATTERN = (
+    r"(?i:.*?(?:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp|userbuffers|all_?to_?all|moe_?dispatch"
+    r"|moe_?combine|ep_?dispatch|ep_?combine))"
+)
+"""Host ranges (``record_function``, any category) named after a communication library or an
+expert-parallel exchange: kept in every category, for the possible-communication check."""
+HOST_COMM_PATTERN = rf"record_param_comms|c10d::|nccl:|rccl:|{LIBRARY_RANGE_PATTERN}"
+"""Host ops whose time is a communication library's: a kernel launched inside one is
+communication or its preparation (``re.match``; :mod:`commprof.traces.possible_comm`). The
+dispatcher's ``c10d::*`` ops count where their category is kept anyway, but are not kept for
+this: each encloses a ``record_param_comms`` that is (a c10d op per collective, kept, cost
+a tenth more kept events on a trace of many small collectives)."""
 STEP_NAME_PATTERN = r"ProfilerStep#"
 """Names of the step annotations, kept in any category (CPU and device ``ProfilerStep#N``)."""
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
@@ -114,31 +127,22 @@ class RuleTable:
     """Rules in priority order."""
     comm_thread_marker: str | None = None
     """Regex on event names; a thread with such an event is a communication thread."""
+    comm: CommRules | None = None
+    """The communication rules its kernel rules come from (device regimes), else None."""
 
 
 _GLOO = r"gloo:"
-_NCCL_KERNEL = r"nccl(Dev)?Kernel"
-"""NCCL's kernels (``ncclKernel_*``, ``ncclDevKernel_*``) and RCCL's (``ncclDevKernel_Generic``)."""
-_OTHER_COMM_KERNEL = (
-    r".*?(?<![A-Za-z0-9])(?:"
-    r"multimem_\w*?kernel|one_shot_\w*?kernel|two_shot_\w*?kernel"  # torch symmetric memory
-    r"|cross_device_reduce_\w+|quickreduce::"  # vLLM custom and quick all-reduce
-    r"|(?:one|two)[Ss]hot\w*?[Aa]ll[Rr]educe"  # TensorRT-LLM custom all-reduce
-    r"|msccl\w*?[Kk]ernel"  # MSCCL
-    r")"
-)
-"""Communication kernels that are not NCCL's: torch symmetric memory
-(``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``, ``two_shot_all_reduce_kernel``,
-...), vLLM's custom all-reduce (``cross_device_reduce_1stage``/``2stage``) and quick
-all-reduce, TensorRT-LLM's one-/two-shot all-reduce, MSCCL. Demangled names carry a
-namespace and template arguments, so the pattern searches past them."""
-COMM_KERNEL_PATTERN = re.compile(f"{_NCCL_KERNEL}|{_OTHER_COMM_KERNEL}")
-"""Any communication kernel name this module knows (regime detection, reports)."""
+DEFAULT_COMM = default_rules()
+"""The shipped communication rules (``comm_rules.yaml``; :mod:`commprof.traces.comm_rules`)."""
+COMM_KERNEL_PATTERN = re.compile(DEFAULT_COMM.comm_pattern())
+"""Any communication kernel name the shipped rules claim (regime detection, reports)."""
 COLLECTIVE_TYPES = (
     ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce|quickreduce", re.I)),
     ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
     ("all_gather", re.compile(r"all_?gather", re.I)),
-    ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+    ("all_to_all", re.compile(r"all_?(?:to|2)_?all", re.I)),
+    ("dispatch", re.compile(r"dispatch", re.I)),
+    ("combine", re.compile(r"combine", re.I)),
     ("send_recv", re.compile(r"send|recv", re.I)),
     ("broadcast", re.compile(r"broadcast|bcast", re.I)),
     ("reduce", re.compile(r"reduce", re.I)),
@@ -164,19 +168,42 @@ def _collective_type(text: str) -> str:
     return "unknown"
 
 
-_CUDA_NCCL_RULES = (
-    Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
-         collective=True, why="kernel with collective metadata in its args"),
-    Rule(target="communication", cats=frozenset({"kernel"}), name=_NCCL_KERNEL,
-         collective=True, why="fallback: NCCL/RCCL kernel (ncclKernel*, ncclDevKernel*)"),
-    Rule(target="communication", cats=frozenset({"kernel"}), name=_OTHER_COMM_KERNEL,
-         collective=True,
-         why="fallback: symmetric-memory, vLLM, TensorRT-LLM or MSCCL all-reduce kernel"),
-    Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
-    Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
-    Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
-    Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
-)  # fmt: skip
+def device_rules(comm: CommRules) -> tuple[Rule, ...]:
+    """The rules of the device regimes (cuda-nccl, cuda-single) for communication rules
+    ``comm``: collective metadata in a kernel's args first, then ``comm``'s entries in their
+    order (consecutive entries of one target as one rule), then compute and the other classes."""
+    claimed = tuple(
+        Rule(target="communication" if is_comm else "compute", cats=frozenset({"kernel"}),
+             name=pattern, collective=is_comm,
+             why="kernel a communication rule claims" if is_comm
+             else "kernel of a communication library that only computes (a rule says so)")
+        for is_comm, pattern in comm.runs()
+    )  # fmt: skip
+    return (
+        Rule(target="communication", cats=frozenset({"kernel"}), has_arg="Collective name",
+             collective=True, why="kernel with collective metadata in its args"),
+        *claimed,
+        Rule(target="compute", cats=frozenset({"kernel"}), why="every other GPU kernel"),
+        Rule(target="memcpy", cats=frozenset({"gpu_memcpy"}), why="device copies"),
+        Rule(target="memset", cats=frozenset({"gpu_memset"}), why="device memsets"),
+        Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
+    )  # fmt: skip
+
+
+DEVICE_REGIMES = ("cuda-nccl", "cuda-single")
+"""Regimes whose communication is GPU kernels (the communication rules apply)."""
+
+
+def rule_tables(comm: CommRules) -> dict[str, RuleTable]:
+    """Every regime's table, the device regimes' built from communication rules ``comm``."""
+    return {
+        name: replace(table, rules=device_rules(comm), comm=comm)
+        if name in DEVICE_REGIMES else table
+        for name, table in RULES.items()
+    }  # fmt: skip
+
+
+_CUDA_NCCL_RULES = device_rules(DEFAULT_COMM)
 RULES: dict[str, RuleTable] = {
     "cpu-gloo": RuleTable(
         regime="cpu-gloo",
@@ -192,7 +219,7 @@ RULES: dict[str, RuleTable] = {
                  why="forward, backward and optimizer ops on the training threads"),
         ),
     ),
-    "cuda-nccl": RuleTable(regime="cuda-nccl", rules=_CUDA_NCCL_RULES),
+    "cuda-nccl": RuleTable(regime="cuda-nccl", rules=_CUDA_NCCL_RULES, comm=DEFAULT_COMM),
     "cuda-gloo": RuleTable(
         regime="cuda-gloo",
         comm_thread_marker=_GLOO,
@@ -207,7 +234,7 @@ RULES: dict[str, RuleTable] = {
             Rule(target="sync", cats=frozenset({"cuda_sync"}), why="device-side waits"),
         ),
     ),
-    "cuda-single": RuleTable(regime="cuda-single", rules=_CUDA_NCCL_RULES),
+    "cuda-single": RuleTable(regime="cuda-single", rules=_CUDA_NCCL_RULES, comm=DEFAULT_COMM),
 }  # fmt: skip
 """The rule table of each regime; extend one with ``dataclasses.replace``. ``cuda-single`` is a
 trace-only regime (no matrix cell runs it): one GPU process with no communication backend in
@@ -242,8 +269,10 @@ def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
     name)."""
     names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
     names += [COMM_OP_PATTERN, STEP_NAME_PATTERN]
+    if any(t.comm is not None for t in tables):  # possible communication (possible_comm)
+        names.append(LIBRARY_RANGE_PATTERN)
     if len(tables) > 1:
-        names.append(COMM_KERNEL_PATTERN.pattern)
+        names += [t.comm.comm_pattern() for t in tables if t.comm is not None]
     return re.compile("|".join(f"(?:{n})" for n in names))
 
 
@@ -253,25 +282,35 @@ def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tupl
     so only that table's events need to be kept."""
     info = meta.get("distributedInfo")
     nccl = isinstance(info, dict) and "nccl" in str(info.get("backend", "")).lower()
-    return (RULES["cuda-nccl"],) if nccl and tables == tuple(RULES.values()) else tables
+    every = [t.regime for t in tables] == list(RULES)
+    return tuple(t for t in tables if t.regime == "cuda-nccl") if nccl and every else tables
 
 
-def candidate_tables(regime: str | None, rules: RuleTable | None) -> tuple[RuleTable, ...]:
-    """The rule tables a parse may apply: the given one, the regime's, or all (detect later).
+def candidate_tables(
+    regime: str | None, rules: RuleTable | None, comm: CommRules | None = None
+) -> tuple[RuleTable, ...]:
+    """The rule tables a parse may apply: the given one, the regime's, or all (detect later),
+    the device regimes' built from communication rules ``comm`` (default: the shipped ones).
 
     Raises:
         ValueError: If ``regime`` names no table and no ``rules`` are given.
     """
     if rules is not None:
         return (rules,)
+    tables = RULES if comm is None or comm is DEFAULT_COMM else rule_tables(comm)
     if regime is None:
-        return tuple(RULES.values())
-    if regime not in RULES:
-        raise ValueError(f"regime must be one of {sorted(RULES)}, got {regime!r}")
-    return (RULES[regime],)
+        return tuple(tables.values())
+    if regime not in tables:
+        raise ValueError(f"regime must be one of {sorted(tables)}, got {regime!r}")
+    return (tables[regime],)
 
 
-def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[Any]) -> str:
+def detect_regime(
+    trace: dict[str, Any],
+    cats: Iterable[Any],
+    names: Iterable[Any],
+    comm_kernel: re.Pattern[str] = COMM_KERNEL_PATTERN,
+) -> str:
     """Guess the regime from distributedInfo's backend and the presence of device events.
 
     A device trace without distributedInfo is cuda-nccl where a communication kernel ran,
@@ -281,6 +320,7 @@ def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[An
         trace: The trace's top-level keys (``distributedInfo`` is read).
         cats: The distinct event categories.
         names: The distinct event names.
+        comm_kernel: Names of communication kernels (``CommRules.comm_pattern``).
 
     Returns:
         One of TRACE_REGIMES.
@@ -293,7 +333,7 @@ def detect_regime(trace: dict[str, Any], cats: Iterable[Any], names: Iterable[An
         return "cuda-gloo" if has_device else "cpu-gloo"
     if has_device:
         names = [str(n) for n in names]
-        if any(COMM_KERNEL_PATTERN.match(n) for n in names):
+        if any(comm_kernel.match(n) for n in names):
             return "cuda-nccl"
         return "cuda-gloo" if any(n.startswith("gloo:") for n in names) else "cuda-single"
     return "cpu-gloo"

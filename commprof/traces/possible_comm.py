@@ -1,0 +1,162 @@
+"""Kernels that may be communication but that no rule claims: listed, never silently compute.
+
+A GPU kernel that no communication rule claims (:mod:`commprof.traces.comm_rules`) counts as
+compute. Where it looks like communication it is listed with its time, why it looks so, and the
+entry to add to a rule file: its name holds a communication word (dispatch, combine, all-to-all,
+send, recv, notify, barrier, ...) outside the namespaces of known compute libraries, or its
+launch lies inside a host op of a communication library (``record_param_comms``, ``c10d::``,
+``nccl:``, a ``record_function`` range named after DeepEP, pplx, NVSHMEM, ...). Listing counts
+nothing: the step figures stay those of the rules, and the list says what they may be missing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from commprof.traces.intervals import IntervalSet
+from commprof.traces.trace_columns import code_mask
+from commprof.traces.trace_rules import CLASSES, DEVICE_CATS, HOST_COMM_PATTERN
+
+if TYPE_CHECKING:
+    from commprof.traces.comm_rules import CommRules
+    from commprof.traces.trace_columns import TraceColumns
+
+COMM_WORDS = re.compile(
+    r"(?<![a-z])(?:[aA]ll_?(?:[rR]educe|[gG]ather|[tT]o_?[aA]ll|2_?[aA]ll)|[rR]educe_?[sS]catter"
+    r"|[sS]end|[rR]ecv|[bB]roadcast|[bB]arrier|[nN]otify|nvshmem|multimem)"
+)
+"""Words in a kernel name that suggest communication, each at the start of a word (after a
+separator, a digit or an upper-case letter)."""
+EP_WORDS = re.compile(r"(?<![a-z])(?:[dD]ispatch|[cC]ombine)(?![a-z])")
+"""Expert-parallel words (a whole word: not ``combined``), which compute kernels use too: they
+suggest communication only in a name without a COMPUTE_WORDS word."""
+COMPUTE_WORDS = re.compile(
+    r"(?i)norm|gemm|matmul|attn|attention|softmax|conv|elementwise|topk|sort|embedding|rotary"
+    r"|rope|silu|gelu|swiglu|quant|cast|routing|gate|scores"
+)
+"""Words of compute kernels (``groupnorm_kernel_dispatch_up``, a MoE router's scores)."""
+COMPUTE_NAMESPACES = re.compile(
+    r"at::native|at::cuda|\bc10::|cutlass|cublas|cudnn|\bsm\d+_xmma|\btriton_|\bthrust::|\bcub::"
+    r"|flash_?attn|\bfmha|\bgemm|\bgemv|\bfbgemm_gpu::|\bvllm::moe::|\bsgl_kernel::|\btensorrt_llm::kernels::"
+    r"(?!\w*all_?reduce|\w*all_?to_?all|\w*userbuffers)"
+)
+"""Namespaces and prefixes of compute libraries (PyTorch's ATen, CUTLASS, cuBLAS, cuDNN,
+Triton, FlashAttention, GEMMs, MoE routing helpers): their kernels are compute whatever
+their names say."""
+COLUMNS = ("name", "num_events", "time_ns", "why", "rule_line")
+
+
+def looks_like_comm(kernel_name: str) -> bool:
+    """Whether a kernel's name reads like communication (COMM_WORDS, or EP_WORDS without
+    COMPUTE_WORDS)."""
+    if COMM_WORDS.search(kernel_name):
+        return True
+    return EP_WORDS.search(kernel_name) is not None and not COMPUTE_WORDS.search(kernel_name)
+
+
+def rule_line(kernel_name: str) -> str:
+    """The rule-file entry (one YAML line) that would claim ``kernel_name``: its qualified name
+    without return type, template and arguments, escaped, typed by name."""
+    base = re.sub(r"^(?:void|static|__global__)\s+", "", kernel_name.strip())
+    base = re.split(r"[<(\s]", base, maxsplit=1)[0] or kernel_name[:60]
+    parts = [p for p in base.split("::") if p]
+    library = parts[0] if len(parts) > 1 else "unknown"
+    ident = re.sub(r"[^A-Za-z0-9]+", "-", parts[-1] if parts else base).strip("-").lower()
+    pattern = re.escape(base) + r"\b"
+    pattern = pattern.replace("'", "''")
+    return (
+        f"- {{name: my-{ident or 'kernel'}, library: {library}, pattern: '{pattern}', "
+        "kind: collective, type_from: name, source: <repository path @ commit>}"
+    )
+
+
+def _enclosed(
+    at_ns: npt.NDArray[np.int64],
+    thread: npt.NDArray[np.int64],
+    op_start: npt.NDArray[np.int64],
+    op_end: npt.NDArray[np.int64],
+    op_thread: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Whether each time lies inside one of the ops of its own thread."""
+    out = np.zeros(at_ns.size, bool)
+    for t in np.unique(op_thread):
+        spans = IntervalSet.from_arrays(op_start[op_thread == t], op_end[op_thread == t])
+        sel = np.flatnonzero(thread == t)
+        if not sel.size or not len(spans):
+            continue
+        pos = np.searchsorted(spans.starts, at_ns[sel], side="right") - 1
+        inside = (pos >= 0) & (at_ns[sel] < spans.ends[np.maximum(pos, 0)])
+        out[sel] = inside
+    return out
+
+
+def possible_comm(
+    cols: TraceColumns,
+    targets: npt.NDArray[np.int8],
+    comm: CommRules,
+    launch: npt.NDArray[np.intp],
+) -> pd.DataFrame:
+    """The kernels counted as compute that may be communication (see the module docstring).
+
+    Args:
+        cols: The trace's columns.
+        targets: Each event's class index in CLASSES (-1: none).
+        comm: The communication rules used.
+        launch: Each event's index in the launch columns (-1: none), as
+            ``trace_parser._Events.launch_of`` gives it for every event.
+
+    Returns:
+        One row per kernel name (COLUMNS), most time first: its events, their summed time, why
+        it is listed, and the rule-file line that would count it.
+    """
+    compute = CLASSES.index("compute")
+    is_kernel = code_mask(cols.cat_code, [c == "kernel" for c in cols.cats])
+    names = [str(n) for n in cols.names]
+    unclaimed = [comm.claim(n) is None and not COMPUTE_NAMESPACES.search(n) for n in names]
+    cand = np.flatnonzero(is_kernel & (targets == compute) & code_mask(cols.name_code, unclaimed))
+    if not cand.size:
+        return pd.DataFrame(columns=list(COLUMNS))
+    by_name = np.array([looks_like_comm(n) for n in names], bool)
+    named = by_name[cols.name_code[cand]]
+    host_rx = re.compile(HOST_COMM_PATTERN)
+    host_code = [host_rx.match(n) is not None for n in names]
+    ops = np.flatnonzero(code_mask(cols.name_code, host_code) & ~_device(cols))
+    inside = np.zeros(cand.size, bool)
+    has = launch[cand] >= 0
+    if ops.size and has.any():
+        pos = launch[cand][has]
+        inside[has] = _enclosed(
+            cols.launch_start_ns[pos], cols.launch_thread[pos],
+            cols.start_ns[ops], cols.end_ns[ops], cols.thread[ops],
+        )  # fmt: skip
+    listed = named | inside
+    if not listed.any():
+        return pd.DataFrame(columns=list(COLUMNS))
+    idx, named, inside = cand[listed], named[listed], inside[listed]
+    frame = pd.DataFrame({
+        "code": cols.name_code[idx], "time_ns": cols.end_ns[idx] - cols.start_ns[idx],
+        "named": named, "inside": inside,
+    })  # fmt: skip
+    rows = []
+    for code, group in frame.groupby("code", sort=False):
+        name = names[int(code)]  # type: ignore[arg-type]  # an int32 group key
+        why = []
+        if group["named"].any():
+            why.append("its name reads like communication")
+        if group["inside"].any():
+            why.append(f"{int(group['inside'].sum())} launched inside a communication op")
+        rows.append({
+            "name": name, "num_events": len(group), "time_ns": int(group["time_ns"].sum()),
+            "why": "; ".join(why), "rule_line": rule_line(name),
+        })  # fmt: skip
+    out = pd.DataFrame(rows, columns=list(COLUMNS))
+    return out.sort_values("time_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _device(cols: TraceColumns) -> npt.NDArray[np.bool_]:
+    return code_mask(cols.cat_code, [c in DEVICE_CATS for c in cols.cats])
