@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
+from commprof.modeling.calibration import calibrate
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import predict
-from commprof.modeling.nccl_tests import calibrate, parse_text, read_log
+from commprof.modeling.nccl_tests import parse_text, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 

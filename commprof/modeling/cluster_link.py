@@ -101,13 +101,14 @@ def allreduce_time_ns(
 
 def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] = ()) -> ClusterLink:
     """The link of ``--cluster NAME|FILE`` at ``--world-size``, calibrated on ``nccl_tests`` logs
-    of that cluster where given (``nccl_tests.calibrate``, all-reduce).
+    of that cluster where given (``calibration.calibrate``, all-reduce).
 
     Raises:
         ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
             log that does not read or fit.
     """
-    from commprof.modeling.nccl_tests import calibrate, read_log
+    from commprof.modeling.calibration import calibrate
+    from commprof.modeling.nccl_tests import read_log
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:

@@ -155,7 +155,7 @@ NO_CORRECTIONS = Corrections(two_node_fill=False)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
-    """Scales fitted to a cluster's nccl-tests logs (``nccl_tests.calibrate``); 1.0 is the
+    """Scales fitted to a cluster's nccl-tests logs (``calibration.calibrate``); 1.0 is the
     description alone."""
 
     intra_scale: float = 1.0
