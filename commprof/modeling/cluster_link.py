@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from commprof.modeling.calibration import DESCRIPTION, Fit, calibrate, predict
 from commprof.modeling.clusters import Cluster, load_cluster
-from commprof.modeling.collectives import NO_CALIBRATION, Calibration, predict
+from commprof.modeling.nccl_tests import read_log
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,8 +32,9 @@ class ClusterLink:
 
     cluster: Cluster
     """The topology (``clusters.load_cluster``)."""
-    calibration: Calibration = NO_CALIBRATION
-    """Scales fitted to the cluster's nccl-tests logs; the default is the description alone."""
+    calibration: Fit = DESCRIPTION
+    """Factors fitted to the cluster's nccl-tests logs (``calibration.calibrate``); the default
+    is the description alone."""
     calibrated_on: tuple[str, ...] = ()
     """The logs the calibration was fitted on (empty: the description alone)."""
 
@@ -44,8 +46,15 @@ class ClusterLink:
             world_size: Ranks (>= 1; more than one node's GPUs must fill whole nodes).
 
         Returns:
-            ``1000 * collectives.predict(...).time_us`` per element; 0 for one rank or 0 bytes.
+            ``1000 * calibration.predict(...).time_us`` per element; 0 for one rank or 0 bytes.
         """
+        return self.interval_ns(num_bytes, world_size)[0]
+
+    def interval_ns(
+        self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Predicted time and its 80 % interval in ns (``calibration.predict``): (time, low,
+        high), each the broadcast shape of the inputs; 0 for one rank or 0 bytes."""
         sizes, ranks = np.broadcast_arrays(
             np.asarray(num_bytes, dtype=np.float64), np.asarray(world_size, dtype=np.int64)
         )
@@ -53,17 +62,33 @@ class ClusterLink:
             raise ValueError("num_bytes must be whole numbers of bytes >= 0")
         if np.any(ranks < 1):
             raise ValueError(f"world_size must be >= 1, got {np.unique(ranks).tolist()}")
-        out = np.zeros(sizes.shape, dtype=np.float64)
+        out = np.zeros((3, *sizes.shape), dtype=np.float64)
         for p in np.unique(ranks):
             where = (ranks == p) & (sizes > 0)
             if p == 1 or not where.any():
                 continue
             rows = predict(
                 self.cluster, int(p), sizes[where].astype(np.int64).tolist(),
-                calibration=self.calibration,
+                fit=self.calibration,
             )  # fmt: skip
-            out[where] = [1e3 * r.time_us for r in rows]
-        return out
+            out[0][where] = [1e3 * r.time_us for r in rows]
+            out[1][where] = [1e3 * r.time_us_low for r in rows]
+            out[2][where] = [1e3 * r.time_us_high for r in rows]
+        return out[0], out[1], out[2]
+
+    def interval_basis(self, world_size: int) -> str:
+        """Where the interval comes from, for output."""
+        nodes = self.cluster.nodes_for(world_size)
+        if not self.calibrated_on:
+            return (
+                "80 % interval: the description's spread on the development systems' nccl-tests "
+                "logs"
+            )
+        return (
+            f"80 % interval: the calibration's residuals on its logs, widened for {nodes} node(s) "
+            f"past the {self.calibration.calibrated_nodes} fitted (rule fitted on development "
+            "systems)"
+        )
 
     def describe(self, world_size: int) -> str:
         """One line for output: the cluster, its nodes at ``world_size`` and the calibration."""
@@ -83,7 +108,7 @@ def allreduce_time_ns(
     cluster: Cluster,
     world_size: int,
     num_bytes: npt.ArrayLike,
-    calibration: Calibration = NO_CALIBRATION,
+    calibration: Fit = DESCRIPTION,
 ) -> np.ndarray:
     """All-reduce time in ns of each size on ``world_size`` ranks of ``cluster``.
 
@@ -91,7 +116,7 @@ def allreduce_time_ns(
         cluster: The topology.
         world_size: Ranks.
         num_bytes: Message sizes in bytes.
-        calibration: Fitted scales (default: the description alone).
+        calibration: Fitted factors (default: the description alone).
 
     Returns:
         Times in nanoseconds (float64), the shape of ``num_bytes``.
@@ -107,8 +132,6 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
             log that does not read or fit.
     """
-    from commprof.modeling.calibration import calibrate
-    from commprof.modeling.nccl_tests import read_log
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:

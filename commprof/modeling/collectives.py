@@ -279,6 +279,40 @@ def _bus_bw(
     return nvls.num_channels * min(intra, inter)
 
 
+def latency_parts(
+    cluster: Cluster, world_size: int, collective: str, algorithm: str, protocol: str
+) -> tuple[float, float, float]:
+    """An algorithm's latency (us) in NCCL's tuning model, as its three terms: ``baseLat``, the
+    intra-node hops and the network hops (tuning.cc; module docstring, "Latency").
+
+    Ring: ``nsteps - nInter`` intra hops (each at least the network post overhead on several
+    nodes) and ``nInter`` network hops; a ring broadcast one hop; tree ``2 (g - 1)`` intra and
+    ``2 floor(log2 N)`` network hops; NVLS one intra hop (and one network hop past one node);
+    NVLSTree one intra and ``2 floor(log2 N)`` network hops.
+    """
+    n = cluster.nodes_for(world_size)
+    g = world_size // n
+    pi = PROTOCOLS.index(protocol)
+    intra_kind = "pci" if cluster.intra_fabric == "pcie" else "nvlink"
+    intra_lat = HW_LAT_US[intra_kind][algorithm][pi]
+    inter_lat = HW_LAT_US["net"][algorithm][pi]
+    base = BASE_LAT_US[algorithm][pi]
+    if algorithm == "ring" and collective == "broadcast":
+        # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
+        return (base, 0.0, inter_lat) if n > 1 else (base, intra_lat, 0.0)
+    if algorithm == "ring":
+        nsteps, ninter = _steps(collective, world_size, n)
+        if n > 1:
+            intra_lat = max(intra_lat, NET_OVERHEAD_US * (3.0 if protocol == "Simple" else 1.0))
+        return base, (nsteps - ninter) * intra_lat, ninter * inter_lat
+    levels = math.floor(math.log2(n))
+    if algorithm == "tree":
+        return base, 2.0 * (g - 1) * intra_lat, 2.0 * levels * inter_lat
+    if algorithm == "nvls":
+        return 0.0, intra_lat, inter_lat if n > 1 else 0.0
+    return base, intra_lat, 2.0 * levels * inter_lat
+
+
 def table(
     cluster: Cluster,
     world_size: int,
@@ -320,8 +354,7 @@ def table(
         ll_max = LL_MAX_BW_GBPS["one_node"][0 if gen == "volta" else 1]
     else:
         ll_max = LL_MAX_BW_GBPS["intel_host"][ni]
-    intra_kind = "pci" if cluster.intra_fabric == "pcie" else "nvlink"
-    nsteps, ninter = _steps(collective, p, n)
+    nsteps, _ = _steps(collective, p, n)
     out: dict[tuple[str, str], tuple[float, float]] = {}
     for algo in _algorithms(collective, cluster, n):
         if algorithms is not None and algo not in algorithms:
@@ -329,7 +362,7 @@ def table(
         if algo.startswith("nvls") and graphs.nvls is None:
             continue
         nch = graphs.ring.num_channels if algo == "ring" else graphs.tree.num_channels
-        for pi, proto in enumerate(PROTOCOLS):
+        for proto in PROTOCOLS:
             if algo.startswith("nvls") and proto != "Simple":
                 continue
             if proto == "LL128" and not cluster.ll128:
@@ -351,24 +384,7 @@ def table(
                     bus *= 0.85
             ratio = p / nsteps if algo == "ring" else 5.0 / 6.0 if algo.startswith("nvls") else 0.5
             algbw = bus * ratio
-            intra_lat = HW_LAT_US[intra_kind][algo][pi]
-            inter_lat = HW_LAT_US["net"][algo][pi]
-            lat = BASE_LAT_US[algo][pi]
-            if algo == "ring" and collective == "broadcast":
-                # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
-                lat += HW_LAT_US["net" if n > 1 else intra_kind][algo][pi]
-            elif algo == "ring":
-                if n > 1:
-                    intra_lat = max(
-                        intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0)
-                    )
-                lat += (nsteps - ninter) * intra_lat + ninter * inter_lat
-            elif algo == "tree":
-                lat += 2.0 * ((g - 1) * intra_lat + math.floor(math.log2(n)) * inter_lat)
-            elif algo == "nvls":
-                lat = intra_lat + (inter_lat if n > 1 else 0.0)
-            else:
-                lat += intra_lat + 2.0 * math.floor(math.log2(n)) * inter_lat
+            lat = sum(latency_parts(cluster, world_size, collective, algo, proto))
             out[(algo, proto)] = (lat * calibration.latency_scale, algbw)
     if not out:
         raise ValueError(
