@@ -41,11 +41,10 @@ from commprof.modeling.collectives import (
     COLLECTIVES,
     CORRECTIONS,
     NCCL_BUFFSIZE_BYTES,
-    Calibration,
     Corrections,
-    _bus_bw,
     algo_time_us,
     bus_factor,
+    bus_sides,
     latency_parts,
     table,
 )
@@ -81,7 +80,6 @@ PARAMETERS = tuple(PRIOR_WIDTH)
 """The fitted factors, in :class:`Fit`'s order."""
 SEEN_SENSITIVITY = 0.01
 """A factor the logs see: doubling it moves some fitted size's time by more than 1 %."""
-_BIG = 1e12
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,14 +194,6 @@ def _softmin(x: float, y: float) -> float:
     return float((x**-k + y**-k) ** (-1.0 / k))
 
 
-def _sides(cluster: Cluster, graphs, algo: str, num_nodes: int) -> tuple[float, float]:
-    """The description's bus bandwidth on the intra-node side and on the network side (inf on
-    one node) of ``algo``'s channels (``collectives._bus_bw`` with the other side lifted)."""
-    intra = _bus_bw(algo, graphs, cluster, num_nodes, Calibration(net_scale=_BIG))
-    net = _bus_bw(algo, graphs, cluster, num_nodes, Calibration(intra_scale=_BIG, nvls_scale=_BIG))
-    return intra, (math.inf if net > _BIG / 1e3 else net)
-
-
 def fitted_table(
     cluster: Cluster,
     world_size: int,
@@ -219,7 +209,7 @@ def fitted_table(
     graphs = search(cluster, n)
     out = {}
     for (algo, proto), (_, algbw) in entries.items():
-        intra, net = _sides(cluster, graphs, algo, n)
+        intra, net = bus_sides(algo, graphs, cluster, n)
         s_intra = fit.nvls_bw if algo.startswith("nvls") else fit.intra_bw
         ratio = _softmin(intra * s_intra, net * fit.net_bw) / _softmin(intra, net)
         base, hops_intra, hops_net = latency_parts(cluster, world_size, collective, algo, proto)

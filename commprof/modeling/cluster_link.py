@@ -62,7 +62,7 @@ class ClusterLink:
             raise ValueError("num_bytes must be whole numbers of bytes >= 0")
         if np.any(ranks < 1):
             raise ValueError(f"world_size must be >= 1, got {np.unique(ranks).tolist()}")
-        out = np.zeros((3, *sizes.shape), dtype=np.float64)
+        out = [np.zeros(sizes.shape, dtype=np.float64) for _ in range(3)]
         for p in np.unique(ranks):
             where = (ranks == p) & (sizes > 0)
             if p == 1 or not where.any():
