@@ -9,7 +9,7 @@ median absolute relative error of the out-of-place time over sizes >= 1 MiB:
   (``collective_baseline.calibrate``, frozen) and this calibration
   (``commprof.modeling.calibration``);
 - the 80 % interval's coverage on every scored point; the interval rule
-  (``commprof/modeling/collective_intervals.yaml``) is fitted on the development systems only
+  (``commprof/modeling/collective_scale.yaml``) is fitted on the development systems only
   (``--write-rule`` writes it) and its coverage is quoted on the held-out ones;
 - ablations: the calibration with one part taken off, scored the same way.
 
@@ -23,9 +23,10 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import collective_baseline
@@ -35,21 +36,50 @@ import numpy as np
 from commprof.modeling import calibration as cal
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import CORRECTIONS, predict
-from commprof.modeling.nccl_tests import read_log
+from commprof.modeling.nccl_tests import parse_text, read_log
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
-RULE = ROOT / "commprof" / "modeling" / "collective_intervals.yaml"
+RULE = ROOT / "commprof" / "modeling" / "collective_scale.yaml"
 TARGET_COVERAGE = 0.8
+LOSS_GRID = tuple(0.025 * i for i in range(21))
+"""Values of the network's loss per doubling tried on development systems (0 to 0.5)."""
 ABLATIONS: dict[str, dict] = {
     "with_two_node_fill": {"corrections": CORRECTIONS},
     "no_latency_factors": {"parameters": ("intra_bw", "net_bw", "nvls_bw", "fill")},
     "no_net_latency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "net_lat")},
     "no_prior": {"prior_weight": 1e-9},
+    "no_efficiency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "knee_bytes")},
+    "no_protocol_factor": {"parameters": tuple(p for p in cal.PARAMETERS if p != "ll128_bw")},
 }
 """The calibration with one part off (the ``calibrate`` keyword it takes)."""
+
+
+_SRUN = re.compile(r"^\s*(\d+): ?")
+_WRONG = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+\S+\s+\S+\s+\S+\s+([1-9]\d*)\s")
+
+
+def read(path: Path, collective: str):
+    """A log as its cluster printed it. Until the reader of issue #41's other half lands here,
+    whole Slurm outputs with ``srun -l`` labels are cut to task 0's lines, labels off, and table
+    rows whose out-of-place ``#wrong`` is not 0 are dropped (a broken transfer is not a time); a
+    file of several runs is cut to the run of ``collective``."""
+    text = read_text(path, "the nccl-tests log")
+    lines = text.splitlines()
+    start = f"Collective test starting: {collective}_perf"
+    if sum(start in x for x in lines) == 1:
+        first = next(i for i, x in enumerate(lines) if start in x)
+        end = next((i for i, x in enumerate(lines) if i > first and "test concluded" in x), None)
+        lines = lines[first:end]
+        return parse_text("\n".join(lines), str(path))
+    if sum(bool(_SRUN.match(x)) for x in lines) > len(lines) // 2:
+        task0 = [x for x in lines if (m := _SRUN.match(x)) and m.group(1) == "0"]
+        lines = [_SRUN.sub("", x, count=1) for x in task0]
+        lines = [x for x in lines if not _WRONG.match(x)]
+        return parse_text("\n".join(lines), str(path))
+    return read_log(path)
 
 
 def _rows(log) -> tuple[list[int], np.ndarray]:
@@ -61,43 +91,51 @@ def _err(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1.0)
 
 
-def _ours(cluster, p, sizes, collective, fit, rule=cal.INTERVALS, **kw):
+def _ours(cluster, p, sizes, collective, fit, rule=cal.RULE, **kw):
     rows = cal.predict(cluster, p, sizes, collective, fit, rule=rule, **kw)
     return (np.array([r.time_us for r in rows]), np.array([r.time_us_low for r in rows]),
             np.array([r.time_us_high for r in rows]))  # fmt: skip
 
 
-def _calibrate(cluster, logs, collective, options: dict):
-    return cal.calibrate(cluster, logs, collective, **options)
-
-
-def evaluate(system: dict, folder: Path) -> dict:
-    """In-sample, scale and ablation figures of one system."""
+def fit_system(system: dict, folder: Path) -> dict:
+    """Every fit of one system (in sample, its calibration, main's, the ablations), its logs."""
     cluster = load_cluster(system["cluster"])
     col = system["collective"]
-    logs = {int(p): read_log(folder / path) for p, path in system["logs"].items()}
+    logs = {int(p): read(folder / path, col) for p, path in system["logs"].items()}
+    cal_logs = [logs[p] for p in system["calibrate"]]
+    return {
+        "system": system, "cluster": cluster, "logs": logs,
+        "in_sample": {p: cal.calibrate(cluster, [log], col) for p, log in logs.items()},
+        "fit": cal.calibrate(cluster, cal_logs, col),
+        "main": collective_baseline.calibrate(cluster, cal_logs, col),
+        "ablation": {k: cal.calibrate(cluster, cal_logs, col, **o) for k, o in ABLATIONS.items()},
+    }  # fmt: skip
+
+
+def score(fitted: dict, rule: cal.ScaleRule) -> dict:
+    """In-sample, scale and ablation figures of one system under ``rule``."""
+    system, cluster, logs = fitted["system"], fitted["cluster"], fitted["logs"]
+    col, fit = system["collective"], fitted["fit"]
     out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
                  "collective": col, "licence": system["licence"], "in_sample": {},
                  "scale": {}, "ablation": {}}  # fmt: skip
     for p, log in sorted(logs.items()):
         sizes, meas = _rows(log)
-        fit = cal.calibrate(cluster, [log], col)
-        pred, _, _ = _ours(cluster, p, sizes, col, fit)
+        one = fitted["in_sample"][p]
+        pred, _, _ = _ours(cluster, p, sizes, col, one, rule)
         out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
-                               "fit": fit.factors(), "seen": list(fit.seen)}  # fmt: skip
-    cal_logs = [logs[p] for p in system["calibrate"]]
-    fit = cal.calibrate(cluster, cal_logs, col)
-    main_cal = collective_baseline.calibrate(cluster, cal_logs, col)
-    abl = {k: _calibrate(cluster, cal_logs, col, o) for k, o in ABLATIONS.items()}
+                               "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
     out["fit"] = {**fit.factors(), "seen": list(fit.seen),
                   "residual_log_q80": fit.residual_log_q80,
                   "calibrated_nodes": fit.calibrated_nodes}  # fmt: skip
-    out["main_calibration"] = asdict(main_cal)
+    out["main_calibration"] = asdict(fitted["main"])
+    no_loss = replace(rule, net_loss_per_doubling=0.0)
     for p in system["predict"]:
         sizes, meas = _rows(logs[p])
         desc = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
-        main = np.array([r.time_us for r in predict(cluster, p, sizes, col, main_cal)])
-        ours, _, _ = _ours(cluster, p, sizes, col, fit)
+        main_rows = collective_baseline.predict(cluster, p, sizes, col, fitted["main"])
+        main = np.array([r.time_us for r in main_rows])
+        ours, low, high = _ours(cluster, p, sizes, col, fit, rule)
         n = cluster.nodes_for(p)
         out["scale"][p] = {
             "nodes": n,
@@ -105,24 +143,40 @@ def evaluate(system: dict, folder: Path) -> dict:
             "description": float(np.median(_err(desc, meas))),
             "main": float(np.median(_err(main, meas))),
             "ours": float(np.median(_err(ours, meas))),
+            "covered": float(np.mean((low <= meas) & (meas <= high))),
             "log_error_ours": np.log(ours / meas).tolist(),
             "log_error_description": np.log(desc / meas).tolist(),
             "in_sample_q80": fit.residual_log_q80,
         }
-        for name in ABLATIONS:
-            t, _, _ = _ours(cluster, p, sizes, col, abl[name])
+        t, _, _ = _ours(cluster, p, sizes, col, fit, no_loss)
+        out["ablation"].setdefault("no_scale_loss", {})[p] = float(np.median(_err(t, meas)))
+        for name, other in fitted["ablation"].items():
+            t, _, _ = _ours(cluster, p, sizes, col, other, rule)
             out["ablation"].setdefault(name, {})[p] = float(np.median(_err(t, meas)))
     return out
 
 
-def fit_rule(results: list[dict]) -> cal.IntervalRule:
+def fit_loss(fitted: list[dict]) -> float:
+    """The network's loss per doubling (``ScaleRule.net_loss_per_doubling``) from development
+    systems: the grid value with the least median error over their scored points."""
+    dev = [f for f in fitted if f["system"]["role"] == "development"]
+    best = (math.inf, 0.0)
+    for c in LOSS_GRID:
+        rule = replace(cal.RULE, net_loss_per_doubling=c)
+        errs = np.concatenate([np.abs(np.exp(np.array(s["log_error_ours"])) - 1.0)
+                               for f in dev for s in score(f, rule)["scale"].values()])  # fmt: skip
+        best = min(best, (float(np.median(errs)), c))
+    return best[1]
+
+
+def fit_rule(results: list[dict], loss: float) -> cal.ScaleRule:
     """The interval rule from development systems: the description's 80th percentile of
     ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
     80 % of the development points on top of each fit's own in-sample spread."""
     dev = [r for r in results if r["role"] == "development"]
     desc = np.abs(np.concatenate([s["log_error_description"] for r in dev
                                   for s in r["scale"].values()]))  # fmt: skip
-    floor = cal.INTERVALS.calibrated_floor_log
+    floor = cal.RULE.calibrated_floor_log
     need = []
     for r in dev:
         for s in r["scale"].values():
@@ -130,11 +184,12 @@ def fit_rule(results: list[dict]) -> cal.IntervalRule:
             for e in np.abs(s["log_error_ours"]):
                 need.append(max(0.0, e - base) / max(s["doublings"], 1.0))
     per = float(np.quantile(need, TARGET_COVERAGE)) if need else 0.0
-    return cal.IntervalRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
-                            calibrated_floor_log=floor, per_doubling_log=per)  # fmt: skip
+    return cal.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
+                         calibrated_floor_log=floor, per_doubling_log=per,
+                         net_loss_per_doubling=loss)  # fmt: skip
 
 
-def coverage(results: list[dict], rule: cal.IntervalRule, role: str) -> dict:
+def coverage(results: list[dict], rule: cal.ScaleRule, role: str) -> dict:
     """Share of scored points inside the 80 % interval (``rule``), calibrated and description."""
     inside_c, inside_d, total = 0, 0, 0
     for r in (x for x in results if x["role"] == role):
@@ -163,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))
-    results, left_out = [], []
+    fitted, left_out = [], []
     for system in split["systems"]:
         if args.only not in (None, system["role"]):
             continue
@@ -172,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             left_out.append(system["name"])
             print(f"{system['name']}: left out (no local copy of its logs)")
             continue
-        results.append(evaluate(system, folder))
-    rule = fit_rule(results)
+        fitted.append(fit_system(system, folder))
+    loss = fit_loss(fitted)
+    first = [score(f, replace(cal.RULE, net_loss_per_doubling=loss)) for f in fitted]
+    rule = fit_rule(first, loss)
+    results = [score(f, rule) for f in fitted]
     cov = {role: coverage(results, rule, role) for role in ("development", "held_out")}
     print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")
     for r in results:
