@@ -124,10 +124,10 @@ def test_the_description_alone_is_the_collective_models_time() -> None:
 def test_every_time_has_an_interval_that_widens_with_extrapolation() -> None:
     fit = replace(Fit(net_bw=0.9), residual_log_q80=0.02, calibrated_nodes=2)
     near = predict(H100, 16, [1 << 24], fit=fit)[0]
-    far = predict(H100, 256, [1 << 24], fit=fit)[0]
+    far = predict(H100, 128, [1 << 24], fit=fit)[0]
     assert near.time_us_low < near.time_us < near.time_us_high
     assert far.time_us_high / far.time_us > near.time_us_high / near.time_us
-    assert halfwidth_log(fit, 256) == pytest.approx(
+    assert halfwidth_log(fit, 32) == pytest.approx(
         max(0.02, RULE.calibrated_floor_log) + RULE.per_doubling_log * 4.0
     )
     assert halfwidth_log(DESCRIPTION, 256) == RULE.description_log
