@@ -146,7 +146,7 @@ def evaluate(system: dict, folder: Path) -> dict:
                 for r in collective_baseline.predict(
                     cluster, p, sizes.tolist(), calibration=cal_main
                 )
-            ]  # noqa: E501
+            ]
             errs_nvls.append(_errors(np.array(main_t), meas))
             errs_ap.append(_errors(_times(cluster, p, sizes), meas))
             errs_rb.append(_errors(ring_allreduce_ns(sizes, p, ring) / 1e3, meas))

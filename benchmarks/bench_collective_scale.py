@@ -189,10 +189,13 @@ def fit_rule(results: list[dict], loss: float) -> cal.ScaleRule:
                          net_loss_per_doubling=loss)  # fmt: skip
 
 
-def coverage(results: list[dict], rule: cal.ScaleRule, role: str) -> dict:
+KEEP = {"all": lambda r: True, "no_broadcast": lambda r: r["collective"] != "broadcast"}
+
+
+def coverage(results: list[dict], rule: cal.ScaleRule, role: str, keep=KEEP["all"]) -> dict:
     """Share of scored points inside the 80 % interval (``rule``), calibrated and description."""
     inside_c, inside_d, total = 0, 0, 0
-    for r in (x for x in results if x["role"] == role):
+    for r in (x for x in results if x["role"] == role and keep(x)):
         for s in r["scale"].values():
             base = max(s["in_sample_q80"], rule.calibrated_floor_log)
             half = base + rule.per_doubling_log * max(0.0, s["doublings"])
@@ -201,6 +204,23 @@ def coverage(results: list[dict], rule: cal.ScaleRule, role: str) -> dict:
             total += len(s["log_error_ours"])
     return {"points": total, "calibrated": inside_c / total if total else None,
             "description": inside_d / total if total else None}  # fmt: skip
+
+
+def summary(results: list[dict]) -> dict:
+    """Per role, the median over (system, world size) of each model's median error: every
+    system, and without broadcast (which no variant reproduces: benchmarks/README.md)."""
+    out: dict = {}
+    for role in ("development", "held_out"):
+        for label, keep in KEEP.items():
+            rows = [(r, p) for r in results if r["role"] == role and keep(r) for p in r["scale"]]
+            if not rows:
+                continue
+            names = ["description", "main", "ours"]
+            doc = {n: float(np.median([r["scale"][p][n] for r, p in rows])) for n in names}
+            for name in rows[0][0]["ablation"]:
+                doc[name] = float(np.median([r["ablation"][name][p] for r, p in rows]))
+            out[f"{role}/{label}"] = doc
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -232,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     first = [score(f, replace(cal.RULE, net_loss_per_doubling=loss)) for f in fitted]
     rule = fit_rule(first, loss)
     results = [score(f, rule) for f in fitted]
-    cov = {role: coverage(results, rule, role) for role in ("development", "held_out")}
+    roles = ("development", "held_out")
+    cov = {f"{role}/{k}": coverage(results, rule, role, keep)
+           for role in roles for k, keep in KEEP.items()}  # fmt: skip
     print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")
     for r in results:
         for p, s in r["scale"].items():
@@ -241,16 +263,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_pct(s['main']):>7} {_pct(s['ours']):>7}  {abl}")  # fmt: skip
         ins = ", ".join(f"{p}: {_pct(v['median_error'])}" for p, v in r["in_sample"].items())
         print(f"{'':<22} in sample {ins}")
+    pooled = summary(results)
     print(f"interval rule (development): {rule}; coverage {cov}")
+    for key, doc in pooled.items():
+        print(f"{key}: " + ", ".join(f"{k} {_pct(v)}" for k, v in doc.items()))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective_scale", "commit": commit, "load_avg": load,
            "left_out": left_out, "interval_rule": asdict(rule), "coverage": cov,
+           "summary": pooled,
            "systems": results}  # fmt: skip
     if args.write_rule:
-        text = RULE.read_text().split("\ndescription_log")[0]
+        text = RULE.read_text().split("description_log")[0]
         body = "".join(f"{k}: {v:.4f}\n" for k, v in asdict(rule).items())
-        RULE.write_text(text + "\n" + body)
+        RULE.write_text(text + body)
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         figures = "; ".join(
@@ -261,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for r in results
         )
-        figures += f"; coverage held out {_pct(cov['held_out']['calibrated'])}; load {load}"
+        figures += f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}; load {load}"
         ledger.print_row("collective_scale", change=args.change, figures=figures,
                          files=[args.out])  # fmt: skip
     return 0
