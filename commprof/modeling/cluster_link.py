@@ -80,12 +80,9 @@ class ClusterLink:
         """Where the interval comes from, for output."""
         nodes = self.cluster.nodes_for(world_size)
         if not self.calibrated_on:
-            return (
-                "80 % interval: the description's spread on the development systems' nccl-tests "
-                "logs"
-            )
+            return "the description's spread on the development systems' nccl-tests logs"
         return (
-            f"80 % interval: the calibration's residuals on its logs, widened for {nodes} node(s) "
+            f"the calibration's residuals on its logs, widened for {nodes} node(s) "
             f"past the {self.calibration.calibrated_nodes} fitted (rule fitted on development "
             "systems)"
         )
