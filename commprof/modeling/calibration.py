@@ -38,6 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from importlib import resources
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -443,6 +444,7 @@ def _starts(centre: np.ndarray) -> list[np.ndarray]:
 
 def _sensitivity(fit: Fit, name: str, errors) -> float:
     """Largest change of a fitted size's log time when ``name`` doubles."""
-    value = getattr(fit, name)
-    moved = replace(fit, **{name: value * 2.0 if value else KNEE_SCALE_BYTES})
+    value: float = getattr(fit, name)
+    change: dict[str, Any] = {name: value * 2.0 if value else KNEE_SCALE_BYTES}
+    moved = replace(fit, **change)
     return float(np.max(np.abs(errors(moved) - errors(fit))))
