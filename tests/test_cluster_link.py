@@ -138,6 +138,12 @@ def test_step_model_what_if_on_a_cluster(capsys: pytest.CaptureFixture[str]) -> 
     link = ClusterLink(cluster=H100)
     for b in buckets:
         assert b["service_ns"] == round(float(link.predict_ns(b["num_bytes"], 16)))
+    # each bucket's all-reduce has its 80 % interval, the description's here
+    interval = doc["communication_interval"]
+    _, low, high = link.interval_ns([b["num_bytes"] for b in buckets], 16)
+    assert interval["allreduce_ns_low"] == [round(float(x)) for x in low]
+    assert all(lo < b["service_ns"] < hi for lo, hi, b in zip(low, high, buckets, strict=True))
+    assert "description" in interval["basis"]
     assert main([*common, "--world-size", "16", "--cluster", "dgx-h100", "--same-host"]) == 2
     assert "--same-host" in capsys.readouterr().err
     args = ["--world-size", "16", "--cluster", "dgx-h100", "--fit-source", "buckets"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -138,6 +139,28 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         return ClusterLink(cluster=cluster)
     calibration = calibrate(cluster, [read_log(p) for p in nccl_tests])
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
+
+
+def comm_interval(link: ClusterLink, sizes_bytes: Sequence[int], world_size: int) -> dict[str, Any]:
+    """The 80 % interval of each bucket's all-reduce and of their total on ``link``, for
+    ``estimate --cluster``'s output (JSON ``communication_interval``)."""
+    sizes = np.asarray(sizes_bytes, dtype=np.float64)
+    _, low, high = link.interval_ns(sizes, world_size)
+    return {
+        "total_comm_ns_low": round(float(low.sum())),
+        "total_comm_ns_high": round(float(high.sum())),
+        "allreduce_ns_low": [round(float(x)) for x in low],
+        "allreduce_ns_high": [round(float(x)) for x in high],
+        "basis": link.interval_basis(world_size),
+    }
+
+
+def interval_line(interval: dict[str, Any]) -> str:
+    """One line for a table: the total's 80 % interval and its basis."""
+    return (
+        f"total communication 80 % interval {interval['total_comm_ns_low'] / 1e6:.3f} to "
+        f"{interval['total_comm_ns_high'] / 1e6:.3f} ms ({interval['basis']})"
+    )
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -43,7 +43,13 @@ from commprof import flags
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.cap_advice import CAP_GRID_MB, search, verdict
-from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
+from commprof.modeling.cluster_link import (
+    ClusterLink,
+    add_cluster_arguments,
+    cluster_link,
+    comm_interval,
+    interval_line,
+)
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.estimate_step import (
     add_step_arguments,
@@ -538,27 +544,6 @@ def _link_from_args(
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
 
-def comm_interval(link: ClusterLink, est: Estimate) -> dict[str, Any]:
-    """The 80 % interval of every bucket's all-reduce and of their total on a cluster's link."""
-    sizes = np.array([b.num_bytes for b in est.buckets], dtype=np.float64)
-    _, low, high = link.interval_ns(sizes, est.world_size)
-    return {
-        "total_comm_ns_low": round(float(low.sum())),
-        "total_comm_ns_high": round(float(high.sum())),
-        "allreduce_ns_low": [round(float(x)) for x in low],
-        "allreduce_ns_high": [round(float(x)) for x in high],
-        "basis": link.interval_basis(est.world_size),
-    }
-
-
-def interval_line(interval: dict[str, Any]) -> str:
-    """One line for the table: the total's 80 % interval and its basis."""
-    return (
-        f"total communication 80 % interval {interval['total_comm_ns_low'] / 1e6:.3f} to "
-        f"{interval['total_comm_ns_high'] / 1e6:.3f} ms ({interval['basis']})"
-    )
-
-
 def _table(est: Estimate) -> str:
     lines = [
         f"link: {est.link}   world size: {est.world_size}   "
@@ -662,7 +647,8 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
     }
     text = [_table(main)]
     if isinstance(link, ClusterLink):
-        doc["communication_interval"] = comm_interval(link, main)
+        sizes = [b.num_bytes for b in main.buckets]
+        doc["communication_interval"] = comm_interval(link, sizes, main.world_size)
         text.append(interval_line(doc["communication_interval"]))
     text += [
         assumptions_text(assumed),
