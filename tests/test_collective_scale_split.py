@@ -47,5 +47,5 @@ def test_a_log_of_another_collective_is_refused() -> None:
     log = replace(read_log(DATA / "abci-a100" / "broadcast_p8.txt"), collective="broadcast")
     cluster = load_cluster("abci-a100")
     assert calibrate(cluster, [log], "broadcast").calibrated_nodes == 1
-    with pytest.raises(ValueError, match="broadcast_p8.txt: is a broadcast log, not all_reduce"):
+    with pytest.raises(ValueError, match=r"broadcast_p8\.txt: is a broadcast log, not all_reduce"):
         calibrate(cluster, [log])
