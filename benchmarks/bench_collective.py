@@ -10,7 +10,8 @@ relative error of the all-reduce time over sizes >= 1 MiB (out-of-place times):
   NVLink / fabric rate inside one node, one NIC's rate across nodes, alpha 10 us), and that ring
   with alpha and beta fitted on the same calibration logs as (b);
 - ablations: (a) and (b) with each correction of ``collectives.Corrections`` off, and with all
-  off (NCCL's tuning model alone), and (b) with the optional NVLS scale fitted.
+  off (NCCL's tuning model alone), and (b) with main's calibration before issue #41
+  (``collective_baseline.calibrate``).
 
 Logs published under a licence are kept in ``tests/data/nccl_tests``; logs published without one
 (the split's ``licence: none`` systems) are not redistributed with the project: their sources are
@@ -32,14 +33,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import collective_baseline
 import ledger
 import numpy as np
 
+from commprof.modeling import calibration
+from commprof.modeling.calibration import FIT_MIN_BYTES, calibrate
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import CORRECTIONS, NO_CORRECTIONS, Corrections, predict
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.nccl_tests import FIT_MIN_BYTES, calibrate, read_log
+from commprof.modeling.nccl_tests import read_log
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +82,11 @@ def _ring_fit(points: list[tuple[int, np.ndarray, np.ndarray]]) -> LinkParams:
 
 def _times(cluster, p: int, sizes: np.ndarray, **kwargs) -> np.ndarray:
     return np.array([r.time_us for r in predict(cluster, p, sizes.tolist(), **kwargs)])
+
+
+def _fitted(cluster, p: int, sizes: np.ndarray, fit, **kwargs) -> np.ndarray:
+    rows = calibration.predict(cluster, p, sizes.tolist(), fit=fit, **kwargs)
+    return np.array([r.time_us for r in rows])
 
 
 def _median(parts: list[np.ndarray]) -> float:
@@ -123,25 +132,32 @@ def evaluate(system: dict, folder: Path) -> dict:
     cal_ps, pred_ps = system["calibrate"], system["predict"]
     if cal_ps:
         cal_logs = [logs[p] for p in cal_ps]
-        cal = calibrate(cluster, cal_logs)  # the declared model: no NVLS scale
-        cal_nvls = calibrate(cluster, cal_logs, nvls_correction=True)
+        cal = calibrate(cluster, cal_logs)
+        cal_main = collective_baseline.calibrate(cluster, cal_logs)
         cal_abl = {k: calibrate(cluster, cal_logs, corrections=c) for k, c in ABLATIONS.items()}
         ring = _ring_fit([(p, *_rows(logs[p])) for p in cal_ps])
         errs_b, errs_rb, errs_ap, errs_nvls = [], [], [], []
         errs_b_abl: dict[str, list[np.ndarray]] = {k: [] for k in ABLATIONS}
         for p in pred_ps:
             sizes, meas = _rows(logs[p])
-            errs_b.append(_errors(_times(cluster, p, sizes, calibration=cal), meas))
-            errs_nvls.append(_errors(_times(cluster, p, sizes, calibration=cal_nvls), meas))
+            errs_b.append(_errors(_fitted(cluster, p, sizes, cal), meas))
+            main_t = [
+                r.time_us
+                for r in collective_baseline.predict(
+                    cluster, p, sizes.tolist(), calibration=cal_main
+                )
+            ]
+            errs_nvls.append(_errors(np.array(main_t), meas))
             errs_ap.append(_errors(_times(cluster, p, sizes), meas))
             errs_rb.append(_errors(ring_allreduce_ns(sizes, p, ring) / 1e3, meas))
             for name, corr in ABLATIONS.items():
-                t = _times(cluster, p, sizes, calibration=cal_abl[name], corrections=corr)
+                t = _fitted(cluster, p, sizes, cal_abl[name], corrections=corr)
                 errs_b_abl[name].append(_errors(t, meas))
         out["calibration"] = asdict(cal)
+        out["main_calibration"] = asdict(cal_main)
         out["b_median_error"] = _median(errs_b)
         out["b_ablation_median_error"] = {k: _median(v) for k, v in errs_b_abl.items()}
-        out["b_with_nvls_correction_median_error"] = _median(errs_nvls)
+        out["b_main_calibration_median_error"] = _median(errs_nvls)
         out["a_on_predicted_median_error"] = _median(errs_ap)
         out["baseline_fitted_ring_median_error"] = _median(errs_rb)
         out["fitted_ring"] = {"alpha_us": ring.alpha_ns / 1e3,
@@ -195,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
            "systems": results}  # fmt: skip
     print(
         f"{'system':<14} {'role':<11} {'p':<10} {'(a)':>7} {'(b)':>7} {'ring':>8} {'ring fit':>8}"
-        f" | ablation (a)/(b): no corrections (no fill); (b)+nvls"
+        f" | ablation (a)/(b): no corrections (no fill); (b) main's calibration"
     )
     for r in results:
         abl_a = r["a_ablation_median_error"]
@@ -206,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{_pct(r['a_median_error']):>7} {_pct(r.get('b_median_error')):>7} "
             f"{_pct(r['baseline_median_error']):>8} "
             f"{_pct(r.get('baseline_fitted_ring_median_error')):>8} | {ablation}; "
-            f"{_pct(r.get('b_with_nvls_correction_median_error'))}"
+            f"{_pct(r.get('b_main_calibration_median_error'))}"
         )
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")

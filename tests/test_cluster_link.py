@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from commprof.cli import main
+from commprof.modeling.calibration import DESCRIPTION, Fit
+from commprof.modeling.calibration import predict as fitted_predict
 from commprof.modeling.cluster_link import ClusterLink, allreduce_time_ns, cluster_link
 from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import Calibration, predict
+from commprof.modeling.collectives import predict
 from commprof.modeling.estimate import add_arguments, run
 from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
 
@@ -40,10 +42,14 @@ def test_predict_ns_is_the_collective_models_time() -> None:
     assert grid.shape == (3, 3) and (grid[:, 0] == 0).all()
     assert grid[:, 2].tolist() == pytest.approx(link.predict_ns(sizes, 16).tolist())
     assert link.predict_ns([0, 1 << 20], 16)[0] == 0.0
-    scaled = Calibration(intra_scale=0.5, net_scale=0.5, latency_scale=2.0)
+    scaled = Fit(intra_bw=0.5, net_bw=0.5, base_lat=2.0, intra_lat=2.0, net_lat=2.0,
+                 calibrated_nodes=2)  # fmt: skip
     assert allreduce_time_ns(H100, 16, sizes, scaled).tolist() == pytest.approx(
-        [1e3 * r.time_us for r in predict(H100, 16, sizes.tolist(), calibration=scaled)]
+        [1e3 * r.time_us for r in fitted_predict(H100, 16, sizes.tolist(), fit=scaled)]
     )
+    # every time has its 80 % interval around it
+    time, low, high = ClusterLink(cluster=H100, calibration=scaled).interval_ns(sizes, 16)
+    assert (low < time).all() and (time < high).all()
     with pytest.raises(ValueError, match="whole numbers"):
         link.predict_ns([1.5], 16)
     with pytest.raises(ValueError, match="multiple of its 8 GPUs"):
@@ -68,7 +74,7 @@ def test_estimate_with_a_cluster_predicts_each_bucket_with_the_model(
     fitted = json.loads(capsys.readouterr().out)["estimate"]
     assert "calibrated on 1 nccl-tests log(s)" in fitted["link"]
     link = cluster_link("oci-bm-gpu4.8", 16, [str(LOG)])
-    assert link.calibration != Calibration()
+    assert link.calibration != DESCRIPTION
     assert [b["allreduce_ns"] for b in fitted["buckets"]] == [
         round(float(t)) for t in link.predict_ns([b["num_bytes"] for b in fitted["buckets"]], 16)
     ]
@@ -132,6 +138,12 @@ def test_step_model_what_if_on_a_cluster(capsys: pytest.CaptureFixture[str]) -> 
     link = ClusterLink(cluster=H100)
     for b in buckets:
         assert b["service_ns"] == round(float(link.predict_ns(b["num_bytes"], 16)))
+    # each bucket's all-reduce has its 80 % interval, the description's here
+    interval = doc["communication_interval"]
+    _, low, high = link.interval_ns([b["num_bytes"] for b in buckets], 16)
+    assert interval["allreduce_ns_low"] == [round(float(x)) for x in low]
+    assert all(lo < b["service_ns"] < hi for lo, hi, b in zip(low, high, buckets, strict=True))
+    assert "description" in interval["basis"]
     assert main([*common, "--world-size", "16", "--cluster", "dgx-h100", "--same-host"]) == 2
     assert "--same-host" in capsys.readouterr().err
     args = ["--world-size", "16", "--cluster", "dgx-h100", "--fit-source", "buckets"]

@@ -16,7 +16,6 @@ from commprof.modeling.collectives import (
     NET_OVERHEAD_US,
     NO_CORRECTIONS,
     RING_PLATEAU,
-    Calibration,
     bus_factor,
     predict,
     table,
@@ -101,15 +100,6 @@ def test_collectives_bus_factors_and_sizes() -> None:
     assert ag.time_us < ar.time_us  # half the traffic of an all-reduce
     with pytest.raises(ValueError, match="choose one of"):
         predict(A100, 8, [1], "all_to_all")
-
-
-def test_calibration_scales_bandwidth_and_latency() -> None:
-    n = 1 << 30
-    base = predict(A100, 8, [n])[0]
-    slower = predict(A100, 8, [n], calibration=Calibration(intra_scale=0.5))[0]
-    assert slower.time_us == pytest.approx(2 * base.time_us, rel=0.01)
-    with pytest.raises(ValueError, match="intra_scale must be finite and > 0"):
-        Calibration(intra_scale=0.0)
 
 
 GH200 = load_cluster("gh200-slingshot")

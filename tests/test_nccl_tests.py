@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
+from commprof.modeling.calibration import DESCRIPTION, calibrate, predict
 from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import predict
-from commprof.modeling.nccl_tests import calibrate, parse_text, read_log
+from commprof.modeling.nccl_tests import parse_text, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 
@@ -89,9 +89,8 @@ def test_calibration_lowers_the_error_it_fits() -> None:
     rows = [r for r in log.rows if r.num_bytes >= 1 << 20]
     sizes = [r.num_bytes for r in rows]
 
-    def error(cal=None) -> float:
-        kw = {} if cal is None else {"calibration": cal}
-        pred = predict(cluster, 16, sizes, **kw)
+    def error(fit=DESCRIPTION) -> float:
+        pred = predict(cluster, 16, sizes, fit=fit)
         return sum(abs(p.time_us - r.time_us) / r.time_us for p, r in zip(pred, rows, strict=True))
 
     cal = calibrate(cluster, [log])

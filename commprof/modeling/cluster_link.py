@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from commprof.modeling.calibration import DESCRIPTION, Fit, calibrate, predict
 from commprof.modeling.clusters import Cluster, load_cluster
-from commprof.modeling.collectives import NO_CALIBRATION, Calibration, predict
+from commprof.modeling.nccl_log import read_logs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,8 +33,9 @@ class ClusterLink:
 
     cluster: Cluster
     """The topology (``clusters.load_cluster``)."""
-    calibration: Calibration = NO_CALIBRATION
-    """Scales fitted to the cluster's nccl-tests logs; the default is the description alone."""
+    calibration: Fit = DESCRIPTION
+    """Factors fitted to the cluster's nccl-tests logs (``calibration.calibrate``); the default
+    is the description alone."""
     calibrated_on: tuple[str, ...] = ()
     """The logs the calibration was fitted on (empty: the description alone)."""
 
@@ -44,8 +47,15 @@ class ClusterLink:
             world_size: Ranks (>= 1; more than one node's GPUs must fill whole nodes).
 
         Returns:
-            ``1000 * collectives.predict(...).time_us`` per element; 0 for one rank or 0 bytes.
+            ``1000 * calibration.predict(...).time_us`` per element; 0 for one rank or 0 bytes.
         """
+        return self.interval_ns(num_bytes, world_size)[0]
+
+    def interval_ns(
+        self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Predicted time and its 80 % interval in ns (``calibration.predict``): (time, low,
+        high), each the broadcast shape of the inputs; 0 for one rank or 0 bytes."""
         sizes, ranks = np.broadcast_arrays(
             np.asarray(num_bytes, dtype=np.float64), np.asarray(world_size, dtype=np.int64)
         )
@@ -53,17 +63,30 @@ class ClusterLink:
             raise ValueError("num_bytes must be whole numbers of bytes >= 0")
         if np.any(ranks < 1):
             raise ValueError(f"world_size must be >= 1, got {np.unique(ranks).tolist()}")
-        out = np.zeros(sizes.shape, dtype=np.float64)
+        out = [np.zeros(sizes.shape, dtype=np.float64) for _ in range(3)]
         for p in np.unique(ranks):
             where = (ranks == p) & (sizes > 0)
             if p == 1 or not where.any():
                 continue
             rows = predict(
                 self.cluster, int(p), sizes[where].astype(np.int64).tolist(),
-                calibration=self.calibration,
+                fit=self.calibration,
             )  # fmt: skip
-            out[where] = [1e3 * r.time_us for r in rows]
-        return out
+            out[0][where] = [1e3 * r.time_us for r in rows]
+            out[1][where] = [1e3 * r.time_us_low for r in rows]
+            out[2][where] = [1e3 * r.time_us_high for r in rows]
+        return out[0], out[1], out[2]
+
+    def interval_basis(self, world_size: int) -> str:
+        """Where the interval comes from, for output."""
+        nodes = self.cluster.nodes_for(world_size)
+        if not self.calibrated_on:
+            return "the description's spread on the development systems' nccl-tests logs"
+        return (
+            f"the calibration's residuals on its logs, widened for {nodes} node(s) "
+            f"past the {self.calibration.calibrated_nodes} fitted (rule fitted on development "
+            "systems)"
+        )
 
     def describe(self, world_size: int) -> str:
         """One line for output: the cluster, its nodes at ``world_size`` and the calibration."""
@@ -83,7 +106,7 @@ def allreduce_time_ns(
     cluster: Cluster,
     world_size: int,
     num_bytes: npt.ArrayLike,
-    calibration: Calibration = NO_CALIBRATION,
+    calibration: Fit = DESCRIPTION,
 ) -> np.ndarray:
     """All-reduce time in ns of each size on ``world_size`` ranks of ``cluster``.
 
@@ -91,7 +114,7 @@ def allreduce_time_ns(
         cluster: The topology.
         world_size: Ranks.
         num_bytes: Message sizes in bytes.
-        calibration: Fitted scales (default: the description alone).
+        calibration: Fitted factors (default: the description alone).
 
     Returns:
         Times in nanoseconds (float64), the shape of ``num_bytes``.
@@ -101,14 +124,12 @@ def allreduce_time_ns(
 
 def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] = ()) -> ClusterLink:
     """The link of ``--cluster NAME|FILE`` at ``--world-size``, calibrated on ``nccl_tests`` logs
-    of that cluster where given (``nccl_tests.calibrate``, all-reduce).
+    of that cluster where given (``calibration.calibrate``, all-reduce).
 
     Raises:
         ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
             log that does not read or fit.
     """
-    from commprof.modeling.nccl_log import read_logs
-    from commprof.modeling.nccl_tests import calibrate
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:
@@ -118,6 +139,28 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         return ClusterLink(cluster=cluster)
     calibration = calibrate(cluster, read_logs(nccl_tests))
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
+
+
+def comm_interval(link: ClusterLink, sizes_bytes: Sequence[int], world_size: int) -> dict[str, Any]:
+    """The 80 % interval of each bucket's all-reduce and of their total on ``link``, for
+    ``estimate --cluster``'s output (JSON ``communication_interval``)."""
+    sizes = np.asarray(sizes_bytes, dtype=np.float64)
+    _, low, high = link.interval_ns(sizes, world_size)
+    return {
+        "total_comm_ns_low": round(float(low.sum())),
+        "total_comm_ns_high": round(float(high.sum())),
+        "allreduce_ns_low": [round(float(x)) for x in low],
+        "allreduce_ns_high": [round(float(x)) for x in high],
+        "basis": link.interval_basis(world_size),
+    }
+
+
+def interval_line(interval: dict[str, Any]) -> str:
+    """One line for a table: the total's 80 % interval and its basis."""
+    return (
+        f"total communication 80 % interval {interval['total_comm_ns_low'] / 1e6:.3f} to "
+        f"{interval['total_comm_ns_high'] / 1e6:.3f} ms ({interval['basis']})"
+    )
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,20 +3,22 @@
 Prints a table shaped like nccl-tests' (size, time, algbw, busbw, and the algorithm and protocol
 NCCL would pick) so the two can be diffed; ``--json`` prints a list of rows and nothing else on
 stdout. ``--fit LOG ...`` calibrates the description on nccl-tests logs of that cluster first
-(``commprof.modeling.nccl_tests.calibrate``). Torch-free.
+(``commprof.modeling.calibration.calibrate``). Every time carries its 80 % interval (``low``,
+``high``; ``time_us_low``, ``time_us_high`` in ``--json``). Torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
+from commprof.modeling.calibration import DESCRIPTION, calibrate, halfwidth_log, predict
 from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import COLLECTIVES, NO_CALIBRATION, predict
+from commprof.modeling.collectives import COLLECTIVES
 from commprof.modeling.nccl_log import read_logs, skipped_summary
-from commprof.modeling.nccl_tests import calibrate
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         action="extend",
         metavar="LOG",
-        help="nccl-tests logs of this cluster to calibrate on (repeat the flag or list several)",
+        help="nccl-tests logs of this cluster to calibrate on (repeat or list: every one is kept)",
     )
     parser.add_argument(
         "--run",
@@ -68,7 +70,7 @@ def sizes_between(min_bytes: int, max_bytes: int) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Entry of ``commprof collective``."""
     cluster = load_cluster(args.cluster)
-    calibration = NO_CALIBRATION
+    fit = DESCRIPTION
     if args.run and not args.fit:
         raise ValueError(f"--run {args.run}: give the logs it picks from with --fit LOG ...")
     logs = read_logs(args.fit, args.run) if args.fit else []
@@ -76,13 +78,13 @@ def run(args: argparse.Namespace) -> int:
         for log in logs:
             if (said := skipped_summary(log)) is not None:
                 print(f"commprof collective: {said}", file=sys.stderr)
-        calibration = calibrate(cluster, logs, args.collective)
+        fit = calibrate(cluster, logs, args.collective)
     rows = predict(
         cluster,
         args.world_size,
         sizes_between(args.min_bytes, args.max_bytes),
         args.collective,
-        calibration,
+        fit,
     )
     if args.json:
         print(
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
                     {
                         "bytes": r.num_bytes,
                         "time_us": r.time_us,
+                        "time_us_low": r.time_us_low,
+                        "time_us_high": r.time_us_high,
                         "algbw_gbps": r.algbw_gbps,
                         "busbw_gbps": r.busbw_gbps,
                         "algorithm": r.algorithm,
@@ -103,13 +107,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
     nodes = cluster.nodes_for(args.world_size)
     fitted = "description alone" if not args.fit else f"calibrated on {len(logs)} log(s)"
+    half = 100 * (math.exp(halfwidth_log(fit, nodes)) - 1)
+    basis = (
+        "the description's spread on development systems"
+        if not args.fit
+        else f"the fit's residuals, widened past its {fit.calibrated_nodes} node(s)"
+    )
     print(f"# {args.collective}, cluster {cluster.name} ({cluster.description})")
     print(f"# {args.world_size} ranks on {nodes} node(s); predicted ({fitted}), not measured")
-    print(f"#{'size':>12} {'time':>10} {'algbw':>8} {'busbw':>8}  {'algorithm':<10} protocol")
-    print(f"#{'(B)':>12} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+    factor = 1 + half / 100
+    print(f"# 80 % interval: low = time / {factor:.2f}, high = time x {factor:.2f} ({basis})")
+    print(
+        f"#{'size':>12} {'time':>10} {'low':>10} {'high':>10} {'algbw':>8} {'busbw':>8}  "
+        f"{'algorithm':<10} protocol"
+    )
+    print(f"#{'(B)':>12} {'(us)':>10} {'(us)':>10} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
     for r in rows:
         print(
-            f"{r.num_bytes:>13} {r.time_us:>10.1f} {r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f}  "
-            f"{r.algorithm:<10} {r.protocol}"
+            f"{r.num_bytes:>13} {r.time_us:>10.1f} {r.time_us_low:>10.1f} {r.time_us_high:>10.1f} "
+            f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f}  {r.algorithm:<10} {r.protocol}"
         )
     return 0

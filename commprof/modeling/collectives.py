@@ -154,33 +154,6 @@ NO_CORRECTIONS = Corrections(two_node_fill=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Calibration:
-    """Scales fitted to a cluster's nccl-tests logs (``nccl_tests.calibrate``); 1.0 is the
-    description alone."""
-
-    intra_scale: float = 1.0
-    """Multiplies ``B_intra``."""
-    net_scale: float = 1.0
-    """Multiplies ``B_net``."""
-    latency_scale: float = 1.0
-    """Multiplies every latency."""
-    nvls_scale: float = 1.0
-    """Multiplies the NVLS and NVLSTree bus bandwidth in place of ``intra_scale`` (NVLink SHARP's
-    own reduction rate, which the switch sets, not the ring's use of the links): a correction,
-    off by default: on development data it did not help (benchmarks/README.md, its ablation)."""
-
-    def __post_init__(self) -> None:
-        for name in ("intra_scale", "net_scale", "latency_scale", "nvls_scale"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-
-
-NO_CALIBRATION = Calibration()
-"""The description alone."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Prediction:
     """The model's time for one collective call, with the algorithm and protocol chosen."""
 
@@ -243,47 +216,77 @@ def _algorithms(collective: str, cluster: Cluster, num_nodes: int) -> list[str]:
     return algos
 
 
-def _bus_bw(
-    algo: str, graphs: Graphs, cluster: Cluster, num_nodes: int, calibration: Calibration
-) -> float:
-    """``graphs[a]->nChannels * bw`` (tuning.cc lines 175 to 178), the calibration's scales on
-    the intra-node and network sides of each channel.
+def bus_sides(algo: str, graphs: Graphs, cluster: Cluster, num_nodes: int) -> tuple[float, float]:
+    """``graphs[a]->nChannels * bw`` (tuning.cc lines 175 to 178) as its two sides: (intra-node,
+    network) GB/s, the bus bandwidth their minimum; the network side is inf on one node.
 
     One node: ``nChannels * bwIntra``. Two nodes: NCCL reads ``bwIntra`` of every graph (a
-    tree's raised to at most twice ``bwInter`` by the search, so its network side, twice
-    ``nChannels * bwInter``, bounds it once scaled). Past two: ``bwInter``. On several nodes a
-    ring or tree is also bounded by the NVLink its channels cross (``B_intra * g / (g - 1)``),
-    which only binds once ``intra_scale`` is below 1.
+    tree's raised to at most twice ``bwInter`` by the search, so its network side is twice
+    ``nChannels * bwInter``). Past two: ``bwInter``. On several nodes a ring or tree is also
+    bounded by the NVLink its channels cross (``B_intra * g / (g - 1)``, the intra-node side),
+    which binds only once that link is slower than described (a calibration's ``intra_bw``).
+    NVLS: NVLink SHARP's ``bwIntra`` and, past one node, NVLSTree's ``bwInter`` (halved past two).
     """
     g = cluster.gpus_per_node
-    si, sn = calibration.intra_scale, calibration.net_scale
-    b_intra = cluster.intra_bytes_per_s * cluster.intra_efficiency / 1e9 * si
+    b_intra = cluster.intra_bytes_per_s * cluster.intra_efficiency / 1e9
     intra_room = b_intra * g / (g - 1) if g > 1 else math.inf
     if algo in ("ring", "tree"):
         graph = graphs.ring if algo == "ring" else graphs.tree
         n = graph.num_channels
         if num_nodes == 1:
-            return n * graph.bw_intra_gbps * si
-        net = n * graph.bw_inter_gbps * sn
+            return n * graph.bw_intra_gbps, math.inf
+        net = n * graph.bw_inter_gbps
         if num_nodes == 2:
-            intra = n * graph.bw_intra_gbps * si
-            return min(intra, 2.0 * net if algo == "tree" else net, intra_room)
-        return min(net, intra_room)
+            intra = n * graph.bw_intra_gbps
+            return min(intra, intra_room), 2.0 * net if algo == "tree" else net
+        return intra_room, net
     nvls = graphs.nvls
     assert nvls is not None  # _algorithms offers NVLS only where the search found it
-    # NVLink SHARP's own rate: nvls_scale, not the links' intra_scale (Calibration).
-    intra = nvls.bw_intra_gbps * calibration.nvls_scale
+    intra = nvls.num_channels * nvls.bw_intra_gbps
     if algo == "nvls":  # tuning.cc line 176: min(bwIntra, bwInter), bwInter >= bwIntra here
-        return nvls.num_channels * intra
-    inter = nvls.bw_inter_gbps * sn * (1.0 if num_nodes <= 2 else 0.5)  # line 177
-    return nvls.num_channels * min(intra, inter)
+        return intra, math.inf
+    inter = nvls.bw_inter_gbps * (1.0 if num_nodes <= 2 else 0.5)  # line 177
+    return intra, nvls.num_channels * inter
+
+
+def latency_parts(
+    cluster: Cluster, world_size: int, collective: str, algorithm: str, protocol: str
+) -> tuple[float, float, float]:
+    """An algorithm's latency (us) in NCCL's tuning model, as its three terms: ``baseLat``, the
+    intra-node hops and the network hops (tuning.cc; module docstring, "Latency").
+
+    Ring: ``nsteps - nInter`` intra hops (each at least the network post overhead on several
+    nodes) and ``nInter`` network hops; a ring broadcast one hop; tree ``2 (g - 1)`` intra and
+    ``2 floor(log2 N)`` network hops; NVLS one intra hop (and one network hop past one node);
+    NVLSTree one intra and ``2 floor(log2 N)`` network hops.
+    """
+    n = cluster.nodes_for(world_size)
+    g = world_size // n
+    pi = PROTOCOLS.index(protocol)
+    intra_kind = "pci" if cluster.intra_fabric == "pcie" else "nvlink"
+    intra_lat = HW_LAT_US[intra_kind][algorithm][pi]
+    inter_lat = HW_LAT_US["net"][algorithm][pi]
+    base = BASE_LAT_US[algorithm][pi]
+    if algorithm == "ring" and collective == "broadcast":
+        # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
+        return (base, 0.0, inter_lat) if n > 1 else (base, intra_lat, 0.0)
+    if algorithm == "ring":
+        nsteps, ninter = _steps(collective, world_size, n)
+        if n > 1:
+            intra_lat = max(intra_lat, NET_OVERHEAD_US * (3.0 if protocol == "Simple" else 1.0))
+        return base, (nsteps - ninter) * intra_lat, ninter * inter_lat
+    levels = math.floor(math.log2(n))
+    if algorithm == "tree":
+        return base, 2.0 * (g - 1) * intra_lat, 2.0 * levels * inter_lat
+    if algorithm == "nvls":
+        return 0.0, intra_lat, inter_lat if n > 1 else 0.0
+    return base, intra_lat, 2.0 * levels * inter_lat
 
 
 def table(
     cluster: Cluster,
     world_size: int,
     collective: str = "all_reduce",
-    calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
     corrections: Corrections = CORRECTIONS,
 ) -> dict[tuple[str, str], tuple[float, float]]:
@@ -296,7 +299,6 @@ def table(
         cluster: The topology.
         world_size: Ranks (fills whole nodes, see ``Cluster.nodes_for``).
         collective: One of ``COLLECTIVES``.
-        calibration: Scales on the two bandwidths and on latency.
         algorithms: Restrict the choice (as ``NCCL_ALGO`` does); None: every one enabled.
         corrections: Which corrections apply (none acts on the table today).
 
@@ -320,8 +322,7 @@ def table(
         ll_max = LL_MAX_BW_GBPS["one_node"][0 if gen == "volta" else 1]
     else:
         ll_max = LL_MAX_BW_GBPS["intel_host"][ni]
-    intra_kind = "pci" if cluster.intra_fabric == "pcie" else "nvlink"
-    nsteps, ninter = _steps(collective, p, n)
+    nsteps, _ = _steps(collective, p, n)
     out: dict[tuple[str, str], tuple[float, float]] = {}
     for algo in _algorithms(collective, cluster, n):
         if algorithms is not None and algo not in algorithms:
@@ -329,12 +330,12 @@ def table(
         if algo.startswith("nvls") and graphs.nvls is None:
             continue
         nch = graphs.ring.num_channels if algo == "ring" else graphs.tree.num_channels
-        for pi, proto in enumerate(PROTOCOLS):
+        for proto in PROTOCOLS:
             if algo.startswith("nvls") and proto != "Simple":
                 continue
             if proto == "LL128" and not cluster.ll128:
                 continue
-            bus = _bus_bw(algo, graphs, cluster, n, calibration)
+            bus = min(bus_sides(algo, graphs, cluster, n))
             if algo == "ring" and proto == "LL":  # line 181: 1/3 on one node but all-reduce
                 third = n == 1 and collective != "all_reduce"
                 bus = min(ll_max, bus / (3.0 if third else 4.0))
@@ -351,25 +352,8 @@ def table(
                     bus *= 0.85
             ratio = p / nsteps if algo == "ring" else 5.0 / 6.0 if algo.startswith("nvls") else 0.5
             algbw = bus * ratio
-            intra_lat = HW_LAT_US[intra_kind][algo][pi]
-            inter_lat = HW_LAT_US["net"][algo][pi]
-            lat = BASE_LAT_US[algo][pi]
-            if algo == "ring" and collective == "broadcast":
-                # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
-                lat += HW_LAT_US["net" if n > 1 else intra_kind][algo][pi]
-            elif algo == "ring":
-                if n > 1:
-                    intra_lat = max(
-                        intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0)
-                    )
-                lat += (nsteps - ninter) * intra_lat + ninter * inter_lat
-            elif algo == "tree":
-                lat += 2.0 * ((g - 1) * intra_lat + math.floor(math.log2(n)) * inter_lat)
-            elif algo == "nvls":
-                lat = intra_lat + (inter_lat if n > 1 else 0.0)
-            else:
-                lat += intra_lat + 2.0 * math.floor(math.log2(n)) * inter_lat
-            out[(algo, proto)] = (lat * calibration.latency_scale, algbw)
+            lat = sum(latency_parts(cluster, world_size, collective, algo, proto))
+            out[(algo, proto)] = (lat, algbw)
     if not out:
         raise ValueError(
             f"no algorithm of {list(algorithms or ())} is available for {collective} on "
@@ -426,7 +410,6 @@ def predict(
     world_size: int,
     sizes_bytes: Sequence[int],
     collective: str = "all_reduce",
-    calibration: Calibration = NO_CALIBRATION,
     algorithms: Sequence[str] | None = None,
     corrections: Corrections = CORRECTIONS,
 ) -> list[Prediction]:
@@ -437,7 +420,6 @@ def predict(
         world_size: Ranks.
         sizes_bytes: Message sizes (nccl-tests' ``size`` column).
         collective: One of ``COLLECTIVES``.
-        calibration: Fitted scales (default: the description alone).
         algorithms: Restrict the algorithms (``NCCL_ALGO``); None: NCCL's choice.
         corrections: Which corrections apply (default: all, the declared model).
 
@@ -447,7 +429,7 @@ def predict(
     """
     if world_size < 2:
         raise ValueError(f"--world-size {world_size}: a collective needs >= 2 ranks")
-    entries = table(cluster, world_size, collective, calibration, algorithms, corrections)
+    entries = table(cluster, world_size, collective, algorithms, corrections)
     n = cluster.nodes_for(world_size)
     channels = search(cluster, n).runtime_channels
     fill_bytes = channels * NCCL_BUFFSIZE_BYTES

@@ -43,7 +43,13 @@ from commprof import flags
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
 from commprof.modeling.cap_advice import CAP_GRID_MB, search, verdict
-from commprof.modeling.cluster_link import ClusterLink, add_cluster_arguments, cluster_link
+from commprof.modeling.cluster_link import (
+    ClusterLink,
+    add_cluster_arguments,
+    cluster_link,
+    comm_interval,
+    interval_line,
+)
 from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
 from commprof.modeling.estimate_step import (
     add_step_arguments,
@@ -639,8 +645,12 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         "assumptions": assumed,
         "in_sample": None,  # no calibration cells: --fit DIR has them
     }
-    text = [
-        _table(main),
+    text = [_table(main)]
+    if isinstance(link, ClusterLink):
+        sizes = [b.num_bytes for b in main.buckets]
+        doc["communication_interval"] = comm_interval(link, sizes, main.world_size)
+        text.append(interval_line(doc["communication_interval"]))
+    text += [
         assumptions_text(assumed),
         "in sample: none (no calibration cells; --fit DIR calibrates on a dataset's cells)",
     ]

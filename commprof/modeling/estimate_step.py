@@ -39,7 +39,7 @@ from typing import Any
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
 from commprof.modeling.cap_advice import recommend_cap
-from commprof.modeling.cluster_link import ClusterLink
+from commprof.modeling.cluster_link import ClusterLink, comm_interval, interval_line
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.ring_fit import PiecewiseFit, RingFit, fit_to_dict
@@ -303,6 +303,12 @@ def run_step(
         spec_text(doc["spec"]),
         in_sample_text(doc["in_sample"]),
     ]
+    if isinstance(link, ClusterLink):  # the collective model's interval on each bucket
+        sizes = [b.num_bytes for b in main.prediction.buckets]
+        doc["communication_interval"] = comm_interval(
+            link, sizes, args.world_size or cal.world_size
+        )
+        text.append(interval_line(doc["communication_interval"]))
     if doc["extrapolation"]:
         text.append(doc["extrapolation"]["text"])
     if args.recommend_bucket_cap:

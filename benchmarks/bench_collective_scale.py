@@ -1,0 +1,297 @@
+"""Collective model across world sizes (issue #41): calibrate on 1-2 nodes, predict the rest.
+
+For every system of ``benchmarks/collective_scale_split.yaml`` (declared before any score), the
+median absolute relative error of the out-of-place time over sizes >= 1 MiB:
+
+- in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %);
+- scale: calibrated on the system's ``calibrate`` world sizes, scored on each ``predict`` one,
+  side by side: the published description alone, main's calibration before issue #41
+  (``collective_baseline.calibrate``, frozen) and this calibration
+  (``commprof.modeling.calibration``);
+- the 80 % interval's coverage on every scored point; the interval rule
+  (``commprof/modeling/collective_scale.yaml``) is fitted on the development systems only
+  (``--write-rule`` writes it) and its coverage is quoted on the held-out ones;
+- ablations: the calibration with one part taken off, scored the same way.
+
+Usage: python benchmarks/bench_collective_scale.py [--external-logs DIR] [--out FILE]
+[--write-rule] [--change TEXT]. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import collective_baseline
+import ledger
+import numpy as np
+
+from commprof.modeling import calibration as cal
+from commprof.modeling.clusters import load_cluster
+from commprof.modeling.collectives import CORRECTIONS, predict
+from commprof.modeling.nccl_tests import parse_text, read_log
+from commprof.yamlio import load_yaml, read_text
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "nccl_tests"
+SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
+RULE = ROOT / "commprof" / "modeling" / "collective_scale.yaml"
+TARGET_COVERAGE = 0.8
+LOSS_GRID = tuple(0.025 * i for i in range(21))
+"""Values of the network's loss per doubling tried on development systems (0 to 0.5)."""
+ABLATIONS: dict[str, dict] = {
+    "with_two_node_fill": {"corrections": CORRECTIONS},
+    "no_latency_factors": {"parameters": ("intra_bw", "net_bw", "nvls_bw", "fill")},
+    "no_net_latency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "net_lat")},
+    "no_prior": {"prior_weight": 1e-9},
+    "no_efficiency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "knee_bytes")},
+    "no_protocol_factor": {"parameters": tuple(p for p in cal.PARAMETERS if p != "ll128_bw")},
+}
+"""The calibration with one part off (the ``calibrate`` keyword it takes)."""
+
+
+_SRUN = re.compile(r"^\s*(\d+): ?")
+_WRONG = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+\S+\s+\S+\s+\S+\s+([1-9]\d*)\s")
+
+
+def read(path: Path, collective: str):
+    """A log as its cluster printed it. Until the reader of issue #41's other half lands here,
+    whole Slurm outputs with ``srun -l`` labels are cut to task 0's lines, labels off, and table
+    rows whose out-of-place ``#wrong`` is not 0 are dropped (a broken transfer is not a time); a
+    file of several runs is cut to the run of ``collective``."""
+    text = read_text(path, "the nccl-tests log")
+    lines = text.splitlines()
+    start = f"Collective test starting: {collective}_perf"
+    if sum(start in x for x in lines) == 1:
+        first = next(i for i, x in enumerate(lines) if start in x)
+        end = next((i for i, x in enumerate(lines) if i > first and "test concluded" in x), None)
+        lines = lines[first:end]
+        return parse_text("\n".join(lines), str(path))
+    if sum(bool(_SRUN.match(x)) for x in lines) > len(lines) // 2:
+        task0 = [x for x in lines if (m := _SRUN.match(x)) and m.group(1) == "0"]
+        lines = [_SRUN.sub("", x, count=1) for x in task0]
+        lines = [x for x in lines if not _WRONG.match(x)]
+        return parse_text("\n".join(lines), str(path))
+    return read_log(path)
+
+
+def _rows(log) -> tuple[list[int], np.ndarray]:
+    kept = [r for r in log.rows if r.num_bytes >= cal.FIT_MIN_BYTES]
+    return [r.num_bytes for r in kept], np.array([r.time_us for r in kept])
+
+
+def _err(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1.0)
+
+
+def _ours(cluster, p, sizes, collective, fit, rule=cal.RULE, **kw):
+    rows = cal.predict(cluster, p, sizes, collective, fit, rule=rule, **kw)
+    return (np.array([r.time_us for r in rows]), np.array([r.time_us_low for r in rows]),
+            np.array([r.time_us_high for r in rows]))  # fmt: skip
+
+
+def fit_system(system: dict, folder: Path) -> dict:
+    """Every fit of one system (in sample, its calibration, main's, the ablations), its logs."""
+    cluster = load_cluster(system["cluster"])
+    col = system["collective"]
+    logs = {int(p): read(folder / path, col) for p, path in system["logs"].items()}
+    cal_logs = [logs[p] for p in system["calibrate"]]
+    return {
+        "system": system, "cluster": cluster, "logs": logs,
+        "in_sample": {p: cal.calibrate(cluster, [log], col) for p, log in logs.items()},
+        "fit": cal.calibrate(cluster, cal_logs, col),
+        "main": collective_baseline.calibrate(cluster, cal_logs, col),
+        "ablation": {k: cal.calibrate(cluster, cal_logs, col, **o) for k, o in ABLATIONS.items()},
+    }  # fmt: skip
+
+
+def score(fitted: dict, rule: cal.ScaleRule) -> dict:
+    """In-sample, scale and ablation figures of one system under ``rule``."""
+    system, cluster, logs = fitted["system"], fitted["cluster"], fitted["logs"]
+    col, fit = system["collective"], fitted["fit"]
+    out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
+                 "collective": col, "licence": system["licence"], "in_sample": {},
+                 "scale": {}, "ablation": {}}  # fmt: skip
+    for p, log in sorted(logs.items()):
+        sizes, meas = _rows(log)
+        one = fitted["in_sample"][p]
+        pred, _, _ = _ours(cluster, p, sizes, col, one, rule)
+        out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
+                               "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
+    out["fit"] = {**fit.factors(), "seen": list(fit.seen),
+                  "residual_log_q80": fit.residual_log_q80,
+                  "calibrated_nodes": fit.calibrated_nodes}  # fmt: skip
+    out["main_calibration"] = asdict(fitted["main"])
+    no_loss = replace(rule, net_loss_per_doubling=0.0)
+    for p in system["predict"]:
+        sizes, meas = _rows(logs[p])
+        desc = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
+        main_rows = collective_baseline.predict(cluster, p, sizes, col, fitted["main"])
+        main = np.array([r.time_us for r in main_rows])
+        ours, low, high = _ours(cluster, p, sizes, col, fit, rule)
+        n = cluster.nodes_for(p)
+        out["scale"][p] = {
+            "nodes": n,
+            "doublings": math.log2(n / fit.calibrated_nodes),
+            "description": float(np.median(_err(desc, meas))),
+            "main": float(np.median(_err(main, meas))),
+            "ours": float(np.median(_err(ours, meas))),
+            "covered": float(np.mean((low <= meas) & (meas <= high))),
+            "log_error_ours": np.log(ours / meas).tolist(),
+            "log_error_description": np.log(desc / meas).tolist(),
+            "in_sample_q80": fit.residual_log_q80,
+        }
+        t, _, _ = _ours(cluster, p, sizes, col, fit, no_loss)
+        out["ablation"].setdefault("no_scale_loss", {})[p] = float(np.median(_err(t, meas)))
+        for name, other in fitted["ablation"].items():
+            t, _, _ = _ours(cluster, p, sizes, col, other, rule)
+            out["ablation"].setdefault(name, {})[p] = float(np.median(_err(t, meas)))
+    return out
+
+
+def fit_loss(fitted: list[dict]) -> float:
+    """The network's loss per doubling (``ScaleRule.net_loss_per_doubling``) from development
+    systems: the grid value with the least median error over their scored points."""
+    dev = [f for f in fitted if f["system"]["role"] == "development"]
+    best = (math.inf, 0.0)
+    for c in LOSS_GRID:
+        rule = replace(cal.RULE, net_loss_per_doubling=c)
+        errs = np.concatenate([np.abs(np.exp(np.array(s["log_error_ours"])) - 1.0)
+                               for f in dev for s in score(f, rule)["scale"].values()])  # fmt: skip
+        best = min(best, (float(np.median(errs)), c))
+    return best[1]
+
+
+def fit_rule(results: list[dict], loss: float) -> cal.ScaleRule:
+    """The interval rule from development systems: the description's 80th percentile of
+    ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
+    80 % of the development points on top of each fit's own in-sample spread."""
+    dev = [r for r in results if r["role"] == "development"]
+    desc = np.abs(np.concatenate([s["log_error_description"] for r in dev
+                                  for s in r["scale"].values()]))  # fmt: skip
+    floor = cal.RULE.calibrated_floor_log
+    need = []
+    for r in dev:
+        for s in r["scale"].values():
+            base = max(s["in_sample_q80"], floor)
+            for e in np.abs(s["log_error_ours"]):
+                need.append(max(0.0, e - base) / max(s["doublings"], 1.0))
+    per = float(np.quantile(need, TARGET_COVERAGE)) if need else 0.0
+    return cal.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
+                         calibrated_floor_log=floor, per_doubling_log=per,
+                         net_loss_per_doubling=loss)  # fmt: skip
+
+
+KEEP = {"all": lambda r: True, "no_broadcast": lambda r: r["collective"] != "broadcast"}
+
+
+def coverage(results: list[dict], rule: cal.ScaleRule, role: str, keep=KEEP["all"]) -> dict:
+    """Share of scored points inside the 80 % interval (``rule``), calibrated and description."""
+    inside_c, inside_d, total = 0, 0, 0
+    for r in (x for x in results if x["role"] == role and keep(x)):
+        for s in r["scale"].values():
+            base = max(s["in_sample_q80"], rule.calibrated_floor_log)
+            half = base + rule.per_doubling_log * max(0.0, s["doublings"])
+            inside_c += int(np.sum(np.abs(s["log_error_ours"]) <= half))
+            inside_d += int(np.sum(np.abs(s["log_error_description"]) <= rule.description_log))
+            total += len(s["log_error_ours"])
+    return {"points": total, "calibrated": inside_c / total if total else None,
+            "description": inside_d / total if total else None}  # fmt: skip
+
+
+def summary(results: list[dict]) -> dict:
+    """Per role, the median over (system, world size) of each model's median error: every
+    system, and without broadcast (which no variant reproduces: benchmarks/README.md)."""
+    out: dict = {}
+    for role in ("development", "held_out"):
+        for label, keep in KEEP.items():
+            rows = [(r, p) for r in results if r["role"] == role and keep(r) for p in r["scale"]]
+            if not rows:
+                continue
+            names = ["description", "main", "ours"]
+            doc = {n: float(np.median([r["scale"][p][n] for r, p in rows])) for n in names}
+            for name in rows[0][0]["ablation"]:
+                doc[name] = float(np.median([r["ablation"][name][p] for r, p in rows]))
+            out[f"{role}/{label}"] = doc
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--external-logs", type=Path, help="local copy of unlicensed logs")
+    parser.add_argument("--out", type=Path, help="write the JSON here")
+    parser.add_argument("--only", choices=("development", "held_out"))
+    parser.add_argument("--write-rule", action="store_true",
+                        help="write the interval rule fitted on development systems")  # fmt: skip
+    ledger.add_change_argument(parser)
+    args = parser.parse_args(argv)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))
+    fitted, left_out = [], []
+    for system in split["systems"]:
+        if args.only not in (None, system["role"]):
+            continue
+        folder = DATA if system["licence"] != "none" else args.external_logs
+        if folder is None or not all((folder / p).is_file() for p in system["logs"].values()):
+            left_out.append(system["name"])
+            print(f"{system['name']}: left out (no local copy of its logs)")
+            continue
+        fitted.append(fit_system(system, folder))
+    loss = fit_loss(fitted)
+    first = [score(f, replace(cal.RULE, net_loss_per_doubling=loss)) for f in fitted]
+    rule = fit_rule(first, loss)
+    results = [score(f, rule) for f in fitted]
+    roles = ("development", "held_out")
+    cov = {f"{role}/{k}": coverage(results, rule, role, keep)
+           for role in roles for k, keep in KEEP.items()}  # fmt: skip
+    print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")
+    for r in results:
+        for p, s in r["scale"].items():
+            abl = " ".join(f"{k}={_pct(v[p])}" for k, v in r["ablation"].items())
+            print(f"{r['system']:<22} {r['role']:<11} {p:>5} {_pct(s['description']):>7} "
+                  f"{_pct(s['main']):>7} {_pct(s['ours']):>7}  {abl}")  # fmt: skip
+        ins = ", ".join(f"{p}: {_pct(v['median_error'])}" for p, v in r["in_sample"].items())
+        print(f"{'':<22} in sample {ins}")
+    pooled = summary(results)
+    print(f"interval rule (development): {rule}; coverage {cov}")
+    for key, doc in pooled.items():
+        print(f"{key}: " + ", ".join(f"{k} {_pct(v)}" for k, v in doc.items()))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    doc = {"benchmark": "collective_scale", "commit": commit, "load_avg": load,
+           "left_out": left_out, "interval_rule": asdict(rule), "coverage": cov,
+           "summary": pooled,
+           "systems": results}  # fmt: skip
+    if args.write_rule:
+        text = RULE.read_text().split("description_log")[0]
+        body = "".join(f"{k}: {v:.4f}\n" for k, v in asdict(rule).items())
+        RULE.write_text(text + body)
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        figures = "; ".join(
+            f"{r['system']} ({'dev' if r['role'] == 'development' else 'held out'}): "
+            + ", ".join(
+                f"{p}: {_pct(s['description'])}/{_pct(s['main'])}/{_pct(s['ours'])}"
+                for p, s in r["scale"].items()
+            )
+            for r in results
+        )
+        figures += f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}; load {load}"
+        ledger.print_row("collective_scale", change=args.change, figures=figures,
+                         files=[args.out])  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

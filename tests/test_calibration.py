@@ -1,0 +1,163 @@
+"""The calibration of the collective model: it reproduces its logs, moves what the logs see,
+extrapolates by each algorithm's scaling, and gives every time an interval."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from commprof.cli import main
+from commprof.modeling import collectives
+from commprof.modeling.calibration import (
+    DESCRIPTION,
+    FIT_MIN_BYTES,
+    RULE,
+    Fit,
+    calibrate,
+    halfwidth_log,
+    predict,
+)
+from commprof.modeling.clusters import load_cluster
+from commprof.modeling.nccl_tests import NcclTestsLog, Row, Run, read_log
+
+DATA = Path(__file__).parent / "data" / "nccl_tests"
+H100 = load_cluster("dgx-h100")
+ABCI_A100 = load_cluster("abci-a100")
+
+
+def _median_error(cluster, log: NcclTestsLog, fit: Fit, collective: str = "all_reduce") -> float:
+    rows = [r for r in log.rows if r.num_bytes >= FIT_MIN_BYTES]
+    pred = predict(cluster, log.world_size, [r.num_bytes for r in rows], collective, fit)
+    return float(
+        np.median([abs(p.time_us / r.time_us - 1) for p, r in zip(pred, rows, strict=True)])
+    )
+
+
+def _log_of(cluster, world_size: int, fit: Fit, collective: str = "all_reduce") -> NcclTestsLog:
+    """A log the model itself prints for ``fit`` (sizes 1 MiB to 1 GiB)."""
+    sizes = [1 << k for k in range(20, 31)]
+    rows = tuple(
+        Row(num_bytes=p.num_bytes, dtype="float", redop="sum", time_us=p.time_us,
+            algbw_gbps=p.algbw_gbps, busbw_gbps=p.busbw_gbps, inplace_time_us=None, line=i + 1)
+        for i, p in enumerate(predict(cluster, world_size, sizes, collective, fit))
+    )  # fmt: skip
+    run = Run(index=1, header_line=1, collective=collective, world_size=world_size,
+              num_hosts=cluster.nodes_for(world_size), rows=rows, skipped=(), complete=True)
+    return NcclTestsLog(source=f"model-p{world_size}", runs=(run,))  # fmt: skip
+
+
+# The committed all-reduce logs the calibration reproduces within 5 % (issue #41's goal). Misses,
+# quoted per log in benchmarks/README.md: gh200-olivia's int8 run (7.9 %: an 8 MiB dip and a 2 MiB
+# bump of 20 to 30 % that no smooth term follows), abci-v100's one-node run (5.6 %).
+REPRODUCED = [
+    ("oci-bm-gpu4.8", "oci-bm-gpu4.8/all_reduce_p16_oke.txt", None),
+    ("gh200-slingshot", "gh200-alps/all_reduce_p8.txt", None),
+    ("aws-p5", "aws-p5/all_reduce_p16.txt", 16),  # the source cut its rank lines
+    ("abci-a100", "abci-a100/all_reduce_p16.txt", None),
+    ("abci-a100", "abci-a100/all_reduce_p128.txt", None),
+    ("abci-v100", "abci-v100/all_reduce_p32.txt", None),
+]
+
+
+@pytest.mark.parametrize(("cluster", "path", "world_size"), REPRODUCED)
+def test_calibration_reproduces_its_log_within_5_percent(
+    cluster: str, path: str, world_size: int | None
+) -> None:
+    c = load_cluster(cluster)
+    log = read_log(DATA / path)
+    if world_size is not None:
+        log = replace(log, runs=(replace(log.run, world_size=world_size),))
+    before = _median_error(c, log, DESCRIPTION)
+    fit = calibrate(c, [log])
+    after = _median_error(c, log, fit)
+    assert after <= 0.05, f"{path}: {after:.1%} in sample (description {before:.1%})"
+    assert fit.residual_log_q80 > 0 and fit.calibrated_nodes == c.nodes_for(log.world_size)
+
+
+def test_the_network_term_moves_where_the_network_binds() -> None:
+    # Two nodes of ABCI's A100 (4 HDR NICs a node): the network bounds every algorithm, and the
+    # ring's intra-node side the search reports equals its network side (both 4 x 24 GB/s); a
+    # log 40 % slower on the network must move the network's factor, not stay at 1.0 (main's
+    # calibration left net_scale at exactly 1.0 where min() gave the tie to the other side).
+    truth = Fit(net_bw=0.6, net_lat=1.5, calibrated_nodes=2)
+    log = _log_of(ABCI_A100, 16, truth)
+    fit = calibrate(ABCI_A100, [log])
+    assert "net_bw" in fit.seen
+    assert fit.net_bw == pytest.approx(0.6, rel=0.05)
+    assert fit.intra_bw == pytest.approx(1.0, rel=0.05)  # the NVLink side does not bind here
+    assert _median_error(ABCI_A100, log, fit) < 0.01
+
+
+def test_a_fit_extrapolates_by_each_algorithms_scaling() -> None:
+    # Fitted on one and two nodes, predicting 16 nodes: the fitted factors carry to the larger
+    # world size through the algorithms' own formulas (ring 2(p-1) steps, tree 2 log2 N network
+    # hops), so a model that generated the small logs predicts its own 16-node times. (One
+    # two-node H100 log alone cannot tell NVLink SHARP's rate from the network's: NVLSTree takes
+    # the least of both; docs/collective_model.md, limits.)
+    truth = Fit(net_bw=0.8, net_lat=2.0, base_lat=1.5, calibrated_nodes=2)
+    for cluster, world_sizes in ((H100, (8, 16)), (ABCI_A100, (16,))):
+        fit = calibrate(cluster, [_log_of(cluster, p, truth) for p in world_sizes])
+        far = _log_of(cluster, 128, truth)
+        assert _median_error(cluster, far, fit) < 0.01, cluster.name
+
+
+def test_unseen_terms_stay_at_the_description() -> None:
+    # One node sees no network: its factors stay 1.0 and the description's network model
+    # (its two-node buffer fill included) is kept whole.
+    log = read_log(DATA / "abci-a100/all_reduce_p8.txt")
+    fit = calibrate(ABCI_A100, [log])
+    assert "net_bw" not in fit.seen and fit.net_bw == 1.0 and fit.net_lat == 1.0
+    assert fit.two_node_fill and fit.calibrated_nodes == 1
+
+
+def test_the_description_alone_is_the_collective_models_time() -> None:
+    sizes = [1 << k for k in range(0, 33, 4)]
+    for p in (8, 16, 64):
+        ours = [r.time_us for r in predict(H100, p, sizes)]
+        assert ours == pytest.approx([r.time_us for r in collectives.predict(H100, p, sizes)])
+
+
+def test_every_time_has_an_interval_that_widens_with_extrapolation() -> None:
+    fit = replace(Fit(net_bw=0.9), residual_log_q80=0.02, calibrated_nodes=2)
+    near = predict(H100, 16, [1 << 24], fit=fit)[0]
+    far = predict(H100, 128, [1 << 24], fit=fit)[0]
+    assert near.time_us_low < near.time_us < near.time_us_high
+    assert far.time_us_high / far.time_us > near.time_us_high / near.time_us
+    assert halfwidth_log(fit, 32) == pytest.approx(
+        max(0.02, RULE.calibrated_floor_log) + RULE.per_doubling_log * 4.0
+    )
+    assert halfwidth_log(DESCRIPTION, 256) == RULE.description_log
+    with pytest.raises(ValueError, match="net_bw must be finite and > 0"):
+        Fit(net_bw=0.0)
+
+
+def test_collective_command_json_carries_the_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    a = str(DATA / "abci-a100/all_reduce_p8.txt")
+    b = str(DATA / "abci-a100/all_reduce_p16.txt")
+    argv = ["collective", "--cluster", "abci-a100", "--world-size", "64", "--max-bytes", "64M"]
+    assert main([*argv, "--fit", a, "--fit", b, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["time_us_low"] < r["time_us"] < r["time_us_high"] for r in rows)
+    # --fit A --fit B keeps both logs, as --fit A B does
+    assert main([*argv, "--fit", a, "--fit", b]) == 0
+    both = capsys.readouterr().out
+    assert main([*argv, "--fit", a, b]) == 0
+    assert capsys.readouterr().out == both
+    assert "calibrated on 2 log(s)" in both and "80 % interval" in both and "high" in both
+
+
+def test_estimate_on_a_cluster_gives_the_communication_interval(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["estimate", "--model", "srn-1m", "--world-size", "32", "--cluster", "abci-a100"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    interval, total = doc["communication_interval"], doc["estimate"]["total_comm_ns"]
+    assert interval["total_comm_ns_low"] < total < interval["total_comm_ns_high"]
+    assert "description" in interval["basis"]
+    assert main(argv) == 0
+    assert "80 % interval" in capsys.readouterr().out

@@ -1,0 +1,51 @@
+"""The scale split of the collective benchmark (benchmarks/collective_scale_split.yaml): each
+system calibrates on its smallest one or two nodes and predicts only larger world sizes; logs
+with a licence are committed, those without are not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from commprof.modeling.calibration import calibrate
+from commprof.modeling.clusters import load_cluster
+from commprof.modeling.collectives import COLLECTIVES
+from commprof.modeling.nccl_tests import read_log
+from commprof.yamlio import load_yaml, read_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
+DATA = ROOT / "tests" / "data" / "nccl_tests"
+SYSTEMS = load_yaml(read_text(SPLIT, "the split"), str(SPLIT))["systems"]
+
+
+@pytest.mark.parametrize("system", SYSTEMS, ids=[s["name"] for s in SYSTEMS])
+def test_each_system_calibrates_on_one_or_two_nodes_and_predicts_larger(system: dict) -> None:
+    cluster = load_cluster(system["cluster"])
+    assert system["role"] in ("development", "held_out")
+    assert system["collective"] in COLLECTIVES
+    sizes = {int(p) for p in system["logs"]}
+    cal, pred = set(system["calibrate"]), set(system["predict"])
+    assert cal and pred and cal | pred <= sizes and not cal & pred
+    assert max(cluster.nodes_for(p) for p in cal) <= 2
+    assert min(pred) > max(cal)
+    for path in system["logs"].values():
+        committed = (DATA / path).is_file()
+        assert committed == (system["licence"] != "none"), path
+
+
+def test_names_are_unique_and_the_roles_both_present() -> None:
+    names = [s["name"] for s in SYSTEMS]
+    assert len(set(names)) == len(names)
+    assert {s["role"] for s in SYSTEMS} == {"development", "held_out"}
+
+
+def test_a_log_of_another_collective_is_refused() -> None:
+    # a broadcast log (its header names the test) given as all_reduce: refused, file named
+    log = replace(read_log(DATA / "abci-a100" / "broadcast_p8.txt"), collective="broadcast")
+    cluster = load_cluster("abci-a100")
+    assert calibrate(cluster, [log], "broadcast").calibrated_nodes == 1
+    with pytest.raises(ValueError, match=r"broadcast_p8\.txt: is a broadcast log, not all_reduce"):
+        calibrate(cluster, [log])
