@@ -45,8 +45,16 @@ def _log_of(cluster, world_size: int, fit: Fit, collective: str = "all_reduce") 
             algbw_gbps=p.algbw_gbps, busbw_gbps=p.busbw_gbps, inplace_time_us=None, line=i + 1)
         for i, p in enumerate(predict(cluster, world_size, sizes, collective, fit))
     )  # fmt: skip
-    run = Run(index=1, header_line=1, collective=collective, world_size=world_size,
-              num_hosts=cluster.nodes_for(world_size), rows=rows, skipped=(), complete=True)
+    run = Run(
+        index=1,
+        header_line=1,
+        collective=collective,
+        world_size=world_size,
+        num_hosts=cluster.nodes_for(world_size),
+        rows=rows,
+        skipped=(),
+        complete=True,
+    )
     return NcclTestsLog(source=f"model-p{world_size}", runs=(run,))  # fmt: skip
 
 
