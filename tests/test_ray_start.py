@@ -41,7 +41,7 @@ ONLY = ("--only", "model=srn-100k", "--exclude", "profile=true")
 def readme_cluster_block() -> list[str]:
     """The lines of the first ``bash`` block under the README's "On a cluster" heading."""
     text = (REPO / "README.md").read_text()
-    after = text[text.index("### On a cluster") :]
+    after = text[text.index("## On a cluster") :]
     body = after[after.index("```bash\n") + len("```bash\n") :]
     return [line for line in body[: body.index("```")].splitlines() if line.strip()]
 
