@@ -234,9 +234,12 @@ def _check(args: argparse.Namespace) -> int:
     )
     report["ray_cluster_state"] = said
     if matrix is not None:
-        from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
+        from commprof.sweeps.guard import GuardPlan, estimate_cell_s, estimate_sweep_s
 
         guard = GuardPlan(matrix, local=_local_budgets())
+        embedded = report["ray_cluster"] is None  # a sweep would start its own Ray here
+        machine = {"load_1m": os.getloadavg()[0], "num_cpus": os.cpu_count() or 1}
+        feasible = [(c, guard.num_params(c)) for c in matrix.cells if guard.decide(c).feasible]
         cells = []
         for cell in matrix.cells:
             decision = guard.decide(cell)
@@ -256,12 +259,9 @@ def _check(args: argparse.Namespace) -> int:
             "file": matrix.source,
             "num_cells": len(cells),
             "num_rejected": sum(not c["feasible"] for c in cells),
-            # the cells one at a time, plus starting one gang per shape
-            "estimate_s": round(
-                sum(c["estimate_s"] for c in cells if c["feasible"])
-                + GANG_START_S * len({cell.gang_shape for cell in matrix.cells}),
-                1,
-            ),
+            # the cells one at a time, a gang per shape, the driver's start, at this load
+            "estimate_s": round(estimate_sweep_s(feasible, embedded=embedded, **machine), 1),
+            "estimate_load_1m": machine["load_1m"],
             "cells": cells,
         }
     if args.json:
@@ -289,7 +289,8 @@ def _check(args: argparse.Namespace) -> int:
         print(
             f"\nmatrix {m['name']!r} ({m['file']}): {m['num_cells']} cells, "
             f"{m['num_rejected']} rejected by the memory guard, "
-            f"estimated {m['estimate_s']:.0f} s to run (one cell at a time)"
+            f"estimated {m['estimate_s']:.0f} s to run (one cell at a time; this machine's load "
+            f"{m['estimate_load_1m']:.1f} on {os.cpu_count()} cores counted where Ray is embedded)"
         )
         reasons = collections.Counter(c["reason"] for c in m["cells"])
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):

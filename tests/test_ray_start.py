@@ -215,7 +215,7 @@ def test_the_readme_cluster_block_runs_and_resumes_after_a_lost_node(tmp_path: P
         # wants a token this machine lacks from one that is not there
         plain = {k: v for k, v in machine.env.items() if k != "RAY_AUTH_MODE"}
         machine.env, saved = plain, machine.env
-        assert "answers (2 CPUs" in _check(machine)
+        assert f"{machine.head}:{machine.port}: answers" in _check(machine)
         assert "reachable, needs a token" in _check(machine, RAY_AUTH_TOKEN_PATH=str(tmp_path))
         assert "not reachable" in _check(machine, RAY_ADDRESS=f"127.0.0.1:{_port_block(1)}")
         machine.env = saved
