@@ -238,7 +238,7 @@ def _check(args: argparse.Namespace) -> int:
 
         guard = GuardPlan(matrix, local=_local_budgets())
         embedded = report["ray_cluster"] is None  # a sweep would start its own Ray here
-        machine = {"load_1m": os.getloadavg()[0], "num_cpus": os.cpu_count() or 1}
+        load_1m = os.getloadavg()[0]
         feasible = [(c, guard.num_params(c)) for c in matrix.cells if guard.decide(c).feasible]
         cells = []
         for cell in matrix.cells:
@@ -260,8 +260,13 @@ def _check(args: argparse.Namespace) -> int:
             "num_cells": len(cells),
             "num_rejected": sum(not c["feasible"] for c in cells),
             # the cells one at a time, a gang per shape, the driver's start, at this load
-            "estimate_s": round(estimate_sweep_s(feasible, embedded=embedded, **machine), 1),
-            "estimate_load_1m": machine["load_1m"],
+            "estimate_s": round(
+                estimate_sweep_s(
+                    feasible, embedded=embedded, load_1m=load_1m, num_cpus=os.cpu_count() or 1
+                ),
+                1,
+            ),
+            "estimate_load_1m": round(load_1m, 2),
             "cells": cells,
         }
     if args.json:
