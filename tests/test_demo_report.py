@@ -89,6 +89,23 @@ def readme_demo() -> tuple[list[str], list[str]]:
     return sweep, report
 
 
+def _one_verdict(out: Path, main: str, cwd: Path) -> None:
+    """The report's cap verdict per model is what ``estimate --fit`` prints, against the same
+    baseline (``test_one_answer`` does the same on the committed dataset)."""
+    from commprof.reporting.predicted import cap_advice
+
+    advice = cap_advice(load_processed(out))
+    assert len(advice)
+    for r in advice.itertuples():
+        argv = ["estimate", "--fit", str(out), "--model", r.model, "--world-size"]
+        argv += [str(r.world_size), "--recommend-bucket-cap", "--json"]
+        done = _run(sys.executable, "-m", "commprof", *argv, cwd=cwd)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = json.loads(done.stdout)["recommendation"]
+        assert (got["verdict_kind"], got["baseline"]) == (r.verdict_kind, r.baseline)
+        assert f"verdict, {r.verdict_kind}" in main and r.baseline in main
+
+
 def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -> None:
     readme_sweep, readme_report = readme_demo()
     (tmp_path / "sweeps").symlink_to(REPO / "sweeps")  # the README's paths, from a checkout
@@ -121,6 +138,7 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
 
     report = _report(out, tmp_path)
     main, post = _text(report / "main.html"), _text(report / "postmortem.html")
+    _one_verdict(out, main, tmp_path)
     tables = page_tables(report / "main.html")
     # every section the demo can show: the measured fastest cap, the step model checked out of
     # sample, the hook against the trace, the profiler's cost
