@@ -24,10 +24,10 @@ DRIVER_START_S = 12.0
 """The driver's imports and an embedded Ray's start, before the first cell."""
 GANG_START_S = 2.5
 """New rank processes and `import torch` (2.4 s for 2 ranks; docs/design.md, Measured facts)."""
-CELL_SETUP_S = 3.0
+CELL_SETUP_S = 2.0
 """Process group, model build, DDP wrap, the interference probes and the commit of a cell on a
 reused gang."""
-PROFILE_S = 3.0
+PROFILE_S = 2.5
 """A profiled cell's extra: the profiler started and stopped, its traces written and analysed."""
 STEP_OVERHEAD_S = 0.002
 """A CPU step's fixed part beside its FLOPs and bytes: Python, the hooks, gloo's latency."""
