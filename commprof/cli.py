@@ -234,11 +234,19 @@ def _check(args: argparse.Namespace) -> int:
         except ImportError:
             report[name] = None
     report["backends"], report["devices"] = _torch_devices()
-    report["ray_cluster"], report["ray_nodes"] = _ray_resources() if report["ray"] else (None, [])
+    said, report["ray_cluster"], report["ray_nodes"] = (
+        _ray_resources()
+        if report["ray"]
+        else ("none (no ray: pip install commprof[run])", None, [])
+    )
+    report["ray_cluster_state"] = said
     if matrix is not None:
-        from commprof.sweeps.guard import GANG_START_S, GuardPlan, estimate_cell_s
+        from commprof.sweeps.guard import GuardPlan, estimate_cell_s, estimate_sweep_s
 
         guard = GuardPlan(matrix, local=_local_budgets())
+        embedded = report["ray_cluster"] is None  # a sweep would start its own Ray here
+        load_1m = os.getloadavg()[0]
+        feasible = [(c, guard.num_params(c)) for c in matrix.cells if guard.decide(c).feasible]
         cells = []
         for cell in matrix.cells:
             decision = guard.decide(cell)
@@ -258,12 +266,14 @@ def _check(args: argparse.Namespace) -> int:
             "file": matrix.source,
             "num_cells": len(cells),
             "num_rejected": sum(not c["feasible"] for c in cells),
-            # the cells one at a time, plus starting one gang per shape
+            # the cells one at a time, a gang per shape, the driver's start, at this load
             "estimate_s": round(
-                sum(c["estimate_s"] for c in cells if c["feasible"])
-                + GANG_START_S * len({cell.gang_shape for cell in matrix.cells}),
+                estimate_sweep_s(
+                    feasible, embedded=embedded, load_1m=load_1m, num_cpus=os.cpu_count() or 1
+                ),
                 1,
             ),
+            "estimate_load_1m": round(load_1m, 2),
             "cells": cells,
         }
     if args.json:
@@ -273,7 +283,13 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{key:>12}: {report[key]}")
     print(f"{'backends':>12}: {report['backends'] or 'none (no torch: pip install commprof[run])'}")
     print(f"{'devices':>12}: {report['devices']}")
-    print(f"{'ray cluster':>12}: {report['ray_cluster'] or 'none reachable (sweeps embed one)'}")
+    resources = report["ray_cluster"]
+    cpus = (
+        f" ({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)"
+        if resources
+        else ""
+    )
+    print(f"{'ray cluster':>12}: {report['ray_cluster_state']}{cpus}")
     for node in report["ray_nodes"]:
         kind = f" ({node['accelerator']})" if node["accelerator"] else ""
         gpus, cpus = f"{node['gpus']:g} GPUs{kind}", f"{node['cpus']:g} CPUs"
@@ -285,7 +301,8 @@ def _check(args: argparse.Namespace) -> int:
         print(
             f"\nmatrix {m['name']!r} ({m['file']}): {m['num_cells']} cells, "
             f"{m['num_rejected']} rejected by the memory guard, "
-            f"estimated {m['estimate_s']:.0f} s to run (one cell at a time)"
+            f"estimated {m['estimate_s']:.0f} s to run (one cell at a time; this machine's load "
+            f"{m['estimate_load_1m']:.1f} on {os.cpu_count()} cores counted where Ray is embedded)"
         )
         reasons = collections.Counter(c["reason"] for c in m["cells"])
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
@@ -330,22 +347,35 @@ def _local_budgets() -> Any:
     return memory.detect_budgets(device_bytes=cuda_memory_bytes())
 
 
-def _ray_resources() -> tuple[dict[str, float] | None, list[dict[str, Any]]]:
-    """Resources of a reachable Ray cluster, and the GPUs Ray sees on each alive node, without
-    starting a cluster."""
-    from commprof.ray_address import cluster_address
+def _ray_resources() -> tuple[str | None, dict[str, float] | None, list[dict[str, Any]]]:
+    """The cluster a sweep would attach to, in words; its resources and the GPUs Ray sees on
+    each alive node where it answers. Never starts a cluster; a probe bounds the wait
+    (``commprof.ray_address.probe``) where ``ray.init`` would retry for 20 s or more."""
+    from commprof.ray_address import NEEDS_TOKEN, cluster_address, probe, use_token_auth
 
     address = cluster_address()  # the driver's rule: never another driver's embedded Ray
     if address is None:
-        return None, []
+        return "none found (sweeps start an embedded one)", None, []
+    use_token_auth()  # as the driver does
+    answer = probe(address)
+    if answer == "unreachable":
+        return (
+            f"{address}: not reachable (a sweep fails to connect: start the cluster, or unset "
+            "RAY_ADDRESS for an embedded Ray)",
+            None,
+            [],
+        )
+    if answer == "needs a token":
+        return f"{address}: {NEEDS_TOKEN}", None, []
     import ray
 
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-    except (ConnectionError, RuntimeError):
-        return None, []
+    except (ConnectionError, RuntimeError) as err:
+        return f"{address}: reachable, but ray.init failed: {str(err).splitlines()[0]}", None, []
     try:
-        return dict(ray.cluster_resources()), ray_nodes(ray.nodes())
+        resources = dict(ray.cluster_resources())
+        return f"{address}: answers", resources, ray_nodes(ray.nodes())
     finally:
         ray.shutdown()
 

@@ -9,9 +9,12 @@ No module-level ray import: this module is read by torch- and ray-free commands.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
 
 PROBE_TIMEOUT_S = 2.0
 """How long one TCP probe of a GCS may take (a refused connection answers at once)."""
@@ -56,6 +59,114 @@ def cluster_address(explicit: str | None = None) -> str | None:
         return address
     recorded = recorded_address()
     return recorded if recorded is not None and reachable(recorded) else None
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+"""Ray's token-authentication switch (``token`` or ``disabled``), read by every Ray process."""
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+"""Where Ray reads a cluster's token, before its default file ``~/.ray/auth_token``."""
+
+Answer = Literal["answers", "needs a token", "unreachable"]
+
+
+def token_source() -> str | None:
+    """Where Ray would read a cluster token on this machine, or None where there is none.
+
+    Ray's order: ``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH`` names, ``~/.ray/auth_token``
+    (which ``ray start --head``, ``ray get-auth-token --generate`` and a new embedded Ray write).
+    """
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return TOKEN_ENV
+    named = os.environ.get(TOKEN_PATH_ENV)
+    path = Path(named).expanduser() if named else Path.home() / ".ray" / "auth_token"
+    return str(path) if path.is_file() and path.read_text().strip() else None
+
+
+def use_token_auth() -> bool:
+    """Turn Ray's token authentication on for this process's next ``ray.init(address=...)``
+    where ``RAY_AUTH_MODE`` is unset and a token is at hand; whether it is on.
+
+    What Ray itself does for ``ray.init()`` of a cluster it finds on this machine, but not for an
+    address given by argument or ``RAY_ADDRESS`` (Ray 2.60): without it a driver that holds the
+    token still fails with ``InvalidAuthToken``. A ``RAY_AUTH_MODE`` the user set is kept.
+    """
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode is not None:
+        return mode.strip().lower() == "token"
+    if token_source() is None:
+        return False
+    os.environ[AUTH_MODE_ENV] = "token"  # inherited by what this process starts
+    from commprof.extras import require
+
+    raylet: Any = require("ray._raylet", needed_by="connecting to a Ray cluster")
+    raylet.Config.initialize("")  # this process read the variable at import (as Ray's own does)
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Ray's C++ client logs each failed handshake to file descriptor 2; the caller says it
+    once, in words, instead."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def probe(address: str) -> Answer:
+    """Whether the GCS at ``address`` answers this process, refuses it for want of a token, or
+    cannot be reached; within about :data:`PROBE_TIMEOUT_S` (``ray.init`` retries for 20 to
+    40 s before it says either).
+
+    Call after :func:`use_token_auth`, as the connection will be made.
+    """
+    if not reachable(address):
+        return "unreachable"
+    if os.environ.get(AUTH_MODE_ENV, "").strip().lower() == "token" and token_source() is None:
+        return "needs a token"  # Ray's client would end this process (exit 1, no message)
+    from commprof.extras import require
+
+    raylet: Any = require("ray._raylet", needed_by="connecting to a Ray cluster")
+    exceptions: Any = require("ray.exceptions", needed_by="connecting to a Ray cluster")
+    try:
+        with _quiet_stderr():
+            raylet.GcsClient(address=address)  # one handshake: token checked, cluster id read
+    except exceptions.AuthenticationError:
+        return "needs a token"
+    except (exceptions.RpcError, ConnectionError, OSError):
+        return "unreachable"
+    return "answers"
+
+
+def attach(address: str) -> None:
+    """Make ready to ``ray.init(address=address)``: token authentication on where a token is at
+    hand (:func:`use_token_auth`), and a one-line error before Ray's own retries where the
+    cluster cannot be used.
+
+    Raises:
+        ConnectionError: nothing answers at ``address``, or it wants a token this machine lacks;
+            the message says what to set.
+    """
+    use_token_auth()
+    answer = probe(address)
+    if answer == "needs a token":
+        raise ConnectionError(f"Ray cluster {address}: {NEEDS_TOKEN}")
+    if answer == "unreachable":
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} (from --address or RAY_ADDRESS): start it "
+            "with `ray start --head`, or unset RAY_ADDRESS to run on an embedded Ray"
+        )
+
+
+NEEDS_TOKEN = (
+    "reachable, needs a token: copy the head's ~/.ray/auth_token to this machine's "
+    "~/.ray/auth_token (or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)"
+)
+"""What to do about a cluster that refuses a driver without its token (one line)."""
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

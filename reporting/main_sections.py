@@ -160,8 +160,9 @@ def _exposed_finding(data: Processed, q: Quotes, figs: set[str]) -> str:
     text = (
         f"{where}"
         f"a median {q.pct('exposed_share' + k, worst.comm_overhead_fraction_median)}\\% of each "
-        f"step ({q.ms('exposed_ms' + k, worst.exposed_ns_median)}~ms exposed in a "
-        f"{q.ms('step_ms' + k, worst.step_ns_median)}~ms median step; {words(shown)})."
+        # the median of the per-step shares, quoted alone: the median exposed time over the
+        # median step is another number, and a reader dividing the two would not find this one
+        f"step (the median over its steps of exposed time over step time; {words(shown)})."
     )
     text += instrument.config_clause(data, q, worst)
     if len(merged) > 1:

@@ -30,7 +30,7 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.caps import cap_mb, same_cap
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.cap_advice import CAP_GRID_MB, recommend_cap
+from commprof.modeling.cap_advice import CAP_GRID_MB, baseline_label, recommend_cap, verdict_kind
 from commprof.modeling.cluster_link import ClusterLink
 from commprof.modeling.clusters import builtin_clusters
 from commprof.modeling.step_advice import (
@@ -123,9 +123,8 @@ def _advice(
     advice = recommend_cap(
         model, sizes, caps_mb=caps, link=link, in_use_mb=cal_cap, world_size=world_size
     )
-    chosen = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, advice.best_cap_mb))
-    at_cal = next(c for c in advice.curve if same_cap(c.bucket_cap_mb, cal_cap))
-    return chosen, at_cal, tie_from(advice.curve, chosen.step_ns)
+    assert advice.in_use is not None  # the calibration cap was given
+    return advice.best, advice.in_use, tie_from(advice.curve, advice.best.step_ns)
 
 
 def _gain_range(best: CapPrediction, at_cal: CapPrediction) -> dict[str, float]:
@@ -146,15 +145,16 @@ def cap_advice(data: Processed) -> pd.DataFrame:
         cap``, predicted), ``gain_low, gain_high`` (:func:`_gain_range`), ``measured_cal_ns``
         and ``measured_best_ns`` (the measured median
         step at those caps, NaN where not run) and ``measured_gain`` (``1 - measured_best /
-        measured_cal``, NaN where either is).
+        measured_cal``, NaN where either is), ``verdict_kind`` (``cap_advice.verdict_kind``: keep,
+        no measurable difference, change; what ``estimate --fit --recommend-bucket-cap`` says)
+        and ``baseline`` (what it compares against, ``cap_advice.baseline_label``).
     """
     measured = measured_steps(data)
     rows = []
     for name, ws, fitted, cal_cap in calibrated(data):
         mine = measured[(measured["model"] == name) & (measured["world_size"] == ws)]
-        best, at_cal, tied = _advice(
-            fitted, param_sizes_for(data.tables, name), _caps(mine, cal_cap), cal_cap
-        )
+        caps = _caps(mine, cal_cap)
+        best, at_cal, tied = _advice(fitted, param_sizes_for(data.tables, name), caps, cal_cap)
         got = {
             cap_mb(c): float(s)
             for c, s in zip(mine["bucket_cap_mb"], mine["step_ns_median"], strict=True)
@@ -181,6 +181,9 @@ def cap_advice(data: Processed) -> pd.DataFrame:
                 "measured_cal_ns": m_cal,
                 "measured_best_ns": m_best,
                 "measured_gain": 1.0 - m_best / m_cal,
+                # what `estimate --fit --recommend-bucket-cap` says of the same search
+                "verdict_kind": verdict_kind(best, at_cal),
+                "baseline": baseline_label(cal_cap, dataset=True),
             }
         )
     return pd.DataFrame(rows)

@@ -38,6 +38,13 @@ def _ms(value_ns: float) -> str:
     return fmt(value_ns / 1e6, 2) if math.isfinite(value_ns) else MISSING
 
 
+BASIS_MODEL = "model"
+"""The step basis column: predicted on the model, out of sample."""
+BASIS_OWN = "model, not its cells"
+"""The step basis at the calibration cap: the model too (the residuals that would give it its
+measurement back left out, as for every cap compared), so it differs from "measured"."""
+
+
 def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
     """The table and the caption's description of its optional columns."""
     changed = advice["moved"].any()
@@ -45,18 +52,22 @@ def _advice_table(advice: pd.DataFrame) -> tuple[str, str]:
     tied = advice["tie_from_mb"].notna().any()
     columns = [("model", "l"), ("$p$", "r"), ("calibrated at", "l"), ("predicted cap", "l")]
     columns += [("as fast from", "l")] if tied else []
-    columns += [("step (ms)", "r"), ("range (ms)", "r")]
+    columns += [("step (ms)", "r"), ("range (ms)", "r"), ("step basis", "l")]
     columns += [("measured (ms)", "r")] if measured else []
     columns += [("gain (\\%)", "r")] if changed else []
+    columns += [("verdict", "l")]
     rows = []
     for r in records(advice):
         row = [prose.escape(r.model), str(int(r.world_size)), _cap(r.calibration_cap_mb)]
         row += [_cap(r.best_cap_mb)]
         row += [_cap(r.tie_from_mb) if math.isfinite(r.tie_from_mb) else MISSING] if tied else []
         row += [_ms(r.best_step_ns), f"{_ms(r.best_low_ns)}--{_ms(r.best_high_ns)}"]
+        # every cap on the model, the calibrated one too: its step is not its measurement
+        row += [BASIS_OWN if not r.moved else BASIS_MODEL]
         row += [_ms(r.measured_best_ns)] if measured else []
         same = not r.moved
         row += [MISSING if same else fmt(100.0 * r.predicted_gain, 1)] if changed else []
+        row += [prose.escape(str(r.verdict_kind))]
         rows.append(row)
     notes = []
     if tied:
@@ -93,7 +104,9 @@ def _oos_table(oos: pd.DataFrame) -> str:
 
 
 def _what_if_table(frame: pd.DataFrame) -> str:
-    columns = [("model", "l"), ("$p$", "r"), ("cluster", "l"), ("GPUs", "r")]
+    # the calibration's ranks and the GPUs predicted for are two numbers: each named
+    columns = [("model", "l"), ("calibrated on $p$", "r"), ("cluster", "l")]
+    columns += [("predicted for GPUs", "r")]
     columns += [("predicted cap", "l"), ("step (ms)", "r"), ("exposed (ms)", "r")]
     rows = [
         [
@@ -122,16 +135,26 @@ def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
         pairs = [f"{prose.escape(r.model)} on {int(r.world_size)} ranks" for r in records(same)]
         who = "every model and world size here" if len(pairs) > 1 and not len(moved) else None
         who = who or prose.words(pairs)
+        bases = prose.escape(" or ".join(sorted({str(b) for b in same["baseline"]})))
         out.append(
-            f"For {who} it predicts the cap it was calibrated at within "
-            f"{q.pct('step_tie_tolerance', TIE_TOLERANCE, 0)}\\% of the cap it would name, so "
-            "it gives no reason to change that cap."
+            f"For {who} it predicts the cap it was calibrated at ({bases}) "
+            f"within {q.pct('step_tie_tolerance', TIE_TOLERANCE, 0)}\\% of the cap it would name: "
+            "verdict, keep that cap."
         )
     for r in records(moved):
+        if r.verdict_kind == "no measurable difference":
+            out.append(
+                f"For {prose.escape(r.model)} on {int(r.world_size)} ranks it predicts "
+                f"{_tcap(r.best_cap_mb)} a step "
+                f"{q.pct('step_pred_gain' + _key(r), r.predicted_gain)}\\% shorter than "
+                f"{prose.escape(r.baseline)}, inside both predicted ranges: verdict, no "
+                "measurable difference (keep the cap in use)."
+            )
+            continue
         text = (
             f"For {prose.escape(r.model)} on {int(r.world_size)} ranks it predicts "
             f"{_tcap(r.best_cap_mb)}, a step {q.pct('step_pred_gain' + _key(r), r.predicted_gain)}"
-            f"\\% shorter than at {_tcap(r.calibration_cap_mb)} (predicted; from "
+            f"\\% shorter than {prose.escape(r.baseline)} (predicted; from "
             f"{q.pct('step_pred_gain_low' + _key(r), r.gain_low)}\\% to "
             f"{q.pct('step_pred_gain_high' + _key(r), r.gain_high)}\\% across the "
             "calibration's uncertainty)"
@@ -143,7 +166,7 @@ def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
             )
         else:
             text += "; that cap was not run here"
-        out.append(text + ".")
+        out.append(text + f": verdict, change to {_tcap(r.best_cap_mb)}.")
     return out
 
 

@@ -20,10 +20,17 @@ log = logging.getLogger(__name__)
 # Duration estimate of a cell, for `commprof check` and the progress bar before the first cell
 # finishes. Rough by design (a planning aid, not a measurement): constants measured on a 2-core
 # machine with torch 2.13 CPU, gloo over loopback.
+DRIVER_START_S = 12.0
+"""The driver's imports and an embedded Ray's start, before the first cell."""
 GANG_START_S = 2.5
 """New rank processes and `import torch` (2.4 s for 2 ranks; docs/design.md, Measured facts)."""
-CELL_SETUP_S = 0.5
-"""Process group, model build and DDP wrap on a reused gang."""
+CELL_SETUP_S = 2.0
+"""Process group, model build, DDP wrap, the interference probes and the commit of a cell on a
+reused gang."""
+PROFILE_S = 2.5
+"""A profiled cell's extra: the profiler started and stopped, its traces written and analysed."""
+STEP_OVERHEAD_S = 0.002
+"""A CPU step's fixed part beside its FLOPs and bytes: Python, the hooks, gloo's latency."""
 CPU_FLOPS_PER_S = 2e10
 """Effective fp32 training throughput of one CPU rank (one thread)."""
 GPU_FLOPS_PER_S = 2e14
@@ -167,5 +174,39 @@ def estimate_cell_s(cell: Cell, num_params: int) -> float:
     iters = (MICROBENCH_WARMUP_ITERS + cell.microbench_iters) * cell.microbench_passes
     micro_s = len(cell.microbench_sizes_bytes) * iters * MICROBENCH_ITER_S
     pairs = cell.hook_cost_pairs + (HOOK_COST_WARMUP_PAIRS if cell.hook_cost_pairs else 0)
-    steps = cell.steps + 2 * pairs  # a hooked and a plain step per pair
-    return CELL_SETUP_S + steps * (flops / rate + comm_s) + micro_s
+    steps = cell.warmup_steps + cell.steps + 2 * pairs  # a hooked and a plain step per pair
+    fixed = STEP_OVERHEAD_S if cell.device == "cpu" else 0.0
+    profile_s = PROFILE_S if cell.profile else 0.0
+    return CELL_SETUP_S + profile_s + steps * (flops / rate + comm_s + fixed) + micro_s
+
+
+def contention(load_1m: float, num_cpus: int) -> float:
+    """How much slower a sweep runs on this machine now than idle: the square root of the load
+    average per core, at least 1.
+
+    Not the load per core itself: the load average counts every runnable thread (Ray's and
+    gloo's many, mostly waiting), so a sweep at a load of 3.5 per core runs about twice, not
+    3.5 times, slower than idle; the rule is fitted on smoke sweeps on a shared 2-core machine
+    at several loads, and ``tests/test_demo_report`` holds it within a factor of 2."""
+    return max(1.0, max(0.0, load_1m) / max(1, num_cpus)) ** 0.5
+
+
+def estimate_sweep_s(
+    cells: list[tuple[Cell, int]], *, embedded: bool, load_1m: float, num_cpus: int
+) -> float:
+    """A sweep's duration, one cell at a time: the driver's start, a gang per shape, the cells.
+
+    Args:
+        cells: the feasible cells with their parameter counts.
+        embedded: on an embedded Ray of this machine (its start is counted, and the machine's
+            load slows every part); False: a cluster's nodes, whose load is not known here.
+        load_1m: this machine's 1-minute load average.
+        num_cpus: this machine's cores.
+    """
+    if not cells:
+        return 0.0
+    shapes = {cell.gang_shape for cell, _ in cells}
+    total = GANG_START_S * len(shapes) + sum(estimate_cell_s(c, n) for c, n in cells)
+    if not embedded:
+        return total
+    return contention(load_1m, num_cpus) * (DRIVER_START_S + total)

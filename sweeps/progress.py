@@ -40,7 +40,7 @@ class Progress:
         if self.stream.isatty():
             self.stream.write("\r" + line + ("\n" if final else ""))
             self.stream.flush()
-        elif final or key != self._last:
+        elif key != self._last:  # the final line too: never the same line twice
             self.stream.write(line + "\n")
             self.stream.flush()
         self._last = key

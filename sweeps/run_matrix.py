@@ -105,8 +105,9 @@ def quiet_token_auth_notice() -> Iterator[None]:
 
     Ray 2.60 turns token authentication on for every new local cluster and says so on every
     start, with how to opt out. For the embedded Ray of a sweep the project keeps that default on
-    purpose (the cluster listens on the machine's address; the token it writes to
-    ``~/.ray/auth_token`` keeps other machines out), so the notice tells the user nothing to do;
+    purpose (it listens on 127.0.0.1 only, ``commprof.ray_address.init_local``; the token it
+    writes to ``~/.ray/auth_token`` keeps other users' processes out), so the notice tells the
+    user nothing to do;
     README.md, "On a cluster", explains the setting once for clusters users start themselves.
     Other warnings of that logger (authentication turned off) still print.
     """
@@ -136,7 +137,7 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
     import ray
 
     from commprof.actors.gang import ACTOR_NAMESPACE
-    from commprof.ray_address import cluster_address, init_local
+    from commprof.ray_address import attach, cluster_address, init_local
 
     address = cluster_address(address)
     if address is None:
@@ -153,6 +154,7 @@ def connect(address: str | None, *, num_cpus: int) -> tuple[bool, str | None, st
                 log_to_driver=False,
             )
         return True, None, ray.get_runtime_context().gcs_address
+    attach(address)  # its token, as Ray's CLI finds it; a one-line error if it cannot be used
     runtime_env: dict[str, Any] = {}
     if IN_SOURCE_CHECKOUT:  # ship this checkout; an installed package is on the nodes already
         runtime_env = {
@@ -305,7 +307,11 @@ def _run_locked(
 
     if nothing_to_run(args, matrix, selected, out):
         return _nothing_to_run_exit(matrix, selected, out, args)
-    started_here, dashboard, gcs_address = connect(args.address, num_cpus=num_cpus)
+    try:
+        started_here, dashboard, gcs_address = connect(args.address, num_cpus=num_cpus)
+    except ConnectionError as err:  # attach() says what to set, before Ray's own retries
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if dashboard:
         print(f"Ray dashboard: {dashboard}", file=sys.stderr)
     print(

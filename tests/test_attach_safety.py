@@ -110,7 +110,7 @@ def test_ranks_that_run_different_step_counts_fail_within_seconds(tmp_path: Path
         assert f"rank 0 ended after {STEPS} run.step() calls" in report["error"], report
         assert "rank 1 went on past the end of rank 0" in report["error"], report
     took_s = rank0["raised_s"] - rank0["ended_s"]
-    assert took_s < 5.0, took_s  # measured: about 0.3 s (the watcher's period and a poll)
+    assert took_s < HANG_LIMIT_S / 3, took_s  # the watcher's period and a poll, not a hang
     assert rank1["raised_s"] - rank0["ended_s"] < 10.0  # when rank 0's process exited
     assert not (tmp_path / "out" / "cells").exists()  # nothing written
 

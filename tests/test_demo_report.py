@@ -9,11 +9,14 @@ for a person to look at)."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,12 +78,53 @@ def _report(out: Path, cwd: Path) -> Path:
     return report
 
 
+def readme_demo() -> tuple[list[str], list[str]]:
+    """The sweep and the report of the README's first command, as argv (the venv and the
+    install before them are the machine's setup, which this checkout's test run has)."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("```bash\n") + len("```bash\n") :]
+    parts = [shlex.split(p) for p in block[: block.index("```")].strip().split("&&")]
+    sweep = next(p for p in parts if p[:2] == ["python", "sweeps/run_matrix.py"])
+    report = next(p for p in parts if p[:2] == ["commprof", "report"])
+    return sweep, report
+
+
+def _one_verdict(out: Path, main: str, cwd: Path) -> None:
+    """The report's cap verdict per model is what ``estimate --fit`` prints, against the same
+    baseline (``test_one_answer`` does the same on the committed dataset)."""
+    from commprof.reporting.predicted import cap_advice
+
+    advice = cap_advice(load_processed(out))
+    assert len(advice)
+    for r in advice.itertuples():
+        argv = ["estimate", "--fit", str(out), "--model", r.model, "--world-size"]
+        argv += [str(r.world_size), "--recommend-bucket-cap", "--json"]
+        done = _run(sys.executable, "-m", "commprof", *argv, cwd=cwd)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = json.loads(done.stdout)["recommendation"]
+        assert (got["verdict_kind"], got["baseline"]) == (r.verdict_kind, r.baseline)
+        assert f"verdict, {r.verdict_kind}" in main and r.baseline in main
+
+
 def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -> None:
-    out = tmp_path / "results" / "smoke"
-    sweep = [sys.executable, str(REPO / "sweeps" / "run_matrix.py"), "--matrix"]
-    sweep += [str(REPO / "sweeps" / "smoke.yaml"), "--out", str(out)]
+    readme_sweep, readme_report = readme_demo()
+    (tmp_path / "sweeps").symlink_to(REPO / "sweeps")  # the README's paths, from a checkout
+    out = tmp_path / "results" / "smoke"  # where the README's command puts its dataset
+    assert readme_report == ["commprof", "report", "results/smoke"]
+    sweep = [sys.executable, *readme_sweep[1:]]
+    # what `commprof check` says the sweep takes, just before it runs
+    check = _run(
+        sys.executable, "-m", "commprof", "check", *readme_sweep[3:4], "--json", cwd=tmp_path
+    )
+    assert check.returncode == 0, check.stderr[-3000:]
+    estimate_s = json.loads(check.stdout)["matrix"]["estimate_s"]
+    started = time.monotonic()
     done = _run(*sweep, cwd=tmp_path)
+    took_s = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
+    # the estimate is the model's outcome at this machine's load (2-core machines shared by
+    # several people move it), so within a factor of 2 either way
+    assert 0.5 <= took_s / estimate_s <= 2.0, (took_s, estimate_s)
     # the embedded Ray's token authentication is the project's choice: no notice about it
     assert "Token authentication is enabled" not in done.stderr
     assert "8 ok, 0 failed" in done.stdout
@@ -94,6 +138,7 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
 
     report = _report(out, tmp_path)
     main, post = _text(report / "main.html"), _text(report / "postmortem.html")
+    _one_verdict(out, main, tmp_path)
     tables = page_tables(report / "main.html")
     # every section the demo can show: the measured fastest cap, the step model checked out of
     # sample, the hook against the trace, the profiler's cost

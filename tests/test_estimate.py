@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from commprof.catalog import parameter_sizes
+from commprof.modeling import cap_advice
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.cap_advice import CAP_GRID_MB, NONE_IN_USE, TIE_TOLERANCE, search
 from commprof.modeling.cost_model import LinkParams
@@ -255,7 +256,7 @@ def test_serial_advice_marks_the_cap_it_picks(capsys: pytest.CaptureFixture[str]
         verdict = lines[-1]
         if keep:
             assert marked[0].split()[0] == "default" and marked[0].endswith("(in use)")
-            assert verdict.startswith("verdict: keep DDP default (25 MiB): ")
+            assert verdict.startswith(f"verdict: keep {cap_advice.baseline_label(None)}: ")
         else:
             cap = float(marked[0].split()[0])
             assert verdict.startswith(
@@ -275,7 +276,7 @@ def test_serial_advice_keeps_a_cap_in_use_that_is_on_the_grid(
     marked = [line for line in lines if "<- best" in line]
     assert len(marked) == 1 and marked[0].split()[0] == "4" and marked[0].endswith("(in use)")
     assert sum("(in use)" in line for line in lines) == 1  # the grid's 4 MiB is the cap in use
-    assert lines[-1].startswith("verdict: keep 4 MiB: ")
+    assert lines[-1].startswith(f"verdict: keep {cap_advice.baseline_label(4.0)}: ")
     assert run(parser().parse_args([*common, "--json"]), PARAMS) == 0
     rec = json.loads(capsys.readouterr().out)["recommendation"]
     assert rec["kept_cap_in_use"] is True and rec["best_bucket_cap_mb"] == 4

@@ -6,6 +6,7 @@ rank, and a driver killed with SIGKILL in the middle of a sweep.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -76,7 +77,9 @@ def _attempts(out: Path, cell_id: str) -> list[tuple[int, str, str | None, str |
 def test_killed_rank_fails_fast_and_succeeds_on_resubmission(
     ray_cluster: str, tmp_path: Path
 ) -> None:
-    m = _matrix(tmp_path, steps=400)  # long enough to be killed in the middle
+    # long enough to be killed in the middle; a process-group timeout far past any load's
+    # detection of the death, so the wall time below tells one from the other
+    m = _matrix(tmp_path, steps=400, pg_timeout=300)
     cell = m.cells[0]
     killed: list[float] = []
 
@@ -105,29 +108,34 @@ def test_killed_rank_fails_fast_and_succeeds_on_resubmission(
     assert kind == "transient"
     assert error is not None and "rank actor died" in error
     first = results.load(tmp_path / "out")["cells"].set_index("attempt").loc[1]
-    # failed within seconds of the kill, not after the 20 s process-group timeout
-    assert first["wall_s"] < 20
+    # failed when the actor died, not after the 300 s process-group timeout
+    assert first["wall_s"] < 300 / 3
     assert summary.ok == 1 and summary.gangs_created == 2
 
 
 def test_hung_rank_times_out_and_the_sweep_goes_on(ray_cluster: str, tmp_path: Path) -> None:
-    # the cell timeout (10 s) is the bound here: the process-group timeout is longer. 6 s was
-    # too tight for the resubmitted attempt on a fresh gang when the 2-core machine was loaded
-    m = _matrix(tmp_path, caps="[1, 25]", cell_timeout=10, pg_timeout=60)
+    # The cell timeout is the bound here (the process-group timeout is ten times longer). It is
+    # derived from this machine as it is now: one cell of the same shape on a fresh gang, timed
+    # first, four times over (a fixed 10 s was too short at a load of 7 to 10 on 2 cores).
+    base = tmp_path / "baseline"
+    base.mkdir()
+    baseline = Driver(_matrix(base, caps="[25]"), DriverOptions(out=base / "out")).run()
+    assert baseline.ok == 1
+    bound_s = math.ceil(max(10.0, 4 * baseline.wall_s))
+    m = _matrix(tmp_path, caps="[1, 25]", cell_timeout=bound_s, pg_timeout=10 * bound_s)
     hung, other = m.cells
     options = DriverOptions(
         out=tmp_path / "out", faults={hung.cell_id: {"rank": 1, "kind": "hang"}}
     )
-    started = time.monotonic()
     summary = Driver(m, options).run()
     attempts = _attempts(tmp_path / "out", hung.cell_id)
     assert [(a, s, k) for a, s, k, _ in attempts] == [(1, "failed", "timeout"), (2, "ok", None)]
-    assert attempts[0][3] is not None and "timed out after 10 s" in attempts[0][3]
+    assert attempts[0][3] is not None and f"timed out after {bound_s} s" in attempts[0][3]
     cells = results.load(tmp_path / "out")["cells"].set_index(["cell_id", "attempt"])
-    assert cells.loc[(hung.cell_id, 1), "wall_s"] < 10 + 3  # the bound, plus polling slack
+    # it waited out the cell's bound, and the bound (not gloo's timeout) ended it
+    assert bound_s - 1 <= cells.loc[(hung.cell_id, 1), "wall_s"] < 10 * bound_s
     assert _attempts(tmp_path / "out", other.cell_id)[-1][1] == "ok"
     assert summary.ok == 2 and summary.gangs_created >= 2  # the hung gang was rebuilt
-    assert time.monotonic() - started < 90
 
 
 def test_config_error_is_not_retried_and_transient_stops_at_the_limit(

@@ -111,7 +111,7 @@ def test_a_bad_matrix_is_one_line_naming_file_and_key(
     assert err.count("\n") == 1 and err.startswith("error: ") and str(path) in err, err[:2000]
     assert needle in err and key in err, err[:2000]
     assert len(err) < 1000  # a short quote of the value, never the value
-    assert took_s < 5.0  # bounded before anything is built from the document
+    assert took_s < 30.0  # bounded before anything is built (unbounded: minutes and gigabytes)
 
 
 def test_a_large_matrix_file_is_refused_before_it_is_parsed(
@@ -121,7 +121,7 @@ def test_a_large_matrix_file_is_refused_before_it_is_parsed(
     path = _write(tmp_path, BASE + "description: |\n" + "  padding\n" * 5_000_000)
     status, err, took_s = _check(path, capsys)
     assert status == 2 and "is larger than 1,048,576 bytes" in err and str(path) in err
-    assert took_s < 2.0
+    assert took_s < 30.0  # parsing it took 180 s
 
 
 def test_bounds_hold_at_their_edges(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_the_driver_refuses_a_bad_matrix_before_ray_starts(
     assert run_matrix.main(["--matrix", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "bucket_cap_mb must be between 1 byte" in err and err.count("\n") == 1
-    assert time.monotonic() - started < 5.0 and not connects
+    assert time.monotonic() - started < 60.0 and not connects
     assert not (tmp_path / "out").exists()
 
 

@@ -25,8 +25,9 @@ STEPS = 8
 
 
 def readme_example() -> str:
-    """The first fenced python block after the README's heading for commprof.attach."""
-    text = (REPO / "README.md").read_text()
+    """The first fenced python block after docs/usage.md's heading for commprof.attach (the
+    README links there)."""
+    text = (REPO / "docs" / "usage.md").read_text()
     section = text[text.index(EXAMPLE_HEADING) :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None, "no python block under the README heading"

@@ -25,7 +25,20 @@ def summary_table(tables: dict[str, Any], cell_ids: list[str]) -> str:
     view["bucket_cap_mb"] = [cap_number(c) for c in view["bucket_cap_mb"]]
     # two cells of one configuration, one traced: tell them apart
     view.insert(3, "profiled", ["yes" if bool(p) else "no" for p in latest["profile"]])
-    view["wall_s"] = latest["wall_s"].round(2)
-    view["step_ms"] = step_ms.reindex(view.index).round(2)
-    view["bucket_ms"] = lat_ms.reindex(view.index).round(3)
+    # a failed or rejected cell measured no step: "-", not NaN
+    view["wall_s"] = _figures(latest["wall_s"], 2)
+    view["step_ms"] = _figures(step_ms.reindex(view.index), 2)
+    view["bucket_ms"] = _figures(lat_ms.reindex(view.index), 3)
     return view.to_string()
+
+
+NOT_MEASURED = "-"
+"""What the table shows where a cell has no figure (it failed, or was rejected)."""
+
+
+def _figures(values: Any, decimals: int) -> list[str]:
+    """``values`` to ``decimals`` places, :data:`NOT_MEASURED` where missing."""
+    return [
+        NOT_MEASURED if v is None or v != v else f"{float(v):.{decimals}f}"  # v != v: NaN
+        for v in values
+    ]

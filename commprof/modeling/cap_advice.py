@@ -22,8 +22,8 @@ from typing import Final, Literal, Protocol, TypeVar
 
 import pandas as pd
 
-from commprof.caps import cap_label
-from commprof.modeling.buckets import ParamSize
+from commprof.caps import DDP_DEFAULT_CAP_MB, cap_label
+from commprof.modeling.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB, ParamSize
 from commprof.modeling.step_advice import (
     ALL_CORRECTIONS,
     CapPrediction,
@@ -119,12 +119,54 @@ def search(
     return curve, best_of(curve, in_use=in_use), in_use
 
 
-def verdict(curve: Sequence[P], best: P, in_use: P | None, *, quantity: str = "step") -> str:
+def baseline_label(cap_mb: float | None, *, dataset: bool = False) -> str:
+    """The layout a verdict compares against, named so that DDP's default and an explicit cap
+    of the same size are not taken for one another: DDP's default makes its first bucket
+    ``buckets.DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), an explicit cap makes every bucket, the
+    first too, that cap (two layouts: srn-1m makes 2 buckets at the default, 1 at 25 MiB).
+
+    Args:
+        cap_mb: the cap (MiB; None: DDP's default).
+        dataset: it is the cap the dataset's calibration cells ran (the cap in use).
+    """
+    if cap_mb is None:
+        text = (
+            f"DDP's default layout ({DDP_DEFAULT_CAP_MB:g} MiB buckets, the first "
+            f"{DEFAULT_FIRST_BUCKET_BYTES / MIB:g} MiB)"
+        )
+    else:
+        text = f"an explicit {cap_mb:g} MiB cap (the first bucket {cap_mb:g} MiB too)"
+    return f"the dataset's cap in use, {text}" if dataset else text
+
+
+def step_range(point: CapPoint) -> tuple[float, float] | None:
+    """A point's predicted step range (ns), where its search has one (the calibrated model's)."""
+    ends = getattr(point, "step_ns_range", None)
+    return None if ends is None else (float(min(ends)), float(max(ends)))
+
+
+def measurable(best: CapPoint, in_use: CapPoint) -> bool:
+    """Whether ``best``'s predicted step range and ``in_use``'s are apart (True without
+    ranges): a recommendation inside the baseline's range is no measurable difference."""
+    a, b = step_range(best), step_range(in_use)
+    return a is None or b is None or a[1] < b[0] or b[1] < a[0]
+
+
+def verdict(
+    curve: Sequence[P],
+    best: P,
+    in_use: P | None,
+    *,
+    quantity: str = "step",
+    baseline: str | None = None,
+) -> str:
     """One line: keep the cap in use, or change to ``best`` and what it is predicted to save
-    of ``quantity`` (without a cap in use: the cap to use)."""
+    of ``quantity`` (without a cap in use: the cap to use), naming what it compares against
+    (``baseline``, default :func:`baseline_label` of the cap in use). Where ``best``'s
+    predicted range overlaps the cap in use's, the line says "no measurable difference"."""
     if in_use is None:
         return f"verdict: use {cap_label(best.bucket_cap_mb, with_size=True)}"
-    label = cap_label(in_use.bucket_cap_mb, with_size=True)
+    label = baseline or baseline_label(in_use.bucket_cap_mb)
     if best is in_use:
         # the rule of best_of: the cap it would name otherwise, and the fastest of all
         pick = _rule_pick(curve)
@@ -141,11 +183,26 @@ def verdict(curve: Sequence[P], best: P, in_use: P | None, *, quantity: str = "s
             f"{gain / 1e6:.2f} ms ({gain / in_use.step_ns:.1%})"
         )
     gain = in_use.step_ns - best.step_ns
-    return (
-        f"verdict: change to {cap_label(best.bucket_cap_mb, with_size=True)}: "
-        f"predicted {quantity} -{gain / 1e6:.2f} ms (-{gain / in_use.step_ns:.1%}) "
-        f"against {label}"
-    )
+    saving = f"predicted {quantity} -{gain / 1e6:.2f} ms (-{gain / in_use.step_ns:.1%})"
+    best_label = cap_label(best.bucket_cap_mb, with_size=True)
+    a, b = step_range(best), step_range(in_use)
+    if a is not None and b is not None and not measurable(best, in_use):
+        return (
+            f"verdict: no measurable difference: keep {label}; {best_label} is {saving}, "
+            f"inside both ranges ({a[0] / 1e6:.2f}-{a[1] / 1e6:.2f} ms against "
+            f"{b[0] / 1e6:.2f}-{b[1] / 1e6:.2f} ms)"
+        )
+    return f"verdict: change to {best_label}: {saving} against {label}"
+
+
+VerdictKind = Literal["keep", "no measurable difference", "change"]
+
+
+def verdict_kind(best: CapPoint, in_use: CapPoint) -> VerdictKind:
+    """What :func:`verdict` says, in one word: the report and ``estimate`` both use it."""
+    if best is in_use:
+        return "keep"
+    return "change" if measurable(best, in_use) else "no measurable difference"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,9 +220,9 @@ class CapAdvice:
     in_use: CapPrediction | None = None
     """The point of ``curve`` at the cap in use (None: none was given)."""
 
-    def verdict(self) -> str:
-        """One line (:func:`verdict`)."""
-        return verdict(self.curve, self.best, self.in_use)
+    def verdict(self, *, baseline: str | None = None) -> str:
+        """One line (:func:`verdict`), naming ``baseline`` as what it compares against."""
+        return verdict(self.curve, self.best, self.in_use, baseline=baseline)
 
 
 def recommend_cap(

@@ -38,7 +38,7 @@ from typing import Any
 
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
-from commprof.modeling.cap_advice import recommend_cap
+from commprof.modeling.cap_advice import baseline_label, recommend_cap, verdict_kind
 from commprof.modeling.cluster_link import ClusterLink, comm_interval, interval_line
 from commprof.modeling.cost_model import LinkParams
 from commprof.modeling.interconnects import get_interconnect, load_interconnects
@@ -312,17 +312,22 @@ def run_step(
     if doc["extrapolation"]:
         text.append(doc["extrapolation"]["text"])
     if args.recommend_bucket_cap:
+        # the baseline: the cap asked for, else the dataset's cap in use (the report's too)
+        given = getattr(args, "bucket_cap_mb_given", True)
+        in_use_mb = args.bucket_cap_mb if given else cal.bucket_cap_mb
+        baseline = baseline_label(in_use_mb, dataset=not given)
         advice = recommend_cap(
-            model, param_sizes, world_size=args.world_size, in_use_mb=args.bucket_cap_mb,
-            **what_if,
-        )  # fmt: skip
-        verdict = advice.verdict()
+            model, param_sizes, world_size=args.world_size, in_use_mb=in_use_mb, **what_if
+        )
+        verdict = advice.verdict(baseline=baseline)
         most = max(c.num_buckets for c in advice.curve)
         unseen = extrapolation(model, param_sizes, most, search=True)
         doc["recommendation"] = {
             "best_bucket_cap_mb": advice.best_cap_mb,
-            "in_use_bucket_cap_mb": args.bucket_cap_mb,
+            "in_use_bucket_cap_mb": in_use_mb,
+            "baseline": baseline,
             "kept_cap_in_use": advice.best is advice.in_use,
+            "verdict_kind": verdict_kind(advice.best, advice.in_use) if advice.in_use else None,
             "verdict": verdict,
             "basis": "model",  # every cap without the in-sample residuals
             "extrapolation": unseen,
