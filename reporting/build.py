@@ -61,7 +61,7 @@ def _load(results_dir: Path) -> Processed | None:
     """
     try:
         tables = load(results_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # ValueError: damaged, a folder unreadable
         print(f"error: {err}", file=sys.stderr)
         return None
     if tables["cells"].empty:
