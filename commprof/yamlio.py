@@ -102,6 +102,27 @@ class StrictSafeLoader(_SAFE_BASE):  # type: ignore[misc, valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_INT_DIGITS = 19
+"""Most digits of a whole number in a document: a 64-bit integer's; a longer one (``cap:
+<400 digits>``) would overflow the first float conversion, far from the file."""
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    digits = sum(c.isdigit() for c in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"a whole number on line {node.start_mark.line + 1} has {digits} digits, more than "
+            f"{MAX_INT_DIGITS}; give a smaller number",
+            node.start_mark,
+        )
+    return yaml.SafeLoader.construct_yaml_int(loader, node)  # type: ignore[no-any-return]
+
+
+StrictSafeLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
 def _kind(node: yaml.Node) -> str:
     return "list" if isinstance(node, yaml.SequenceNode) else "mapping"
 
