@@ -50,6 +50,8 @@ from commprof.units import format_bytes
 # its built-in defaults alone, so a file planted where the command runs (a dataset folder, say)
 # changes nothing.
 matplotlib.rcParams.update({k: v for k, v in matplotlib.rcParamsDefault.items() if k != "backend"})
+# Text is drawn as written: a ``$`` in a module name (``$\frac{``) is no mathtext to parse.
+matplotlib.rcParams["text.parse_math"] = False
 
 OKABE_ITO = {
     "black": "#000000",
@@ -120,6 +122,7 @@ RC_PARAMS: dict[str, Any] = {
     "pdf.fonttype": 42,
     "svg.fonttype": "none",  # text stays text in the HTML reports (searchable, small)
     "savefig.dpi": 200,
+    "text.parse_math": False,  # names from the dataset are text: "$x$" is not math
 }
 """Shared matplotlib settings (small fonts for a two-column-free A4 page)."""
 
