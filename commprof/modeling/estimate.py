@@ -314,8 +314,9 @@ class _Given(argparse.Action):
 
 MAX_WORLD_SIZE = 1 << 20
 """Most ranks ``--world-size`` takes: about a million, past any data-parallel job."""
-MAX_TFLOPS = 1e6
-"""Most ``--device-tflops``: an exaFLOP/s device."""
+MAX_TFLOPS = 1e9
+"""Most ``--device-tflops``: finite, a million times any device (a backward that vanishes, for
+a what-if of communication alone)."""
 
 
 def _world_size(text: str) -> int:
