@@ -41,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from commprof.fileio import as_umask_allows
 from commprof.matrix import CELL_COLUMNS
 
 if TYPE_CHECKING:
@@ -294,6 +295,7 @@ def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        as_umask_allows(fd)  # mkstemp's 0600 is not the user's choice
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

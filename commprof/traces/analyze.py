@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from commprof.fileio import as_umask_allows
 from commprof.traces.crossrank import CrossRank, cross_rank
 from commprof.traces.metrics import ratio
 from commprof.traces.rank_pool import analyze_files
@@ -276,6 +277,7 @@ def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
         if frame.empty:
             continue
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".parquet", dir=out)
+        as_umask_allows(fd)
         os.close(fd)
         try:
             frame.to_parquet(tmp, index=False)
