@@ -102,7 +102,12 @@ def _mutate(doc: Any, path: list[int], value: Any, add: bool) -> Any:
     return doc
 
 
-MUTATIONS = st.tuples(st.lists(st.integers(0, 50), max_size=5), VALUES, st.booleans())
+MUTATIONS = st.none() | st.tuples(st.lists(st.integers(0, 50), max_size=5), VALUES, st.booleans())
+"""A change to a document (None: none, so the valid base is tried too)."""
+
+
+def _apply(doc: Any, mutation: tuple[list[int], Any, bool] | None) -> Any:
+    return copy.deepcopy(doc) if mutation is None else _mutate(doc, *mutation)
 
 
 def _dump(doc: Any) -> str:
@@ -128,9 +133,9 @@ def test_fuzz_matrix(tmp_path: Path) -> None:
 
     @SETTINGS
     @given(MUTATIONS)
-    def check(mutation: tuple[list[int], Any, bool]) -> None:
+    def check(mutation: tuple[list[int], Any, bool] | None) -> None:
         path = tmp_path / "m.yaml"
-        path.write_text(_dump(_mutate(BASE_MATRIX, *mutation)), encoding="utf-8")
+        path.write_text(_dump(_apply(BASE_MATRIX, mutation)), encoding="utf-8")
         _judge(tally, lambda: matrix.load(path))
 
     _tally("matrix", check, tally)
@@ -159,9 +164,9 @@ def test_fuzz_cluster_file(tmp_path: Path) -> None:
 
     @SETTINGS
     @given(MUTATIONS)
-    def check(mutation: tuple[list[int], Any, bool]) -> None:
+    def check(mutation: tuple[list[int], Any, bool] | None) -> None:
         path = tmp_path / "c.yaml"
-        path.write_text(_dump(_mutate(base, *mutation)), encoding="utf-8")
+        path.write_text(_dump(_apply(base, mutation)), encoding="utf-8")
 
         def run() -> None:
             cluster = clusters.load_cluster(path)
@@ -179,9 +184,9 @@ def test_fuzz_interconnect_file(tmp_path: Path) -> None:
 
     @SETTINGS
     @given(MUTATIONS)
-    def check(mutation: tuple[list[int], Any, bool]) -> None:
+    def check(mutation: tuple[list[int], Any, bool] | None) -> None:
         path = tmp_path / "l.yaml"
-        path.write_text(_dump(_mutate(base, *mutation)), encoding="utf-8")
+        path.write_text(_dump(_apply(base, mutation)), encoding="utf-8")
 
         def run() -> None:
             for link in interconnects.load_interconnects(path).values():
@@ -198,9 +203,9 @@ def test_fuzz_parameter_file(tmp_path: Path) -> None:
 
     @SETTINGS
     @given(MUTATIONS)
-    def check(mutation: tuple[list[int], Any, bool]) -> None:
+    def check(mutation: tuple[list[int], Any, bool] | None) -> None:
         path = tmp_path / "p.yaml"
-        path.write_text(_dump(_mutate(base, *mutation)), encoding="utf-8")
+        path.write_text(_dump(_apply(base, mutation)), encoding="utf-8")
 
         def run() -> None:
             for name, numel, size in load_param_sizes_file(path):
@@ -217,7 +222,7 @@ def test_fuzz_lock_file() -> None:
             "token": "t"}  # fmt: skip
 
     @SETTINGS
-    @given(st.one_of(st.binary(max_size=64), MUTATIONS.map(lambda m: _mutate(good, *m))))
+    @given(st.one_of(st.binary(max_size=64), MUTATIONS.map(lambda m: _apply(good, m))))
     def check(data: Any) -> None:
         raw = data if isinstance(data, bytes) else json.dumps(data).encode()
         record = parse_record(raw)  # never raises: a damaged lock file is an empty record
