@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +388,21 @@ def test_dollar_signs_in_names_are_drawn_as_text(tmp_path: Path) -> None:
         fig.savefig(tmp_path / "f.svg")
     text = (tmp_path / "f.svg").read_text()
     assert "$x$" in text and r"$\frac{$" in text
+
+
+@pytest.mark.slow
+def test_commprof_run_with_its_folder_moved_away_exits_3(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    argv = ["run", "--model", "srn-100k", "--world-size", "2", "--steps", "40", "--out", str(out)]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "commprof", *argv], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    for _ in range(600):  # the folder is taken (the lock file written) before any rank starts
+        if (out / ".commprof.lock").exists():
+            break
+        time.sleep(0.1)
+    os.replace(out, tmp_path / "moved")  # while its ranks train
+    _, err = run.communicate(timeout=600)
+    lines = [line for line in err.strip().splitlines() if line.startswith("error")]
+    _one_error(run.returncode, lines, "the dataset folder is gone", rc=3)
+    assert not out.exists()
