@@ -79,12 +79,13 @@ def _load(results_dir: Path) -> Processed | None:
 
 
 def _writable(out: Path) -> bool:
-    """Whether the output folder can be written (made where missing), checked before any work;
-    where not, the reason and what to do on stderr."""
+    """Whether the output folder can be written (made where missing) and holds no symbolic
+    link, checked before any work; where not, the reason and what to do on stderr."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".commprof-probe-"):
             pass
+        link = _first_link(out)
     except OSError as err:
         print(
             f"error: cannot write to {out} ({err.strerror or err}); pass --out DIR to write the "
@@ -92,7 +93,24 @@ def _writable(out: Path) -> bool:
             file=sys.stderr,
         )
         return False
+    if link is not None:  # a report written through it would overwrite what it points to
+        print(
+            f"error: {link} is a symbolic link in the output folder; the reports are never "
+            "written through links: remove it, or pass --out DIR to write the output elsewhere",
+            file=sys.stderr,
+        )
+        return False
     return True
+
+
+def _first_link(out: Path) -> Path | None:
+    """The first symbolic link inside ``out`` (a dataset received from others may hold one
+    where a report file goes), or None."""
+    for folder, dirs, files in os.walk(out):
+        for name in (*dirs, *files):
+            if os.path.islink(os.path.join(folder, name)):
+                return Path(folder) / name
+    return None
 
 
 def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:

@@ -98,3 +98,18 @@ def test_build_folder_is_private_and_removed(
     assert ok, log
     assert (tmp_path / "postmortem.pdf").is_file() and not (tmp_path / "ran").exists()
     assert seen and seen[0][1] == 0o700 and not seen[0][0].exists()
+
+
+def test_a_link_in_the_report_folder_is_never_written_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    ds = tmp_path / "ds"
+    shutil.copytree(DATA, ds)
+    (ds / "report").mkdir()
+    os.symlink(victim, ds / "report" / "main.html")  # planted where a report goes
+    assert build.report_main(ds, pdf="no") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "main.html is a symbolic link" in err[0], err
+    assert victim.read_text() == "mine"
