@@ -99,8 +99,9 @@ def parse_record(data: bytes) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key, types in _RECORD_TYPES.items():
-        value = record.get(key)
-        if not isinstance(value, types) or isinstance(value, bool):
+        value: Any = record.get(key)
+        typed = isinstance(value, types) and not isinstance(value, bool)
+        if not typed:  # (a flag: narrowing by a tuple of types would leave ``object``)
             continue
         if isinstance(value, str) and len(value) > 256:
             continue

@@ -59,13 +59,13 @@ _FLOAT_12 = re.compile(
 )
 
 
-_SAFE_BASE: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """The safe loader the strict one is built on: libyaml's parser where PyYAML has it (the same
 documents, read about ten times faster), else PyYAML's own."""
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class StrictSafeLoader(_SAFE_BASE):  # type: ignore[misc, valid-type]
+class StrictSafeLoader(_SAFE_BASE):  # type: ignore[misc]
     """SafeLoader with YAML 1.2 floats and duplicate keys refused; so are keys that are not plain
     values (``? [a, b]``: a list or mapping as a key) and merge keys (``<<: *base``): write the
     mapping out instead."""
