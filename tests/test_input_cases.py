@@ -327,6 +327,7 @@ def test_a_ten_megabyte_parameter_file_is_refused_before_parsing(
     [
         (["--device-tflops", "inf"], ["--device-tflops", "'inf'"]),
         (["--world-size", "1000000000"], ["--world-size", "'1000000000'"]),
+        (["--batch-tokens", BIG], ["--batch-tokens", "give at most"]),
     ],
 )
 def test_estimate_numbers_are_bounded(

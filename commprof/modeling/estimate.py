@@ -322,7 +322,18 @@ a what-if of communication alone)."""
 def _world_size(text: str) -> int:
     value = flags.positive_int(text)
     if value > MAX_WORLD_SIZE:
-        raise argparse.ArgumentTypeError(f"{text!r}: give at most {MAX_WORLD_SIZE:,} ranks")
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: give at most {MAX_WORLD_SIZE:,} ranks")
+    return value
+
+
+MAX_BATCH_TOKENS = 1 << 40
+"""Most ``--batch-tokens``: a trillion tokens a rank a step."""
+
+
+def _batch_tokens_flag(text: str) -> int:
+    value = flags.positive_int(text)
+    if value > MAX_BATCH_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}...: give at most {MAX_BATCH_TOKENS:,}")
     return value
 
 
@@ -401,7 +412,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-tokens",
-        type=int,
+        type=_batch_tokens_flag,
         help="tokens (or samples) per rank per step of the simple backward estimate "
         f"(default {DEFAULT_BATCH_TOKENS}; not with --fit DIR or --timeline)",
     )
