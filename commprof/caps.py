@@ -38,7 +38,10 @@ def check_cap_mb(value: float | None, key: str = "bucket_cap_mb") -> float | Non
     """
     if value is None:
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # a whole number past the float range: too large as well
+        number = math.inf
     if not (math.isfinite(number) and MIN_CAP_MB <= number <= MAX_CAP_MB):
         raise ValueError(
             f"{key} must be between 1 byte ({MIN_CAP_MB:.3g} MiB) and 1 TiB "

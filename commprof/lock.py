@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -62,6 +64,53 @@ WAIT_HINT = "pass --wait-lock SECONDS to wait here, or use another --out"
 another caller)."""
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 """``flock`` errors of a filesystem that has no file locks."""
+
+
+MAX_RECORD_BYTES = 4096
+"""Most bytes of a lock file read: a record is about 200."""
+_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "host": (str,),
+    "boot_id": (str,),
+    "pid": (int,),
+    "pid_start": (int,),
+    "started_unix_s": (int, float),
+    "token": (str,),
+}
+"""The lock record's fields and the types each may have."""
+MAX_PID = 1 << 22
+"""Largest process id Linux gives (``pid_max``'s ceiling)."""
+MAX_UNIX_S = 1e11
+"""A time after this (the year 5138) is no time a lock was taken."""
+
+
+def parse_record(data: bytes) -> dict[str, Any]:
+    """The lock file's bytes -> its record: the one reading of a lock file.
+
+    A damaged file (not UTF-8, not JSON, not a mapping, written by hand or by a disk error) is
+    an empty record, so its age decides whether it is stale; a field of the wrong type or out
+    of range (a pid past ``pid_max``, ``started_unix_s`` that is text or 1e300) is left out, so
+    a damaged record is never taken for a live owner's pid or crashes a message.
+    """
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key, types in _RECORD_TYPES.items():
+        value: Any = record.get(key)
+        typed = isinstance(value, types) and not isinstance(value, bool)
+        if not typed:  # (a flag: narrowing by a tuple of types would leave ``object``)
+            continue
+        if isinstance(value, str) and len(value) > 256:
+            continue
+        if key in ("pid", "pid_start") and not 0 < value <= (MAX_PID if key == "pid" else 1 << 62):
+            continue
+        if key == "started_unix_s" and not (math.isfinite(value) and 0 <= value <= MAX_UNIX_S):
+            continue
+        out[key] = value
+    return out
 
 
 class DatasetLocked(RuntimeError):
@@ -169,7 +218,13 @@ class DatasetLock:
         if not self._local.acquire(timeout=max(wait_s, 0.0)):
             raise DatasetLocked(f"{self.root}: this process's lock is busy past {wait_s:.0f} s")
         try:
-            fd = os.open(self.guard, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.guard, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                raise LockLost(
+                    f"{self.root}: the dataset folder is gone (moved or removed while this "
+                    "process used it); stopped before writing. Move it back and rerun to resume."
+                ) from None
             try:
                 while True:
                     try:
@@ -290,16 +345,30 @@ class DatasetLock:
             raise
 
     def _holder(self) -> dict[str, Any] | None:
-        """The lock file's record (with its age), or None where there is no lock file."""
+        """The lock file's record (:func:`parse_record`, with its age), or None where there is no
+        lock file.
+
+        Raises:
+            DatasetLocked: something other than a regular file (a folder, a FIFO, a link) sits
+                where the lock file belongs; the message names it.
+        """
         try:
-            text, age = self.path.read_text(), time.time() - self.path.stat().st_mtime
+            info = os.lstat(self.path)
+            if not stat.S_ISREG(info.st_mode):
+                raise DatasetLocked(
+                    f"{self.path} is not a regular file (a folder, a link or a FIFO) where the "
+                    "lock file belongs; move it away, then rerun"
+                )
+            with open(self.path, "rb") as handle:
+                data = handle.read(MAX_RECORD_BYTES + 1)
         except FileNotFoundError:
             return None
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError:  # damaged (written by hand, or a disk error): age decides
-            record = {}
-        return {**(record if isinstance(record, dict) else {}), "age_s": age}
+        except OSError as err:
+            raise DatasetLocked(
+                f"{self.path}: cannot read the lock file ({err.strerror or err}); make it "
+                "readable or move it away, then rerun"
+            ) from None
+        return {**parse_record(data), "age_s": time.time() - info.st_mtime}
 
     def _stale(self, holder: dict[str, Any]) -> bool:
         """Whether the owner of ``holder`` is gone (see the module docstring)."""

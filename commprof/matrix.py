@@ -317,7 +317,7 @@ class Cell:
                 "step (step 0 and the warm-up steps are not measured); raise steps "
                 "(--steps) or lower warmup_steps (--warmup-steps)"
             )
-        for name in ("interference_iters", "hook_cost_pairs"):
+        for name in ("interference_iters", "hook_cost_pairs", "repeat"):
             if getattr(self, name) < 0:
                 raise MatrixError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         bad = [n for n in self.microbench_sizes_bytes if not 0 < n <= MAX_MICROBENCH_BYTES]
@@ -627,11 +627,13 @@ def _env_section(value: Any, source: str) -> dict[str, str]:
                 f"{source}: key 'env.{key}': {short(item)} is a {type(item).__name__}; quote it "
                 f'(env.{key}: "{short(item)}"): environment values are strings'
             )
-        bad = next((i for i, c in enumerate(item) if ord(c) < 32 or 127 <= ord(c) < 160), None)
+        # control characters, line and paragraph separators, zero-width and format characters
+        # (U+200B, U+FEFF), lone surrogates (no UTF-8 for them: the ranks would never start)
+        bad = next((i for i, c in enumerate(item) if not c.isprintable()), None)
         if bad is not None:
             raise MatrixError(
-                f"{source}: key 'env.{key}': the value holds a control character "
-                f"({item[bad]!r} at position {bad}); an environment value is one line of "
+                f"{source}: key 'env.{key}': the value holds a control or invisible character "
+                f"(U+{ord(item[bad]):04X} at position {bad}); an environment value is one line of "
                 "printable text"
             )
         if len(item) > MAX_ENV_CHARS:

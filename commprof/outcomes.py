@@ -41,6 +41,9 @@ DETERMINISTIC_ERRORS = (
 again gives the same error, so it is not retried."""
 OOM_MARKERS = ("out of memory", "CUDA out of memory", "DefaultCPUAllocator: can't allocate")
 """Texts of an out-of-memory, which repeats at the same step when the cell runs again."""
+CONFIG_MARKERS = ("Unable to find address for",)
+"""Texts of a setting the ranks cannot use, which fails the same way every time: gloo's for a
+``GLOO_SOCKET_IFNAME`` naming no interface of the host."""
 
 
 def classify_error_texts(texts: Iterable[str]) -> str:
@@ -51,7 +54,9 @@ def classify_error_texts(texts: Iterable[str]) -> str:
     """
     for text in texts:
         type_name = text.strip().partition(":")[0].rpartition(".")[2]
-        if type_name in DETERMINISTIC_ERRORS or any(m in text for m in OOM_MARKERS):
+        if type_name in DETERMINISTIC_ERRORS or any(
+            m in text for m in (*OOM_MARKERS, *CONFIG_MARKERS)
+        ):
             return "deterministic"
     return "transient"
 

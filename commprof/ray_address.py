@@ -198,7 +198,11 @@ def init_local(**kwargs: Any) -> Any:
     os.environ[LOOPBACK_ENV] = "0"  # for the GCS, raylet and workers it starts (inherited)
     constants.ENABLE_RAY_CLUSTER = False  # this process read the variable at import
     try:
-        return ray.init(address="local", **kwargs)
+        context = ray.init(address="local", **kwargs)
+        from commprof.ray_reaper import start_reaper
+
+        start_reaper()  # the raylet's agents end with this process, not 90 s later
+        return context
     finally:
         constants.ENABLE_RAY_CLUSTER = saved
         if saved_env is None:

@@ -41,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from commprof.fileio import as_umask_allows
 from commprof.matrix import CELL_COLUMNS
 
 if TYPE_CHECKING:
@@ -201,6 +202,53 @@ class CommitFailed(RuntimeError):
     """A file of an attempt could not be written; the message names it and what to do."""
 
 
+class UnreadableFolder(ValueError):
+    """A folder of the dataset (a table's, ``traces/`` or ``damaged/``) that is there but is not
+    a folder that can be read: a dangling symbolic link, a link loop, a file, no permission.
+
+    Read as empty it would make committed cells look never run (and their files overwritten or
+    set aside), so every reader and writer stops on it instead, naming it.
+    """
+
+
+DATA_FOLDERS = (*TABLES, "traces", "damaged")
+"""The folders of a dataset folder that hold its files."""
+
+
+def check_folders(root: str | Path) -> None:
+    """Refuse a dataset whose table folders are not plain readable folders.
+
+    A missing folder is fine (nothing recorded there yet); a symbolic link to a readable folder
+    is followed.
+
+    Raises:
+        UnreadableFolder: naming the first such folder and what to do.
+    """
+    root = Path(root)
+    for name in DATA_FOLDERS:
+        folder = root / name
+        if not os.path.lexists(folder):
+            continue
+        if not folder.is_dir() and not folder.is_symlink():
+            raise UnreadableFolder(
+                f"{folder} is a file where the dataset keeps a folder; move it away or use "
+                "another --out"
+            )
+        if not folder.is_dir():
+            raise UnreadableFolder(
+                f"{folder} is a symbolic link to nothing (dangling or a loop); the dataset keeps "
+                f"its {name} files there: restore what it points to (or move the link away to "
+                "start that table empty), then rerun"
+            )
+        try:
+            with os.scandir(folder) as entries:
+                next(entries, None)
+        except OSError as err:
+            raise UnreadableFolder(
+                f"{folder} cannot be read ({err.strerror or err}); make it readable, then rerun"
+            ) from None
+
+
 def sidecar_path(cells_file: Path) -> Path:
     """Where the SHA-256 of every byte of a committed ``cells`` file is kept: a hidden file
     beside it, which Parquet readers of the folder skip (``pd.read_parquet(DIR / "cells")``, Ray
@@ -229,22 +277,41 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     _atomic_write_bytes(_parquet_bytes(table), path)
 
 
-def _atomic_write_bytes(data: bytes, path: Path) -> None:
+def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    Args:
+        data: the bytes.
+        path: where they go.
+        exclusive: never replace a file already at ``path`` (a hard link of the temporary file
+            that fails where the name is taken, instead of a rename over it).
 
     Raises:
         CommitFailed: the folder or the file could not be written (a full disk, no
-            permission); it names the path, and no temporary file is left behind.
+            permission, or ``path`` taken under ``exclusive``); it names the path, and no
+            temporary file is left behind.
     """
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        as_umask_allows(fd)  # mkstemp's 0600 is not the user's choice
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)  # FileExistsError where the name is taken: nothing replaced
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except FileExistsError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise CommitFailed(
+            f"{path} exists already and is never replaced; another driver wrote to this folder "
+            "(each folder has one owner: see commprof.lock)"
+        ) from None
     except OSError as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -279,22 +346,24 @@ def write_attempt(
     if not re.fullmatch(r"[0-9a-f]{12}", cell_id):
         raise ValueError(f"cell_id {cell_id!r} is not a 12-digit hex id")
     file_name = f"{cell_id}-a{attempt}.parquet"
-    if (root / "cells" / file_name).exists():  # committed: its files are never touched again
+    # Only where every folder reads as it is can a file without its commit be a leftover.
+    check_folders(root)
+    if os.path.lexists(root / "cells" / file_name):  # committed: never touched again
         raise ValueError(
             f"attempt {attempt} of cell {cell_id} is already committed in {root}; another "
             "driver wrote to this folder (each folder has one owner: see commprof.lock)"
         )
     # Leftovers of this attempt from a driver killed before its commit must not be adopted.
     for name in TABLES[1:]:
-        if name not in tables or not tables[name]:
-            (root / name / file_name).unlink(missing_ok=True)
+        (root / name / file_name).unlink(missing_ok=True)
+    sidecar_path(root / "cells" / file_name).unlink(missing_ok=True)
     shutil.rmtree(root / "traces" / f"{cell_id}-a{attempt}", ignore_errors=True)
     sums: dict[str, str] = {}
     for trace_name, data in (traces or {}).items():
         if "/" in trace_name or trace_name.startswith("."):
             raise ValueError(f"trace file name {trace_name!r} must be a plain file name")
         relative = f"traces/{cell_id}-a{attempt}/{trace_name}"
-        _atomic_write_bytes(data, root / relative)
+        _atomic_write_bytes(data, root / relative, exclusive=True)
         sums[relative] = hashlib.sha256(data).hexdigest()
     for name, rows in tables.items():
         if name == "cells" or name not in SCHEMAS:
@@ -302,7 +371,7 @@ def write_attempt(
         if rows:
             keyed = [{**row, "cell_id": cell_id, "attempt": attempt} for row in rows]
             data = _parquet_bytes(_to_table(name, keyed))
-            _atomic_write_bytes(data, root / name / file_name)
+            _atomic_write_bytes(data, root / name / file_name, exclusive=True)
             sums[f"{name}/{file_name}"] = hashlib.sha256(data).hexdigest()
     sums[f"cells/{file_name}"] = SIDECAR  # its own bytes: in the sidecar, written first
     row = {**cell_row, "checksums_json": json.dumps(sums, sort_keys=True), "commit_sha256": None}
@@ -310,8 +379,8 @@ def write_attempt(
     commit = _parquet_bytes(_to_table("cells", [row]))
     cells_file = root / "cells" / file_name
     digest = hashlib.sha256(commit).hexdigest()
-    _atomic_write_bytes(f"{digest}\n".encode(), sidecar_path(cells_file))
-    _atomic_write_bytes(commit, cells_file)
+    _atomic_write_bytes(f"{digest}\n".encode(), sidecar_path(cells_file), exclusive=True)
+    _atomic_write_bytes(commit, cells_file, exclusive=True)
 
 
 def _row_digest(row: Mapping[str, Any]) -> str:
@@ -349,6 +418,7 @@ def damaged_attempts(root: str | Path, *, traces: bool = True) -> dict[tuple[str
         traces: also hash the kept profiler traces (the largest files).
     """
     root = Path(root)
+    check_folders(root)  # a table folder that cannot be read is not a damaged attempt
     damaged: dict[tuple[str, int], str] = {}
     for path in _committed_files(root, "cells", None):
         key = _key_of(path)
@@ -489,6 +559,7 @@ def load(root: str | Path, *, verify: bool = True) -> dict[str, pd.DataFrame]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no dataset folder at {root}; run a sweep or pass --out")
+    check_folders(root)
     if verify:
         damaged = damaged_attempts(root, traces=False)
         if damaged:
@@ -539,6 +610,7 @@ def latest_status(root: str | Path) -> dict[str, tuple[str, int, str | None]]:
     root = Path(root)
     if not root.is_dir():
         return {}
+    check_folders(root)
     parts = []
     for path in _committed_files(root, "cells", None):
         try:
@@ -581,6 +653,7 @@ def check_writable(root: str | Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"--out {root}: cannot create the folder ({err.strerror})") from None
+    check_folders(root)
     for folder in (root, *(root / name for name in (*TABLES, "traces"))):
         if folder.exists() and not folder.is_dir():
             raise ValueError(

@@ -10,7 +10,9 @@ A :class:`yaml.SafeLoader` (no Python objects are ever constructed) with two cha
 
 The float resolver is PyYAML's own pattern with the dot made optional before an exponent.
 
-Bounded before anything is built from a document: :func:`load_yaml` counts the values the
+Bounded before anything is built from a document: :func:`load_yaml` refuses a text of more
+commas and lines than ``MAX_VALUES`` before parsing it (composing half a million nodes alone
+takes many seconds), then counts the values the
 document holds with every alias (``*name``) expanded, on the composed node graph (each node
 counted once, then reused: linear in the file), and refuses more than ``MAX_VALUES`` or an alias
 that refers to itself; a 500-byte document of nine aliases nine deep otherwise expands to
@@ -20,13 +22,17 @@ and :func:`short` quotes a value in an error by a short prefix only.
 
 from __future__ import annotations
 
+import os
 import re
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+MAX_FILE_BYTES = 16 * 2**20
+"""Largest text file :func:`read_text` reads unless its caller says otherwise."""
 MAX_VALUES = 100_000
 """Most values (scalars, lists, mappings) a document may hold, aliases expanded."""
 SHORT_CHARS = 60
@@ -53,14 +59,38 @@ _FLOAT_12 = re.compile(
 )
 
 
-class StrictSafeLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 floats and duplicate keys refused."""
+_SAFE_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""The safe loader the strict one is built on: libyaml's parser where PyYAML has it (the same
+documents, read about ten times faster), else PyYAML's own."""
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictSafeLoader(_SAFE_BASE):  # type: ignore[misc]
+    """SafeLoader with YAML 1.2 floats and duplicate keys refused; so are keys that are not plain
+    values (``? [a, b]``: a list or mapping as a key) and merge keys (``<<: *base``): write the
+    mapping out instead."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
+            if key_node.tag == MERGE_TAG:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"a merge key (<<) on line {line}: merge keys are not read; write the "
+                    "mapping's keys out",
+                    key_node.start_mark,
+                )
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"a key on line {line} is a {_kind(key_node)}; a key must be a plain value "
+                    "(a name or a number)",
+                    key_node.start_mark,
+                )
+            key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None,
@@ -72,10 +102,35 @@ class StrictSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_INT_DIGITS = 19
+"""Most digits of a whole number in a document: a 64-bit integer's; a longer one (``cap:
+<400 digits>``) would overflow the first float conversion, far from the file."""
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    digits = sum(c.isdigit() for c in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"a whole number on line {node.start_mark.line + 1} has {digits} digits, more than "
+            f"{MAX_INT_DIGITS}; give a smaller number",
+            node.start_mark,
+        )
+    return yaml.SafeLoader.construct_yaml_int(loader, node)  # type: ignore[no-any-return]
+
+
+StrictSafeLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _kind(node: yaml.Node) -> str:
+    return "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+
+
 # Replace the inherited float resolver (first characters as PyYAML registers it).
 StrictSafeLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    for first, resolvers in _SAFE_BASE.yaml_implicit_resolvers.items()
 }
 StrictSafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
 
@@ -86,18 +141,23 @@ def read_text(path: str | Path, what: str, *, max_bytes: int | None = None) -> s
     Args:
         path: the file.
         what: what the file is, for messages ("the matrix file").
-        max_bytes: refuse a file larger than this (read no further than one byte past it).
+        max_bytes: refuse a file larger than this (read no further than one byte past it;
+            default ``MAX_FILE_BYTES``).
 
     Raises:
-        ValueError: the file cannot be read, is larger than ``max_bytes``, or is not UTF-8.
+        ValueError: the file is not a regular file (a FIFO, a folder), cannot be read, is
+            larger than ``max_bytes``, or is not UTF-8.
     """
     path = Path(path)
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or not end
+            raise ValueError(f"{path}: {what} is not a regular file; give a file")
         with open(path, "rb") as handle:
-            data = handle.read(-1 if max_bytes is None else max_bytes + 1)
+            data = handle.read(max_bytes + 1)
     except OSError as err:
-        raise ValueError(f"{path}: cannot read {what} ({err.strerror})") from err
-    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(f"{path}: cannot read {what} ({err.strerror})") from None
+    if len(data) > max_bytes:
         raise ValueError(
             f"{path}: {what} is larger than {max_bytes:,} bytes, the most it may be; shorten it "
             "or split it"
@@ -122,6 +182,12 @@ def load_yaml(text: str, source: str, *, max_values: int = MAX_VALUES) -> Any:
     Raises:
         ValueError: naming ``source`` and what is wrong where.
     """
+    separators = text.count(",") + text.count("\n")
+    if separators > max_values:  # before parsing: composing that many nodes alone takes seconds
+        raise ValueError(
+            f"{source}: the document has {separators:,} commas and lines, more than the "
+            f"{max_values:,} values it may hold; write fewer values"
+        )
     loader = StrictSafeLoader(text)  # a SafeLoader subclass: no Python objects are built
     try:
         node = loader.get_single_node()

@@ -10,7 +10,9 @@ Output folder (default ``RESULTS/report/``)::
     generated/tab_<name>.tex  booktabs fragments of the tables, for reuse
     quoted_<report>.json      every number the report's prose quotes: name -> text, value
     main.tex, postmortem.tex  the two reports (from ``commprof.reporting.templates``)
-    main.pdf, postmortem.pdf  built with latexmk + pdflatex when they are installed
+    main.pdf, postmortem.pdf  built with latexmk + pdflatex when they are installed, in a
+                              private temporary folder (``build_pdf``: no rc file read, TeX
+                              paranoid); LaTeX's work files never reach this folder
 
 Without LaTeX the figures and .tex files are still written and the command says how to get the
 PDFs. Reads only the dataset folder, never a live run; imports no torch and no ray.
@@ -18,6 +20,7 @@ PDFs. Reads only the dataset folder, never a live run; imports no torch and no r
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -58,7 +61,7 @@ def _load(results_dir: Path) -> Processed | None:
     """
     try:
         tables = load(results_dir)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # ValueError: damaged, a folder unreadable
         print(f"error: {err}", file=sys.stderr)
         return None
     if tables["cells"].empty:
@@ -76,12 +79,13 @@ def _load(results_dir: Path) -> Processed | None:
 
 
 def _writable(out: Path) -> bool:
-    """Whether the output folder can be written (made where missing), checked before any work;
-    where not, the reason and what to do on stderr."""
+    """Whether the output folder can be written (made where missing) and holds no symbolic
+    link, checked before any work; where not, the reason and what to do on stderr."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".commprof-probe-"):
             pass
+        link = _first_link(out)
     except OSError as err:
         print(
             f"error: cannot write to {out} ({err.strerror or err}); pass --out DIR to write the "
@@ -89,7 +93,24 @@ def _writable(out: Path) -> bool:
             file=sys.stderr,
         )
         return False
+    if link is not None:  # a report written through it would overwrite what it points to
+        print(
+            f"error: {link} is a symbolic link in the output folder; the reports are never "
+            "written through links: remove it, or pass --out DIR to write the output elsewhere",
+            file=sys.stderr,
+        )
+        return False
     return True
+
+
+def _first_link(out: Path) -> Path | None:
+    """The first symbolic link inside ``out`` (a dataset received from others may hold one
+    where a report file goes), or None."""
+    for folder, dirs, files in os.walk(out):
+        for name in (*dirs, *files):
+            if os.path.islink(os.path.join(folder, name)):
+                return Path(folder) / name
+    return None
 
 
 def write_figures(data: Processed, out: Path) -> list[figures.FigureResult]:
@@ -264,31 +285,88 @@ def latex_available() -> bool:
     return shutil.which("latexmk") is not None and shutil.which("pdflatex") is not None
 
 
-def build_pdf(tex: Path) -> tuple[bool, str]:
-    """Build one PDF with latexmk and pdflatex, in the .tex file's folder.
+LATEX_ENV = {"openin_any": "p", "openout_any": "p", "shell_escape": "f"}
+"""TeX's settings for the build (kpathsea reads them from the environment): paranoid reading
+and writing (no dot files, no absolute paths, no ``..``) and no shell escape."""
+
+
+def _latex_env(home: Path) -> dict[str, str]:
+    """The environment of a LaTeX build: the caller's PATH and locale, TeX paranoid
+    (:data:`LATEX_ENV`), and a HOME of the build's own so that no per-user TeX tree or rc file
+    of the caller's is read either."""
+    keep = ("PATH", "LANG", "LC_ALL", "TEXMFCNF", "TEXMFDIST", "TEXMFMAIN", "TMPDIR")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(LATEX_ENV)
+    env.update(HOME=str(home), TEXMFHOME=str(home / "texmf"), TEXMFVAR=str(home / "texmf-var"))
+    env["TEXMFCONFIG"] = str(home / "texmf-config")
+    return env
+
+
+def _stage(out: Path, stem: str, build: Path) -> Path:
+    """Copy what ``stem``'s PDF needs (the template, the generated bodies and tables, the
+    figures' PDFs) from ``out`` into the private build folder; returns the staged .tex file.
+
+    Only regular files of the names the report writes are copied, so nothing else that sits
+    in ``out`` (an rc file, a symlink) reaches the build.
+    """
+    (build / "generated").mkdir()
+    (build / "figures").mkdir()
+    tex = build / f"{stem}.tex"
+    tex.write_bytes(TEMPLATES.joinpath(f"{stem}.tex").read_bytes())
+    for sub, pattern in (("generated", "*.tex"), ("figures", "*.pdf")):
+        for src in sorted((out / sub).glob(pattern)):
+            if src.is_file() and not src.is_symlink():
+                shutil.copyfile(src, build / sub / src.name)
+    return tex
+
+
+def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
+    """Build one PDF with latexmk and pdflatex in a fresh private folder; copy the PDF alone
+    next to ``tex`` (or into ``dest``).
+
+    Reading a dataset never runs its code: the build runs in a new ``mkdtemp`` folder (mode
+    0700) holding only the files the report needs (:func:`_stage`), latexmk reads no rc file
+    (``-norc``), TeX runs paranoid without shell escape (:func:`_latex_env`), and LaTeX's work
+    files (``.aux .log .fls .fdb_latexmk .out``) stay in that folder, which is removed after.
 
     Args:
-        tex: the .tex file.
+        tex: the .tex file (in the report folder, next to ``generated/`` and ``figures/``).
+        dest: the folder the PDF is copied into (default ``tex``'s folder).
 
     Returns:
         (success, the tail of the log on failure).
     """
-    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", tex.name]
-    try:
-        proc = subprocess.run(
-            cmd,
-            cwd=tex.parent,
-            capture_output=True,
-            text=True,
-            timeout=LATEX_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"latexmk took more than {LATEX_TIMEOUT_S} s on {tex}"
-    if proc.returncode != 0 or not tex.with_suffix(".pdf").is_file():
-        log = tex.with_suffix(".log")
-        text = log.read_text(errors="replace") if log.is_file() else proc.stdout + proc.stderr
-        return False, "\n".join(text.splitlines()[-30:])
+    dest = tex.parent if dest is None else dest
+    with tempfile.TemporaryDirectory(prefix="commprof-latex-") as tmp:
+        build = Path(tmp)
+        home = build / "home"
+        home.mkdir()
+        work = build / "work"
+        work.mkdir()
+        staged = _stage(tex.parent, tex.stem, work)
+        cmd = ["latexmk", "-norc", "-pdf", "-interaction=nonstopmode", "-halt-on-error"]
+        try:
+            proc = subprocess.run(
+                [*cmd, staged.name],
+                cwd=work,
+                env=_latex_env(home),
+                capture_output=True,
+                text=True,
+                timeout=LATEX_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False, f"latexmk took more than {LATEX_TIMEOUT_S} s on {tex}"
+        pdf = staged.with_suffix(".pdf")
+        if proc.returncode != 0 or not pdf.is_file():
+            log = staged.with_suffix(".log")
+            text = log.read_text(errors="replace") if log.is_file() else proc.stdout + proc.stderr
+            return False, "\n".join(text.splitlines()[-30:])
+        target = dest / pdf.name
+        part = dest / f".{pdf.name}.part"
+        part.unlink(missing_ok=True)  # a link planted there is removed, never followed
+        shutil.copyfile(pdf, part)
+        os.replace(part, target)
     return True, ""
 
 
@@ -344,7 +422,7 @@ def build_reports(data: Processed, out: Path, dataset_name: str, *, pdf: str = "
         print(
             f"LaTeX not found: no PDFs (the HTML reports above are complete; open "
             f"{pages[0]} in a browser). For the PDFs install TeX Live ({INSTALL_HINT}) and "
-            f"rerun, or run `latexmk -pdf main.tex postmortem.tex` in {out}.",
+            f"rerun, or run `latexmk -norc -pdf main.tex postmortem.tex` in {out}.",
             file=sys.stderr,
         )
         return 1 if pdf == "yes" else 0

@@ -19,8 +19,9 @@ Conventions (every figure follows them; ``figures.py`` uses nothing else):
   where the range is wide, every 1-9 where it is narrow, and no minor tick labels, so a value
   can be read and labels never overlap.
 
-matplotlib runs with the Agg backend (no display needed). This module imports no torch and no
-ray.
+matplotlib runs with the Agg backend (no display needed) and its built-in defaults: no
+``matplotlibrc`` is read (the one in the current folder included). This module imports no torch and
+no ray.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 
 from commprof.caps import cap_label
 from commprof.units import format_bytes
+
+# matplotlib reads a ``matplotlibrc`` in the current folder when imported: the figures draw from
+# its built-in defaults alone, so a file planted where the command runs (a dataset folder, say)
+# changes nothing.
+matplotlib.rcParams.update({k: v for k, v in matplotlib.rcParamsDefault.items() if k != "backend"})
+# Text is drawn as written: a ``$`` in a module name (``$\frac{``) is no mathtext to parse.
+matplotlib.rcParams["text.parse_math"] = False
 
 OKABE_ITO = {
     "black": "#000000",
@@ -114,6 +122,7 @@ RC_PARAMS: dict[str, Any] = {
     "pdf.fonttype": 42,
     "svg.fonttype": "none",  # text stays text in the HTML reports (searchable, small)
     "savefig.dpi": 200,
+    "text.parse_math": False,  # names from the dataset are text: "$x$" is not math
 }
 """Shared matplotlib settings (small fonts for a two-column-free A4 page)."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from commprof.caps import DEFAULT_WORD, check_cap_mb
 from commprof.matrix import CELL_FIELDS, ID_FIELDS, REGIMES, Cell, field_types
-from commprof.yamlio import load_yaml, short
+from commprof.yamlio import MAX_INT_DIGITS, load_yaml, short
 
 _CELL_ID_PREFIX = re.compile(r"[0-9a-f]{1,12}")
 KEYS = (*(name for name in ID_FIELDS if CELL_FIELDS[name].setting or name == "repeat"), "regime")
@@ -74,6 +74,8 @@ def _typed(key: str, text: str, said: str) -> Any:
         return text  # names compare as written (a model named "1e3" stays a name)
     if key == "bucket_cap_mb" and text == DEFAULT_WORD:
         return None
+    if text.lstrip("+-").isdigit() and len(text.lstrip("+-")) > MAX_INT_DIGITS:
+        raise ValueError(f"{said}: {key} takes a whole number of at most {MAX_INT_DIGITS} digits")
     try:
         value = load_yaml(text, said)
     except ValueError:

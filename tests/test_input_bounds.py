@@ -185,8 +185,8 @@ def test_a_nul_in_env_is_refused_by_the_sweep_command(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: {path}: key 'env.GLOO_SOCKET_IFNAME': the value holds a control character "
-        "('\\x00' at position 2); an environment value is one line of printable text"
+        f"error: {path}: key 'env.GLOO_SOCKET_IFNAME': the value holds a control or invisible "
+        "character (U+0000 at position 2); an environment value is one line of printable text"
     ]
 
 

@@ -19,6 +19,7 @@ uses them):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -193,6 +194,8 @@ def _from_mapping(entry: Any, origin: str, index: int) -> Cluster:
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise ValueError(f"{label}: {key} must be {names}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # named here, not derived
+            raise ValueError(f"{label}: {key} must be a finite number, got {value!r}")
     values = {**_DEFAULTS, **entry}
     values.setdefault("description", str(values["name"]))
     values.setdefault("net_efficiency", default_net_efficiency(float(values["nic_bytes_per_s"])))

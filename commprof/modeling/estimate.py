@@ -61,7 +61,7 @@ from commprof.modeling.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.ring_fit import FIT_SOURCES, Fit, fits_from_dataset, load_fits
 from commprof.modeling.step_sim import simulate_step
 from commprof.modeling.timeline import load_parameter_ready_ns
-from commprof.yamlio import load_yaml, read_text
+from commprof.yamlio import load_yaml, read_text, short
 
 DEFAULT_ALPHA_NS = 10_000.0
 """Assumed per-message latency for published links (not a published figure)."""
@@ -268,14 +268,39 @@ def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
         data = data["params"]
     if not isinstance(data, list) or not data:
         raise ValueError(f"{path}: expected a non-empty list of {{name, numel, dtype_bytes}}")
-    out = []
-    for i, row in enumerate(data):
-        if not isinstance(row, dict) or "numel" not in row:
-            raise ValueError(f"{path}: entry {i} needs at least 'numel' (and 'name')")
-        out.append(
-            (str(row.get("name", f"param{i}")), int(row["numel"]), int(row.get("dtype_bytes", 4)))
+    return [_param_entry(path, i, row) for i, row in enumerate(data)]
+
+
+MAX_NUMEL = 1 << 40
+"""Most elements of one parameter: a trillion (4 TiB in fp32), past any model's tensor."""
+DTYPE_BYTES = (1, 2, 4, 8)
+"""Element sizes a parameter may have (bytes)."""
+
+
+def _param_entry(path: str | Path, i: int, row: Any) -> tuple[str, int, int]:
+    """One entry of a parameter file, checked: the one reading of an entry (see
+    :func:`load_param_sizes_file`).
+
+    Raises:
+        ValueError: naming the file, the entry, the key and the value.
+    """
+    if not isinstance(row, dict) or "numel" not in row:
+        raise ValueError(f"{path}: entry {i} needs at least 'numel' (and 'name')")
+    name = row.get("name", f"param{i}")
+    if not isinstance(name, str) or not name or len(name) > 1000:
+        raise ValueError(f"{path}: entry {i}: key 'name' is {short(name)}; give the name as text")
+    numel, size = row["numel"], row.get("dtype_bytes", 4)
+    if isinstance(numel, bool) or not isinstance(numel, int) or not 0 <= numel <= MAX_NUMEL:
+        raise ValueError(
+            f"{path}: entry {i} ({short(name)}): key 'numel' is {short(numel)}; give a whole "
+            f"number of elements in [0, {MAX_NUMEL:,}]"
         )
-    return out
+    if isinstance(size, bool) or size not in DTYPE_BYTES:
+        raise ValueError(
+            f"{path}: entry {i} ({short(name)}): key 'dtype_bytes' is {short(size)}; give one of "
+            f"{', '.join(map(str, DTYPE_BYTES))} (bytes per element)"
+        )
+    return name, numel, int(size)
 
 
 class _Given(argparse.Action):
@@ -293,6 +318,41 @@ class _Given(argparse.Action):
         setattr(namespace, f"{self.dest}_given", True)
 
 
+MAX_WORLD_SIZE = 1 << 20
+"""Most ranks ``--world-size`` takes: about a million, past any data-parallel job."""
+MAX_TFLOPS = 1e9
+"""Most ``--device-tflops``: finite, a million times any device (a backward that vanishes, for
+a what-if of communication alone)."""
+
+
+def _world_size(text: str) -> int:
+    value = flags.positive_int(text)
+    if value > MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: give at most {MAX_WORLD_SIZE:,} ranks")
+    return value
+
+
+MAX_BATCH_TOKENS = 1 << 40
+"""Most ``--batch-tokens``: a trillion tokens a rank a step."""
+
+
+def _batch_tokens_flag(text: str) -> int:
+    value = flags.positive_int(text)
+    if value > MAX_BATCH_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}...: give at most {MAX_BATCH_TOKENS:,}")
+    return value
+
+
+def _tflops(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of TFLOP/s") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TFLOPS):
+        raise argparse.ArgumentTypeError(f"{text!r}: give TFLOP/s in (0, {MAX_TFLOPS:g}]")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``commprof estimate`` options to a parser."""
     src = parser.add_mutually_exclusive_group(required=True)
@@ -305,7 +365,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster/--interconnect and --world-size (commprof.modeling.trace_replay)",
     )
     parser.add_argument(
-        "--world-size", type=int, help="ranks (>= 2); required, but with --trace the trace's own"
+        "--world-size",
+        type=_world_size,
+        help="ranks (>= 2); required, but with --trace the trace's own",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--interconnect", help="published link name (see --interconnect-file)")
@@ -356,13 +418,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-tokens",
-        type=int,
+        type=_batch_tokens_flag,
         help="tokens (or samples) per rank per step of the simple backward estimate "
         f"(default {DEFAULT_BATCH_TOKENS}; not with --fit DIR or --timeline)",
     )
     parser.add_argument(
         "--device-tflops",
-        type=float,
+        type=_tflops,
         help="sustained backward TFLOP/s of one device for the simple backward estimate "
         f"(default {DEFAULT_DEVICE_FLOPS_PER_S / 1e12:g}; not with --fit DIR or --timeline)",
     )
@@ -525,7 +587,13 @@ def _link_from_args(
         if Path(args.fit).is_dir():
             fits = fits_from_dataset(args.fit, source=args.fit_source)
         else:
-            fits = load_fits(args.fit)
+            try:
+                fits = load_fits(args.fit)
+            except (OSError, ValueError, TypeError, KeyError) as err:
+                raise ValueError(
+                    f"--fit {args.fit}: neither a dataset folder nor a fits JSON (save_fits) "
+                    f"({str(err)[:200]})"
+                ) from None
         matches = {k: f for k, f in fits.items() if k[0] == args.fit_backend}
         for (backend, regime, ws), fit in matches.items():
             if ws == args.world_size:

@@ -247,6 +247,15 @@ def run_step(
         raise ValueError("--fit DIR with --params-file needs --cell ID (the calibration cell)")
     corrections = corrections_from_args(args)
     tables = load(args.fit)
+    if args.cell:
+        ids = sorted(set(tables["cells"]["cell_id"].astype(str)))
+        found = [i for i in ids if i.startswith(args.cell)]
+        if len(found) != 1:
+            what = "no cell" if not found else f"{len(found)} cells ({', '.join(found[:4])}...)"
+            raise ValueError(
+                f"--cell {args.cell!r} matches {what} of {args.fit}; give a cell id of the "
+                "dataset or a unique prefix of one"
+            )
     model = load_step_model(
         tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
         backend=args.fit_backend, cell_id=args.cell,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import date
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,35 @@ def convert_to_per_direction_bytes_per_s(
     return value
 
 
+_NUMBERS = {"published_value": (int, float), "per_direction_bytes_per_s": (int, float),
+            "lanes": (int,)}  # fmt: skip
+"""Number keys of a link entry and the types each may have."""
+
+
+def _check_entry(entry: Any, origin: str) -> None:
+    """Every key of a link entry of the type it must have, each number finite and positive:
+    checked before any is converted, so a wrong one is named by its own key."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{origin}: a link entry must be a mapping, got {type(entry).__name__}")
+    label = f"{origin}: link {entry.get('name')!r}"
+    for key, value in entry.items():
+        if key in _NUMBERS:
+            ok = isinstance(value, _NUMBERS[key]) and not isinstance(value, bool)
+            if not ok or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{label}: {key} must be a finite number > 0, got {value!r}")
+        elif key == "encoding":
+            if not (
+                isinstance(value, list | tuple)
+                and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            ):
+                raise ValueError(f"{label}: encoding must be [payload, line] bits, got {value!r}")
+        elif not isinstance(value, str) and not (key == "accessed" and isinstance(value, date)):
+            raise ValueError(f"{label}: {key} must be text, got {value!r}")
+
+
 def _from_mapping(entry: dict[str, Any], origin: str) -> Interconnect:
+    _check_entry(entry, origin)
     missing = [key for key in _REQUIRED if key not in entry]
     if missing:
         raise ValueError(f"{origin}: link entry {entry!r} lacks {missing}")
@@ -149,7 +178,7 @@ def _from_mapping(entry: dict[str, Any], origin: str) -> Interconnect:
     values.setdefault("published", f"{values['published_value']} {values['published_unit']}")
     values.setdefault("source_title", "user supplied")
     values.setdefault("url", "")
-    values.setdefault("accessed", "")
+    values["accessed"] = str(values.get("accessed", ""))  # a date written unquoted too
     if "per_direction_bytes_per_s" not in values:
         values["per_direction_bytes_per_s"] = convert_to_per_direction_bytes_per_s(
             published_value=float(values["published_value"]),

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from commprof.fileio import as_umask_allows
 from commprof.traces.crossrank import CrossRank, cross_rank
 from commprof.traces.metrics import ratio
 from commprof.traces.rank_pool import analyze_files
@@ -276,6 +277,7 @@ def write_parquet(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
         if frame.empty:
             continue
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".parquet", dir=out)
+        as_umask_allows(fd)
         os.close(fd)
         try:
             frame.to_parquet(tmp, index=False)
@@ -298,6 +300,20 @@ def _emit(text: str) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     return 0
+
+
+def output_problem(out: Path | None, perfetto_out: Path | None) -> str | None:
+    """What is wrong with the output paths, before anything runs: ``--out`` must be a folder
+    (or not exist yet), ``--perfetto`` a file name (not a folder) in a folder."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        return f"--out {out} is a file; give a folder for the Parquet tables"
+    if perfetto_out is not None:
+        target = Path(perfetto_out)
+        if target.is_dir():
+            return f"--perfetto {target} is a folder; give a file name such as {target}/all.json"
+        if target.parent.exists() and not target.parent.is_dir():
+            return f"--perfetto {target}: {target.parent} is not a folder"
+    return None
 
 
 def _cell_path(path: Path, cell: str) -> Path:
@@ -347,6 +363,10 @@ def run(
         print(f"commprof analyze: {exc}", file=sys.stderr)
         return 2
     trace_dir = Path(trace_dir)
+    problem = output_problem(out, perfetto_out)
+    if problem:  # before any trace is parsed
+        print(f"commprof analyze: {problem}", file=sys.stderr)
+        return 2
     cells = {p.name: p for p in cell_folders(trace_dir)} if trace_dir.is_dir() else {}
     jobs = cells or {"": trace_dir}
     docs, texts, failed = {}, [], 0

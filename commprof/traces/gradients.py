@@ -133,7 +133,7 @@ class _Collect:
             self.launch_ops.append((_ns(e["ts"]), int(e.get("tid", 0))))
         elif name.startswith(STEP_PREFIX) and cat != "gpu_user_annotation":
             step = name[len(STEP_PREFIX) :]
-            if step.isdigit():
+            if step.isdigit() and len(step) <= 9:  # windows.step_codes refuses a longer one
                 start = _ns(e["ts"])
                 self.steps.append((int(step), start, start + _ns(e.get("dur", 0))))
         elif cat in LAUNCH_CATS and LAUNCH_CALL_PATTERN.match(name) and "correlation" in args:

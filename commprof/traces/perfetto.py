@@ -194,18 +194,22 @@ def write_perfetto(
     tmp = out.with_name(f".{out.name}.tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
     first = [True]
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-        for index, (rank, path) in enumerate(sorted(files.items())):
-            state = _Rank(rank, int(offset.get(rank, 0)), len(files), index)
-            _write_rank(fh, path, state, keys_by_rank.get(rank, {}), anchors, first)
-        num_linked = 0
-        for event in _flows(anchors, names):
-            num_linked += event["ph"] == "s"
-            fh.write(("" if first[0] else ",\n") + json.dumps(event, separators=(",", ":")))
-            first[0] = False
-        fh.write("\n]}\n")
-    tmp.replace(out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+            for index, (rank, path) in enumerate(sorted(files.items())):
+                state = _Rank(rank, int(offset.get(rank, 0)), len(files), index)
+                _write_rank(fh, path, state, keys_by_rank.get(rank, {}), anchors, first)
+            num_linked = 0
+            for event in _flows(anchors, names):
+                num_linked += event["ph"] == "s"
+                fh.write(("" if first[0] else ",\n") + json.dumps(event, separators=(",", ":")))
+                first[0] = False
+            fh.write("\n]}\n")
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written trace is left behind
+        raise
     return {
         "path": str(out),
         "num_ranks": len(files),

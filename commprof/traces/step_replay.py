@@ -195,6 +195,13 @@ def read_timelines(path: Path | str, *, gradients: bool = False) -> list[StepTim
         parsed = parse_trace(f)
         grads = read_step_gradients(f, parsed.rank) if gradients else None
         out.extend(step_timelines(parsed, grads))
+    seen: dict[tuple[int, int], int] = {}
+    for t in out:  # as commprof analyze: one trace per rank and step range
+        if seen.setdefault((t.rank, t.step), id(t)) != id(t):
+            raise ValueError(
+                f"--trace {path}: rank {t.rank} step {t.step} appears in two traces; keep one "
+                "trace per rank and step range"
+            )
     if not any(t.comm_start_ns.size for t in out):
         raise ValueError(
             f"--trace {path}: no collective runs in any step window of its trace(s); a replay of "

@@ -460,6 +460,12 @@ class ColumnBuilder:
             raise ValueError(f"{self.source}: non-numeric '{key}' in an event ({exc})") from exc
 
     def _new_code(self, table: dict[Any, int], key: Any, bits: list[int] | None) -> int:
+        if isinstance(key, list | dict) and (table is self.pids or table is self.tids):
+            field = "pid" if table is self.pids else "tid"
+            raise ValueError(
+                f"{self.source}: an event's '{field}' is a {type(key).__name__} "
+                f"({json.dumps(key, default=str)[:40]}); a trace's pid and tid are numbers or names"
+            )
         key, code = _interned(table, key)
         if code is None:
             code = table[key] = len(table)
@@ -688,16 +694,59 @@ def _duplicated(columns: list[npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
     return frame.duplicated(keep="first").to_numpy()
 
 
+NEAR_DUPLICATE_NS = 1000
+"""Two events of one category, name and thread (or stream) that overlap and whose starts and
+ends are each at most this far apart are one event written twice (a copy with its times
+shifted by rounding, or by a merge): 1 us, the resolution of the trace's timestamps."""
+
+
+def _near_duplicated(
+    cols: TraceColumns, candidates: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """Events (among ``candidates``) that repeat an earlier one of the same category, name and
+    thread: overlapping it, start and end each within ``NEAR_DUPLICATE_NS``.
+
+    Real events never match: kernels of one stream and collectives of one thread run one at
+    a time (never overlap), and events of one name nested on a CPU thread end apart by more
+    than the rounding of their times. Events back to back (a short kernel run twice) do not
+    overlap, and are kept.
+    """
+    n = cols.start_ns.size
+    out = np.zeros(n, bool)
+    idx = np.flatnonzero(candidates)
+    if idx.size < 2:
+        return out
+    order = idx[np.lexsort((cols.start_ns[idx], cols.name_code[idx], cols.cat_code[idx],
+                            cols.thread[idx]))]  # fmt: skip
+    s, e = cols.start_ns[order], cols.end_ns[order]
+    same = (
+        (cols.thread[order][1:] == cols.thread[order][:-1])
+        & (cols.name_code[order][1:] == cols.name_code[order][:-1])
+        & (cols.cat_code[order][1:] == cols.cat_code[order][:-1])
+    )
+    near = (
+        same
+        & (s[1:] - s[:-1] <= NEAR_DUPLICATE_NS)
+        & (np.abs(e[1:] - e[:-1]) <= NEAR_DUPLICATE_NS)
+        & (s[1:] < e[:-1])  # overlapping
+    )
+    out[order[1:][near]] = True
+    return out
+
+
 def drop_duplicates(cols: TraceColumns) -> TraceColumns:
     """``cols`` without the events (and launches) that repeat an earlier one exactly.
 
     Events are duplicates where category, name, start, end and thread (pid and tid: the
     CUDA stream of a kernel) are all equal: no two real events of one thread or stream
     share all of them, and a trace whose events were written twice (a merge gone wrong)
-    would count each collective twice and move every cross-rank figure. Launches repeat
-    where correlation id, start and thread do. ``num_duplicates`` counts what was dropped.
+    would count each collective twice and move every cross-rank figure. So are events that
+    repeat one within ``NEAR_DUPLICATE_NS`` at both ends while overlapping it
+    (:func:`_near_duplicated`). Launches repeat where correlation id, start and thread do.
+    ``num_duplicates`` counts what was dropped (the trace's notes say it).
     """
     dup = _duplicated([cols.start_ns, cols.end_ns, cols.thread, cols.name_code, cols.cat_code])
+    dup = dup | _near_duplicated(cols, ~dup)
     ldup = np.zeros(cols.launch_correlation.size, bool)
     if ldup.size > 1:  # sorted by correlation id: a repeat is next to its original
         lc, ls, lt = cols.launch_correlation, cols.launch_start_ns, cols.launch_thread

@@ -32,8 +32,9 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
     out = []
     if parsed.num_duplicates:
         out.append(
-            f"{parsed.num_duplicates} duplicated events dropped (same category, name, start, "
-            "duration and thread or stream as another: the trace holds its events twice?)"
+            f"{parsed.num_duplicates} duplicated events dropped (same category, name, thread or "
+            "stream as another, overlapping it, start and end within 1 us: the trace holds its "
+            "events twice?)"
         )
     outside = parsed.outside
     if len(outside):

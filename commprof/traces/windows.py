@@ -77,11 +77,34 @@ def _choose(cpu: Windows | None, device: Windows, kernels: list[IntervalSet], so
     return False
 
 
+MAX_STEP_DIGITS = 9
+"""Most digits of a ``ProfilerStep#N`` number: a billion steps; more is no profiled run."""
+
+
+def step_codes(cols: TraceColumns) -> list[tuple[int, int]]:
+    """(name code, step number) of every ``ProfilerStep#N`` name of the trace.
+
+    Raises:
+        ValueError: a step number of more than ``MAX_STEP_DIGITS`` digits, naming it.
+    """
+    out = []
+    for i, name in enumerate(cols.names):
+        match = STEP_PATTERN.match(str(name))
+        if match is None:
+            continue
+        if len(match.group(1)) > MAX_STEP_DIGITS:
+            raise ValueError(
+                f"{cols.source}: event 'ProfilerStep#{match.group(1)[:12]}...' has a step number "
+                f"of {len(match.group(1))} digits, more than {MAX_STEP_DIGITS}; not a trace "
+                "torch.profiler wrote"
+            )
+        out.append((i, int(match.group(1))))
+    return out
+
+
 def cpu_step_windows(cols: TraceColumns) -> Windows | None:
     """Steps and [start, end) of the CPU-side ``ProfilerStep#N`` annotations (None: none)."""
-    step_names = [
-        (i, int(m.group(1))) for i, n in enumerate(cols.names) if (m := STEP_PATTERN.match(str(n)))
-    ]
+    step_names = step_codes(cols)
     if not step_names:
         return None
     step_of_code = dict(step_names)
@@ -148,9 +171,7 @@ def step_windows(
         ValueError: If the chosen windows overlap, or there are neither annotations nor
             classified events.
     """
-    step_names = [
-        (i, int(m.group(1))) for i, n in enumerate(cols.names) if (m := STEP_PATTERN.match(str(n)))
-    ]
+    step_names = step_codes(cols)
     if step_names:
         step_of_code = dict(step_names)
         is_step = [i in step_of_code for i in range(len(cols.names))]
