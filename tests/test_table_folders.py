@@ -5,9 +5,12 @@ created exclusively, never over an existing one. Real files, the real driver ent
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -176,6 +179,43 @@ def test_files_of_an_attempt_are_created_exclusively(tmp_path: Path) -> None:
         results._atomic_write_bytes(b"new", target, exclusive=True)
     assert target.read_bytes() == b"committed"
     assert [p.name for p in target.parent.iterdir()] == ["x.parquet"]  # no temporary left
+
+
+def _no_link(code: int) -> Callable[[str, str], None]:
+    """An ``os.link`` that fails with ``code``, as on a filesystem without hard links."""
+
+    def link(src: str, dst: str) -> None:
+        raise OSError(code, os.strerror(code), src, None, dst)
+
+    return link
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV])
+def test_without_hard_links_files_are_still_created_exclusively(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    monkeypatch.setattr(os, "link", _no_link(code))
+    target = tmp_path / "steps" / "x.parquet"
+    results._atomic_write_bytes(b"committed", target, exclusive=True)
+    assert target.read_bytes() == b"committed"
+    with pytest.raises(results.CommitFailed, match="exists already and is never replaced"):
+        results._atomic_write_bytes(b"new", target, exclusive=True)
+    assert target.read_bytes() == b"committed"
+    assert [p.name for p in target.parent.iterdir()] == ["x.parquet"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("code", "remedy"),
+    [(errno.EMLINK, "Too many links); fix that"), (errno.ENOSPC, "free space on its")],
+)
+def test_a_failed_exclusive_write_names_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, remedy: str
+) -> None:
+    monkeypatch.setattr(os, "link", _no_link(code))
+    target = tmp_path / "steps" / "x.parquet"
+    with pytest.raises(results.CommitFailed, match=re.escape(remedy)):
+        results._atomic_write_bytes(b"new", target, exclusive=True)
+    assert list(target.parent.iterdir()) == []  # neither the file nor a temporary
 
 
 def test_leftovers_of_an_uncommitted_attempt_are_replaced(tmp_path: Path) -> None:
