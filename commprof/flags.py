@@ -8,20 +8,53 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 from commprof.caps import parse_cap
 from commprof.matrix import MAX_ATTEMPTS, MAX_TIMEOUT_S
 
 
-def seconds(text: str) -> float:
-    """A timeout flag: a finite number of seconds in (0, a week]; NaN would disable the limit."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
-    return value
+def bounded_int(most: int, *, unit: str = "") -> Callable[[str], int]:
+    """A count flag's type: a whole number in [1, ``most``].
+
+    Args:
+        most: the largest value taken.
+        unit: what is counted (``ranks``), for the error; "" says nothing.
+    """
+    counted = f" {unit}" if unit else ""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text[:20]!r}: give at most {most:,}{counted}")
+        return value
+
+    return parse
+
+
+def bounded_float(most: float, *, unit: str) -> Callable[[str], float]:
+    """A quantity flag's type: a finite number in (0, ``most``]; NaN and infinities are refused
+    (a NaN limit compares false, so it would disable the check it sets).
+
+    Args:
+        most: the largest value taken.
+        unit: what the number is in (``seconds``, ``TFLOP/s``), for the error.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a number of {unit}") from None
+        if not (math.isfinite(value) and 0 < value <= most):
+            raise argparse.ArgumentTypeError(f"{text[:20]!r}: give {unit} in (0, {most:g}]")
+        return value
+
+    return parse
+
+
+seconds = bounded_float(MAX_TIMEOUT_S, unit="seconds")
+"""A timeout flag: a finite number of seconds in (0, a week]."""
 
 
 def wait_seconds(text: str) -> float:
@@ -29,12 +62,8 @@ def wait_seconds(text: str) -> float:
     return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
 
 
-def attempts(text: str) -> int:
-    """An attempts flag: a whole number in [1, ``MAX_ATTEMPTS``], as a matrix's limit."""
-    value = positive_int(text)
-    if value > MAX_ATTEMPTS:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number <= {MAX_ATTEMPTS}")
-    return value
+attempts = bounded_int(MAX_ATTEMPTS)
+"""An attempts flag: a whole number in [1, ``MAX_ATTEMPTS``], as a matrix's limit."""
 
 
 def positive_int(text: str) -> int:

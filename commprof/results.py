@@ -26,6 +26,7 @@ This module imports no torch and no ray at module level.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -277,6 +278,37 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     _atomic_write_bytes(_parquet_bytes(table), path)
 
 
+NO_HARD_LINK_ERRNOS = frozenset(
+    {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS}
+)
+"""What ``os.link`` raises on a filesystem without hard links (FAT, some network and FUSE
+filesystems): an exclusive create is used there instead."""
+
+
+def _create_exclusively(data: bytes, path: Path) -> None:
+    """Create ``path`` with ``data``, failing where the name is taken (``O_EXCL``): a file
+    without hard links gets its exclusive commit so, visible before its last byte is written;
+    a partly written file of its own is removed on failure (never one that was there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # FileExistsError if taken
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _what_to_do(err: OSError) -> str:
+    """The remedy of a failed write, from its cause."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its filesystem"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make it writable"
+    return "fix that"
+
+
 def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
@@ -284,12 +316,13 @@ def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> 
         data: the bytes.
         path: where they go.
         exclusive: never replace a file already at ``path`` (a hard link of the temporary file
-            that fails where the name is taken, instead of a rename over it).
+            that fails where the name is taken, instead of a rename over it; on a filesystem
+            without hard links, an exclusive create of ``path``: :func:`_create_exclusively`).
 
     Raises:
         CommitFailed: the folder or the file could not be written (a full disk, no
-            permission, or ``path`` taken under ``exclusive``); it names the path, and no
-            temporary file is left behind.
+            permission, or ``path`` taken under ``exclusive``); it names the path and the
+            cause, and no temporary file is left behind.
     """
     tmp: str | None = None
     try:
@@ -301,7 +334,14 @@ def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> 
             handle.flush()
             os.fsync(handle.fileno())
         if exclusive:
-            os.link(tmp, path)  # FileExistsError where the name is taken: nothing replaced
+            try:
+                os.link(tmp, path)  # FileExistsError where the name is taken: nothing replaced
+            except FileExistsError:
+                raise
+            except OSError as err:
+                if err.errno not in NO_HARD_LINK_ERRNOS:
+                    raise
+                _create_exclusively(data, path)
             os.unlink(tmp)
         else:
             os.replace(tmp, path)
@@ -315,9 +355,10 @@ def _atomic_write_bytes(data: bytes, path: Path, *, exclusive: bool = False) -> 
     except OSError as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        cause = err.strerror or str(err)
         raise CommitFailed(
-            f"cannot write {path} ({err.strerror or err}); free space on its filesystem or make "
-            "it writable, then rerun to resume (a cell counts only once its cells file is written)"
+            f"cannot write {path} ({cause}); {_what_to_do(err)}, then rerun to resume (a cell "
+            "counts only once its cells file is written)"
         ) from None
     except BaseException:
         if tmp is not None:

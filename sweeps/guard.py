@@ -187,7 +187,7 @@ def contention(load_1m: float, num_cpus: int) -> float:
     Not the load per core itself: the load average counts every runnable thread (Ray's and
     gloo's many, mostly waiting), so a sweep at a load of 3.5 per core runs about twice, not
     3.5 times, slower than idle; the rule is fitted on smoke sweeps on a shared 2-core machine
-    at several loads, and ``tests/test_demo_report`` holds it within a factor of 2."""
+    at several loads; ``benchmarks/bench_check_estimate.py`` measures how close it comes."""
     return max(1.0, max(0.0, load_1m) / max(1, num_cpus)) ** 0.5
 
 

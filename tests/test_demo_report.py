@@ -16,7 +16,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -112,19 +111,17 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
     out = tmp_path / "results" / "smoke"  # where the README's command puts its dataset
     assert readme_report == ["commprof", "report", "results/smoke"]
     sweep = [sys.executable, *readme_sweep[1:]]
-    # what `commprof check` says the sweep takes, just before it runs
+    # `commprof check` judges the README's sweep before it runs (how close its estimate comes
+    # to the sweep's time is benchmarks/bench_check_estimate.py's; its formula, tests/
+    # test_sweep_estimate.py's)
     check = _run(
         sys.executable, "-m", "commprof", "check", *readme_sweep[3:4], "--json", cwd=tmp_path
     )
     assert check.returncode == 0, check.stderr[-3000:]
-    estimate_s = json.loads(check.stdout)["matrix"]["estimate_s"]
-    started = time.monotonic()
+    judged = json.loads(check.stdout)["matrix"]
+    assert (judged["num_cells"], judged["num_rejected"]) == (8, 0) and judged["estimate_s"] > 0
     done = _run(*sweep, cwd=tmp_path)
-    took_s = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
-    # the estimate is the model's outcome at this machine's load (2-core machines shared by
-    # several people move it), so within a factor of 2 either way
-    assert 0.5 <= took_s / estimate_s <= 2.0, (took_s, estimate_s)
     # the embedded Ray's token authentication is the project's choice: no notice about it
     assert "Token authentication is enabled" not in done.stderr
     assert "8 ok, 0 failed" in done.stdout

@@ -5,8 +5,12 @@ created exclusively, never over an existing one. Real files, the real driver ent
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -94,25 +98,77 @@ def test_readers_refuse_an_unreadable_table_folder(tmp_path: Path, table: str) -
     }
 
 
-def test_a_file_where_a_table_folder_belongs_is_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["file", "fifo", "socket"])
+def test_a_file_where_a_table_folder_belongs_is_named(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing but a folder can be listed, by root or anyone: a file, a FIFO, a socket."""
     ds = tmp_path / "ds"
     ds.mkdir()
-    (ds / "steps").write_text("not a folder")
+    monkeypatch.chdir(ds)  # a socket's path is short (108 bytes at most): bind it relative
+    if kind == "file":
+        Path("steps").write_text("not a folder")
+    elif kind == "fifo":
+        os.mkfifo("steps")
+    else:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind("steps")
     with pytest.raises(results.UnreadableFolder, match="steps is a file where"):
         results.check_writable(ds)
+    with pytest.raises(results.UnreadableFolder, match="steps is a file where"):
+        results.load(ds)
+
+
+NOBODY = 65534
+"""The unprivileged user and group a root test runs as where permissions must count."""
+
+
+def _check_folders_unprivileged(ds: Path) -> str:
+    """What ``check_folders`` raises for ``ds`` as a user whose permissions count: this user,
+    or, under root (which reads every folder), a forked child that drops to ``NOBODY`` after
+    entering ``ds`` (its parents may be closed to others). "" when nothing is raised."""
+    if os.geteuid() != 0:
+        try:
+            results.check_folders(ds)
+        except results.UnreadableFolder as err:
+            return str(err)
+        return ""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest code past this point, only the check and an exit
+        said = "the child failed before the check"
+        try:
+            os.close(read)
+            os.chdir(ds)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            try:
+                results.check_folders(".")
+                said = ""
+            except results.UnreadableFolder as err:
+                said = str(err)
+        finally:
+            os.write(write, said.encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return said
 
 
 def test_an_unreadable_table_folder_is_named(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root reads every folder: no permission to take away")
     ds = tmp_path / "ds"
     (ds / "cells").mkdir(parents=True)
+    ds.chmod(0o755)
     (ds / "cells").chmod(0)
     try:
-        with pytest.raises(results.UnreadableFolder, match="cells cannot be read"):
-            results.load(ds)
+        said = _check_folders_unprivileged(ds)
     finally:
         (ds / "cells").chmod(0o700)
+    assert "cells cannot be read (Permission denied); make it readable" in said, said
+    assert results.load(ds)["cells"].empty  # readable again: nothing was moved or lost
 
 
 def test_files_of_an_attempt_are_created_exclusively(tmp_path: Path) -> None:
@@ -123,6 +179,43 @@ def test_files_of_an_attempt_are_created_exclusively(tmp_path: Path) -> None:
         results._atomic_write_bytes(b"new", target, exclusive=True)
     assert target.read_bytes() == b"committed"
     assert [p.name for p in target.parent.iterdir()] == ["x.parquet"]  # no temporary left
+
+
+def _no_link(code: int) -> Callable[[str, str], None]:
+    """An ``os.link`` that fails with ``code``, as on a filesystem without hard links."""
+
+    def link(src: str, dst: str) -> None:
+        raise OSError(code, os.strerror(code), src, None, dst)
+
+    return link
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV])
+def test_without_hard_links_files_are_still_created_exclusively(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    monkeypatch.setattr(os, "link", _no_link(code))
+    target = tmp_path / "steps" / "x.parquet"
+    results._atomic_write_bytes(b"committed", target, exclusive=True)
+    assert target.read_bytes() == b"committed"
+    with pytest.raises(results.CommitFailed, match="exists already and is never replaced"):
+        results._atomic_write_bytes(b"new", target, exclusive=True)
+    assert target.read_bytes() == b"committed"
+    assert [p.name for p in target.parent.iterdir()] == ["x.parquet"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("code", "remedy"),
+    [(errno.EMLINK, "Too many links); fix that"), (errno.ENOSPC, "free space on its")],
+)
+def test_a_failed_exclusive_write_names_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, remedy: str
+) -> None:
+    monkeypatch.setattr(os, "link", _no_link(code))
+    target = tmp_path / "steps" / "x.parquet"
+    with pytest.raises(results.CommitFailed, match=re.escape(remedy)):
+        results._atomic_write_bytes(b"new", target, exclusive=True)
+    assert list(target.parent.iterdir()) == []  # neither the file nor a temporary
 
 
 def test_leftovers_of_an_uncommitted_attempt_are_replaced(tmp_path: Path) -> None:

@@ -325,32 +325,8 @@ MAX_TFLOPS = 1e9
 a what-if of communication alone)."""
 
 
-def _world_size(text: str) -> int:
-    value = flags.positive_int(text)
-    if value > MAX_WORLD_SIZE:
-        raise argparse.ArgumentTypeError(f"{text[:20]!r}: give at most {MAX_WORLD_SIZE:,} ranks")
-    return value
-
-
 MAX_BATCH_TOKENS = 1 << 40
 """Most ``--batch-tokens``: a trillion tokens a rank a step."""
-
-
-def _batch_tokens_flag(text: str) -> int:
-    value = flags.positive_int(text)
-    if value > MAX_BATCH_TOKENS:
-        raise argparse.ArgumentTypeError(f"{text[:20]!r}...: give at most {MAX_BATCH_TOKENS:,}")
-    return value
-
-
-def _tflops(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of TFLOP/s") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_TFLOPS):
-        raise argparse.ArgumentTypeError(f"{text!r}: give TFLOP/s in (0, {MAX_TFLOPS:g}]")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -366,7 +342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--world-size",
-        type=_world_size,
+        type=flags.bounded_int(MAX_WORLD_SIZE, unit="ranks"),
         help="ranks (>= 2); required, but with --trace the trace's own",
     )
     where = parser.add_mutually_exclusive_group()
@@ -418,13 +394,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-tokens",
-        type=_batch_tokens_flag,
+        type=flags.bounded_int(MAX_BATCH_TOKENS),
         help="tokens (or samples) per rank per step of the simple backward estimate "
         f"(default {DEFAULT_BATCH_TOKENS}; not with --fit DIR or --timeline)",
     )
     parser.add_argument(
         "--device-tflops",
-        type=_tflops,
+        type=flags.bounded_float(MAX_TFLOPS, unit="TFLOP/s"),
         help="sustained backward TFLOP/s of one device for the simple backward estimate "
         f"(default {DEFAULT_DEVICE_FLOPS_PER_S / 1e12:g}; not with --fit DIR or --timeline)",
     )
