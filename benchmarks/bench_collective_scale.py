@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -36,7 +35,7 @@ import numpy as np
 from commprof.modeling import calibration as cal
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import CORRECTIONS, predict
-from commprof.modeling.nccl_tests import parse_text, read_log
+from commprof.modeling.nccl_log import NcclTestsLog, read_log, skipped_summary
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,29 +56,22 @@ ABLATIONS: dict[str, dict] = {
 """The calibration with one part off (the ``calibrate`` keyword it takes)."""
 
 
-_SRUN = re.compile(r"^\s*(\d+): ?")
-_WRONG = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+\S+\s+\S+\s+\S+\s+([1-9]\d*)\s")
-
-
-def read(path: Path, collective: str):
-    """A log as its cluster printed it. Until the reader of issue #41's other half lands here,
-    whole Slurm outputs with ``srun -l`` labels are cut to task 0's lines, labels off, and table
-    rows whose out-of-place ``#wrong`` is not 0 are dropped (a broken transfer is not a time); a
-    file of several runs is cut to the run of ``collective``."""
-    text = read_text(path, "the nccl-tests log")
-    lines = text.splitlines()
-    start = f"Collective test starting: {collective}_perf"
-    if sum(start in x for x in lines) == 1:
-        first = next(i for i, x in enumerate(lines) if start in x)
-        end = next((i for i, x in enumerate(lines) if i > first and "test concluded" in x), None)
-        lines = lines[first:end]
-        return parse_text("\n".join(lines), str(path))
-    if sum(bool(_SRUN.match(x)) for x in lines) > len(lines) // 2:
-        task0 = [x for x in lines if (m := _SRUN.match(x)) and m.group(1) == "0"]
-        lines = [_SRUN.sub("", x, count=1) for x in task0]
-        lines = [x for x in lines if not _WRONG.match(x)]
-        return parse_text("\n".join(lines), str(path))
-    return read_log(path)
+def read(path: Path, collective: str) -> NcclTestsLog:
+    """A log as its cluster printed it (:func:`commprof.modeling.nccl_log.read_log`: ``srun -l``
+    labels, interleaved library lines, 0-byte rows and rows with a non-zero ``#wrong`` are read
+    and skipped, each counted); a file of several runs is narrowed to its one run of
+    ``collective``. What was skipped is printed."""
+    log = read_log(path)
+    runs = [r for r in log.runs if r.collective == collective]
+    if len(log.runs) == 1 and log.runs[0].collective is None:
+        runs = list(log.runs)
+    if len(runs) != 1:
+        listed = "; ".join(r.describe() for r in log.runs)
+        raise ValueError(f"{path}: holds no single run of {collective} ({listed})")
+    log = log.select(runs[0].index)
+    if said := skipped_summary(log):
+        print(said)
+    return log
 
 
 def _rows(log) -> tuple[list[int], np.ndarray]:
