@@ -59,29 +59,42 @@ def _log_of(cluster, world_size: int, fit: Fit, collective: str = "all_reduce") 
     return NcclTestsLog(source=f"model-p{world_size}", runs=(run,))  # fmt: skip
 
 
-# The committed all-reduce logs the calibration reproduces within 5 % (issue #41's goal). Misses,
-# quoted per log in benchmarks/README.md: gh200-olivia's int8 run (7.9 %: an 8 MiB dip and a 2 MiB
-# bump of 20 to 30 % that no smooth term follows), abci-v100's one-node run (5.6 %).
+# Every committed log the calibration reproduces within 5 % (issue #41's goal): (cluster, path,
+# run, world size where the log lists no rank lines). Misses, quoted per log with each log's own
+# roughness in benchmarks/README.md: gh200-alps p8 (6.6 %; 3.3 with the network hop latency
+# fitted), gh200-olivia's int8 run (7.5 %), aws-p5's MPI-job excerpt (7.1 %), the CXI-hook-disabled
+# run (29 %), abci-v100 p4 (5.6 %), broadcast past one node on ABCI (5 to 47 %), h100-cluster01's
+# all_reduce at 80 (8.6 %).
 REPRODUCED = [
-    ("oci-bm-gpu4.8", "oci-bm-gpu4.8/all_reduce_p16_oke.txt", None),
-    ("aws-p5", "aws-p5/all_reduce_p16.txt", 16),  # the source cut its rank lines
-    ("abci-a100", "abci-a100/all_reduce_p16.txt", None),
-    ("abci-a100", "abci-a100/all_reduce_p128.txt", None),
-    ("abci-v100", "abci-v100/all_reduce_p32.txt", None),
+    ("oci-bm-gpu4.8", "oci-bm-gpu4.8/all_reduce_p16_oke.txt", 1, None),
+    ("aws-p5", "aws-p5/all_reduce_p16.txt", 1, 16),  # the source cut its rank lines
+    ("aws-p5", "aws-p5/all_reduce_p16_srun.txt", 1, 16),
+    ("aws-p5", "aws-p5/all_reduce_p8_batch.txt", 1, 8),
+    ("dgx-h100", "dgx-h100/all_reduce_p8_dgxc.txt", 1, None),
+    ("gh200-slingshot", "gh200-olivia/all_reduce_p16_int8_wrong.txt", 1, None),  # two rows kept
+    *[("abci-a100", f"abci-a100/all_reduce_p{p}.txt", 1, None) for p in (4, 8, 16, 32, 64, 128)],
+    *[
+        ("abci-a100", f"abci-a100/broadcast_p{p}.txt", 1, None) for p in (4, 8, 16, 32)
+    ],  # 32: 4.99 %
+    *[("abci-v100", f"abci-v100/all_reduce_p{p}.txt", 1, None) for p in (8, 16, 32, 64, 128)],
+    ("abci-v100", "abci-v100/broadcast_p4.txt", 1, None),
+    *[("dgx-h100", "h100-cluster01/five_collectives_p8_n1.txt", k, None) for k in (1, 2, 3)],
+    *[("dgx-h100", "h100-cluster01/five_collectives_p80_n10.txt", k, None) for k in (2, 3)],
 ]
 
 
-@pytest.mark.parametrize(("cluster", "path", "world_size"), REPRODUCED)
+@pytest.mark.parametrize(("cluster", "path", "run", "world_size"), REPRODUCED)
 def test_calibration_reproduces_its_log_within_5_percent(
-    cluster: str, path: str, world_size: int | None
+    cluster: str, path: str, run: int, world_size: int | None
 ) -> None:
     c = load_cluster(cluster)
-    log = read_log(DATA / path)
+    log = read_log(DATA / path).select(run)
     if world_size is not None:
         log = replace(log, runs=(replace(log.run, world_size=world_size),))
-    before = _median_error(c, log, DESCRIPTION)
-    fit = calibrate(c, [log])
-    after = _median_error(c, log, fit)
+    collective = log.collective or ("broadcast" if "broadcast" in path else "all_reduce")
+    before = _median_error(c, log, DESCRIPTION, collective)
+    fit = calibrate(c, [log], collective)
+    after = _median_error(c, log, fit, collective)
     assert after <= 0.05, f"{path}: {after:.1%} in sample (description {before:.1%})"
     assert fit.residual_log_q80 > 0 and fit.calibrated_nodes == c.nodes_for(log.world_size)
 
