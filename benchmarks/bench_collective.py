@@ -43,7 +43,7 @@ from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import CORRECTIONS, NO_CORRECTIONS, Corrections, predict
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.nccl_tests import read_log
+from commprof.modeling.nccl_log import NcclTestsLog, read_log, skipped_summary
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,10 +98,21 @@ def log_folder(system: dict, external: Path | None) -> Path | None:
     return DATA if system.get("licence", "none") != "none" else external
 
 
+def read(path: Path) -> NcclTestsLog:
+    """One log of one run (:func:`commprof.modeling.nccl_log.read_log`; a file of several runs
+    is refused, listing them); what the reader skipped (0-byte rows, rows with a non-zero
+    ``#wrong``, rows an interleaved library line broke) is printed."""
+    log = read_log(path)
+    log.run  # noqa: B018 -- raises, listing the runs, where the file holds several
+    if said := skipped_summary(log):
+        print(said)
+    return log
+
+
 def evaluate(system: dict, folder: Path) -> dict:
     """Every figure of one system, its logs read from ``folder``."""
     cluster = load_cluster(system["cluster"])
-    logs = {int(p): read_log(folder / path) for p, path in system["logs"].items()}
+    logs = {int(p): read(folder / path) for p, path in system["logs"].items()}
     out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
                  "licence": system.get("licence", "unstated"), "world_sizes": sorted(logs),
                  "per_world_size": {}}  # fmt: skip
@@ -201,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = log_folder(system, args.external_logs)
         if folder is None:
             print(f"{system['name']}: left out (no licence: give --external-logs DIR)")
+            continue
+        if not all((folder / path).is_file() for path in system["logs"].values()):
+            print(f"{system['name']}: left out (no local copy of its logs under {folder})")
             continue
         results.append(evaluate(system, folder))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

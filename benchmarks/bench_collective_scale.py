@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -36,12 +35,20 @@ import numpy as np
 from commprof.modeling import calibration as cal
 from commprof.modeling.clusters import load_cluster
 from commprof.modeling.collectives import CORRECTIONS, predict
-from commprof.modeling.nccl_tests import parse_text, read_log
+from commprof.modeling.nccl_log import (
+    NcclTestsLog,
+    implied_world_size,
+    read_log,
+    skipped_summary,
+)
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
+SPLIT_2 = ROOT / "benchmarks" / "collective_scale_split_2.yaml"
+"""The second held-out set (every system ``held_out``), scored as role ``held_out_2``."""
+ROLES = ("development", "held_out", "held_out_2")
 RULE = ROOT / "commprof" / "modeling" / "collective_scale.yaml"
 TARGET_COVERAGE = 0.8
 LOSS_GRID = tuple(0.025 * i for i in range(21))
@@ -49,37 +56,38 @@ LOSS_GRID = tuple(0.025 * i for i in range(21))
 ABLATIONS: dict[str, dict] = {
     "with_two_node_fill": {"corrections": CORRECTIONS},
     "no_latency_factors": {"parameters": ("intra_bw", "net_bw", "nvls_bw", "fill")},
-    "no_net_latency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "net_lat")},
+    "fit_net_latency": {"parameters": (*cal.FITTED, "net_lat")},
     "no_prior": {"prior_weight": 1e-9},
-    "no_efficiency": {"parameters": tuple(p for p in cal.PARAMETERS if p != "knee_bytes")},
-    "no_protocol_factor": {"parameters": tuple(p for p in cal.PARAMETERS if p != "ll128_bw")},
+    "no_efficiency": {"parameters": tuple(p for p in cal.FITTED if p != "knee_bytes")},
+    "no_protocol_factor": {"parameters": tuple(p for p in cal.FITTED if p != "ll128_bw")},
 }
-"""The calibration with one part off (the ``calibrate`` keyword it takes)."""
+"""The calibration with one part changed (the ``calibrate`` keyword it takes); "fit net latency"
+is run 1's calibration, before run 2's declared change held the network hop latency."""
 
 
-_SRUN = re.compile(r"^\s*(\d+): ?")
-_WRONG = re.compile(r"^\s*\d+\s+\d+\s+\w+\s+\w+\s+-?\d+\s+\S+\s+\S+\s+\S+\s+([1-9]\d*)\s")
-
-
-def read(path: Path, collective: str):
-    """A log as its cluster printed it. Until the reader of issue #41's other half lands here,
-    whole Slurm outputs with ``srun -l`` labels are cut to task 0's lines, labels off, and table
-    rows whose out-of-place ``#wrong`` is not 0 are dropped (a broken transfer is not a time); a
-    file of several runs is cut to the run of ``collective``."""
-    text = read_text(path, "the nccl-tests log")
-    lines = text.splitlines()
-    start = f"Collective test starting: {collective}_perf"
-    if sum(start in x for x in lines) == 1:
-        first = next(i for i, x in enumerate(lines) if start in x)
-        end = next((i for i, x in enumerate(lines) if i > first and "test concluded" in x), None)
-        lines = lines[first:end]
-        return parse_text("\n".join(lines), str(path))
-    if sum(bool(_SRUN.match(x)) for x in lines) > len(lines) // 2:
-        task0 = [x for x in lines if (m := _SRUN.match(x)) and m.group(1) == "0"]
-        lines = [_SRUN.sub("", x, count=1) for x in task0]
-        lines = [x for x in lines if not _WRONG.match(x)]
-        return parse_text("\n".join(lines), str(path))
-    return read_log(path)
+def read(path: Path, collective: str, world_size: int) -> NcclTestsLog:
+    """A log as its cluster printed it (:func:`commprof.modeling.nccl_log.read_log`: ``srun -l``
+    labels, interleaved library lines, 0-byte rows and rows with a non-zero ``#wrong`` are read
+    and skipped, each counted); a file of several runs is narrowed to its one run of
+    ``collective``. What was skipped is printed. A run without rank lines takes the split's
+    ``world_size`` where its busbw / algbw ratio does not say another
+    (:func:`commprof.modeling.nccl_log.implied_world_size`)."""
+    log = read_log(path)
+    runs = [r for r in log.runs if r.collective == collective]
+    if len(log.runs) == 1 and log.runs[0].collective is None:
+        runs = list(log.runs)
+    if len(runs) != 1:
+        listed = "; ".join(r.describe() for r in log.runs)
+        raise ValueError(f"{path}: holds no single run of {collective} ({listed})")
+    log = log.select(runs[0].index)
+    if log.run.world_size is None:
+        implied = implied_world_size(log.run)
+        if implied not in (None, world_size):
+            raise ValueError(f"{path}: busbw / algbw says {implied} ranks, the split {world_size}")
+        log = replace(log, runs=(replace(log.run, world_size=world_size),))
+    if said := skipped_summary(log):
+        print(said)
+    return log
 
 
 def _rows(log) -> tuple[list[int], np.ndarray]:
@@ -101,7 +109,7 @@ def fit_system(system: dict, folder: Path) -> dict:
     """Every fit of one system (in sample, its calibration, main's, the ablations), its logs."""
     cluster = load_cluster(system["cluster"])
     col = system["collective"]
-    logs = {int(p): read(folder / path, col) for p, path in system["logs"].items()}
+    logs = {int(p): read(folder / path, col, int(p)) for p, path in system["logs"].items()}
     cal_logs = [logs[p] for p in system["calibrate"]]
     return {
         "system": system, "cluster": cluster, "logs": logs,
@@ -210,7 +218,7 @@ def summary(results: list[dict]) -> dict:
     """Per role, the median over (system, world size) of each model's median error: every
     system, and without broadcast (which no variant reproduces: benchmarks/README.md)."""
     out: dict = {}
-    for role in ("development", "held_out"):
+    for role in ROLES:
         for label, keep in KEEP.items():
             rows = [(r, p) for r in results if r["role"] == role and keep(r) for p in r["scale"]]
             if not rows:
@@ -223,6 +231,9 @@ def summary(results: list[dict]) -> dict:
     return out
 
 
+SHORT = {"development": "dev", "held_out": "held out", "held_out_2": "held out 2"}
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -231,15 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--external-logs", type=Path, help="local copy of unlicensed logs")
     parser.add_argument("--out", type=Path, help="write the JSON here")
-    parser.add_argument("--only", choices=("development", "held_out"))
+    parser.add_argument("--only", choices=ROLES)
     parser.add_argument("--write-rule", action="store_true",
                         help="write the interval rule fitted on development systems")  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))
+    split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))["systems"]
+    for system in load_yaml(read_text(SPLIT_2, "the split file"), str(SPLIT_2))["systems"]:
+        if system["role"] != "held_out":
+            raise ValueError(f"{SPLIT_2}: {system['name']}: role must be held_out")
+        split.append({**system, "role": "held_out_2"})
     fitted, left_out = [], []
-    for system in split["systems"]:
+    for system in split:
         if args.only not in (None, system["role"]):
             continue
         folder = DATA if system["licence"] != "none" else args.external_logs
@@ -252,9 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     first = [score(f, replace(cal.RULE, net_loss_per_doubling=loss)) for f in fitted]
     rule = fit_rule(first, loss)
     results = [score(f, rule) for f in fitted]
-    roles = ("development", "held_out")
     cov = {f"{role}/{k}": coverage(results, rule, role, keep)
-           for role in roles for k, keep in KEEP.items()}  # fmt: skip
+           for role in ROLES for k, keep in KEEP.items()}  # fmt: skip
     print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")
     for r in results:
         for p, s in r["scale"].items():
@@ -280,14 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         figures = "; ".join(
-            f"{r['system']} ({'dev' if r['role'] == 'development' else 'held out'}): "
+            f"{r['system']} ({SHORT[r['role']]}): "
             + ", ".join(
                 f"{p}: {_pct(s['description'])}/{_pct(s['main'])}/{_pct(s['ours'])}"
                 for p, s in r["scale"].items()
             )
             for r in results
         )
-        figures += f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}; load {load}"
+        figures += (
+            f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}, second held-out set "
+            f"{_pct(cov['held_out_2/all']['calibrated'])}; load {load}"
+        )
         ledger.print_row("collective_scale", change=args.change, figures=figures,
                          files=[args.out])  # fmt: skip
     return 0

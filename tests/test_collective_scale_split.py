@@ -1,6 +1,7 @@
-"""The scale split of the collective benchmark (benchmarks/collective_scale_split.yaml): each
-system calibrates on its smallest one or two nodes and predicts only larger world sizes; logs
-with a licence are committed, those without are not."""
+"""The scale splits of the collective benchmark (benchmarks/collective_scale_split.yaml and the
+second held-out set, collective_scale_split_2.yaml): each system calibrates on its smallest one or
+two nodes and predicts only larger world sizes; logs with a licence are committed, those without
+are not."""
 
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
+SPLIT_2 = ROOT / "benchmarks" / "collective_scale_split_2.yaml"
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SYSTEMS = load_yaml(read_text(SPLIT, "the split"), str(SPLIT))["systems"]
+SYSTEMS_2 = load_yaml(read_text(SPLIT_2, "the split"), str(SPLIT_2))["systems"]
 
 
-@pytest.mark.parametrize("system", SYSTEMS, ids=[s["name"] for s in SYSTEMS])
+@pytest.mark.parametrize(
+    "system",
+    SYSTEMS + SYSTEMS_2,
+    ids=[s["name"] for s in SYSTEMS] + [s["name"] + "-2" for s in SYSTEMS_2],
+)
 def test_each_system_calibrates_on_one_or_two_nodes_and_predicts_larger(system: dict) -> None:
     cluster = load_cluster(system["cluster"])
     assert system["role"] in ("development", "held_out")
@@ -42,9 +49,18 @@ def test_names_are_unique_and_the_roles_both_present() -> None:
     assert {s["role"] for s in SYSTEMS} == {"development", "held_out"}
 
 
+def test_the_second_set_is_held_out_and_new() -> None:
+    # only systems the first split does not use; nothing there chooses anything
+    assert {s["role"] for s in SYSTEMS_2} == {"held_out"}
+    first = {(s["name"], path) for s in SYSTEMS for path in s["logs"].values()}
+    assert not {s["name"] for s in SYSTEMS_2} & {name for name, _ in first}
+    assert not {p for s in SYSTEMS_2 for p in s["logs"].values()} & {p for _, p in first}
+
+
 def test_a_log_of_another_collective_is_refused() -> None:
     # a broadcast log (its header names the test) given as all_reduce: refused, file named
-    log = replace(read_log(DATA / "abci-a100" / "broadcast_p8.txt"), collective="broadcast")
+    log = read_log(DATA / "abci-a100" / "broadcast_p8.txt")
+    log = replace(log, runs=(replace(log.run, collective="broadcast"),))
     cluster = load_cluster("abci-a100")
     assert calibrate(cluster, [log], "broadcast").calibrated_nodes == 1
     with pytest.raises(ValueError, match=r"broadcast_p8\.txt: is a broadcast log, not all_reduce"):

@@ -10,7 +10,8 @@ sizes by each algorithm's own rule (docs/collective_model.md):
   normalised so that the description's bus bandwidth is unchanged at factors of 1: a side that
   binds gets its gradient, and neither is stuck where the other binds;
 - latency: ``base_lat`` on NCCL's ``baseLat``, ``intra_lat`` on every intra-node hop, ``net_lat``
-  on every network hop (a ring's ``2 (p - 1)`` steps, a tree's ``2 log2 N`` levels);
+  on every network hop (a ring's ``2 (p - 1)`` steps, a tree's ``2 log2 N`` levels; held at the
+  description unless asked for, ``HELD``);
 - protocol: ``ll128_bw`` on LL128's bandwidth, relative to Simple's (where a log shows both);
 - a size-dependent efficiency where the logs bend: the bandwidth term is divided by
   ``eta(S) = 1 / (1 + sqrt(knee_bytes / (S / nCh)))`` (``nCh`` the communicator's channels):
@@ -91,7 +92,13 @@ KNEE_SCALE_BYTES = 65536.0
 KNEE_PRIOR_BYTES = 16.0
 """Where the prior holds ``knee_bytes`` (a 1 MiB message on 32 channels loses 1.6 % to it)."""
 PARAMETERS = tuple(PRIOR_WIDTH)
-"""The fitted factors, in :class:`Fit`'s order."""
+"""The factors a calibration may fit, in :class:`Fit`'s order."""
+HELD = ("net_lat",)
+"""Factors the declared calibration holds at the description (run 2 of the scale benchmark,
+chosen on its development systems): a network hop's latency fitted on one or two nodes does not
+carry to more nodes' rings and trees; a call's excess latency is ``base_lat``'s."""
+FITTED = tuple(p for p in PARAMETERS if p not in HELD)
+"""The factors :func:`calibrate` fits unless told otherwise."""
 SEEN_SENSITIVITY = 0.01
 """A factor the logs see: doubling it moves some fitted size's time by more than 1 %."""
 
@@ -369,8 +376,8 @@ def calibrate(
         min_bytes: Smallest size fitted.
         algorithms: Restrict the algorithms as the runs did (``NCCL_ALGO``), or None.
         corrections: The model's corrections the fit is made with.
-        parameters: The factors fitted (the others stay 1.0): an ablation's subset; None:
-            every factor (``fill`` only with the two-node fill on).
+        parameters: The factors fitted (the others stay 1.0): an ablation's set; None:
+            ``FITTED`` (``fill`` only with the two-node fill on).
         prior_weight: The prior's weight (``PRIOR_WEIGHT``; near 0: the ablation without it).
 
     Returns:
@@ -381,7 +388,7 @@ def calibrate(
     if nodes == 1:  # no network to learn from: the description's network model stays whole
         corrections = replace(corrections, two_node_fill=CORRECTIONS.two_node_fill)
     if parameters is None:
-        parameters = [p for p in PARAMETERS if p != "fill" or corrections.two_node_fill]
+        parameters = [p for p in FITTED if p != "fill" or corrections.two_node_fill]
     unknown = sorted(set(parameters) - set(PARAMETERS))
     if unknown:
         raise ValueError(f"unknown parameters {unknown}; choose from {list(PARAMETERS)}")

@@ -122,14 +122,20 @@ def allreduce_time_ns(
     return ClusterLink(cluster=cluster, calibration=calibration).predict_ns(num_bytes, world_size)
 
 
-def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] = ()) -> ClusterLink:
+def cluster_link(
+    name_or_path: str, world_size: int, nccl_tests: Sequence[str] = (), run: str | None = None
+) -> ClusterLink:
     """The link of ``--cluster NAME|FILE`` at ``--world-size``, calibrated on ``nccl_tests`` logs
-    of that cluster where given (``calibration.calibrate``, all-reduce).
+    of that cluster where given (``calibration.calibrate``, all-reduce); ``run`` (``--run K|all``)
+    picks the run of each log (``nccl_log.read_logs``).
 
     Raises:
-        ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
-            log that does not read or fit.
+        ValueError: naming the flag: an unknown cluster, a world size that does not fit it, a
+            ``--run`` without logs, or a log that does not read or fit (a file of several runs
+            and no ``--run``, listing its runs).
     """
+    if run is not None and not nccl_tests:
+        raise ValueError(f"--run {run}: give the logs it picks from with --nccl-tests LOG ...")
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:
@@ -137,7 +143,16 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
     cluster.nodes_for(world_size)  # the world size must fit the cluster: say so before anything
     if not nccl_tests:
         return ClusterLink(cluster=cluster)
-    calibration = calibrate(cluster, read_logs(nccl_tests))
+    logs = read_logs(nccl_tests, run)
+    collectives = sorted(
+        {log.collective for log in logs if log.collective not in (None, "all_reduce")}
+    )
+    if collectives:
+        raise ValueError(
+            f"--nccl-tests: runs of {', '.join(collectives)} are not all_reduce; pick the "
+            "all_reduce run with --run K"
+        )
+    calibration = calibrate(cluster, logs)
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
 
 
@@ -164,11 +179,17 @@ def interval_line(interval: dict[str, Any]) -> str:
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--nccl-tests LOG ...`` (calibrate ``--cluster`` on its all_reduce_perf logs)."""
+    """``--nccl-tests LOG ...`` (calibrate ``--cluster`` on its all_reduce_perf logs) and ``--run
+    K|all`` (which run of each log)."""
     parser.add_argument(
         "--nccl-tests",
         nargs="+",
         action="extend",
         metavar="LOG",
         help="with --cluster: all_reduce_perf logs of that cluster to calibrate the model on",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="K|all",
+        help="with --nccl-tests: run K of each log, or 'all' runs (a file of several needs it)",
     )

@@ -534,7 +534,7 @@ def check_cluster_flags(args: argparse.Namespace) -> ClusterLink | None:
     not apply to it: those of a published link, a fits JSON or the bucket-time fit as the link,
     and ``--same-host`` (a cluster's ranks have GPUs of their own)."""
     if not args.cluster:
-        if args.nccl_tests:
+        if args.nccl_tests or args.run:
             raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
         return None
     given = {
@@ -551,7 +551,7 @@ def check_cluster_flags(args: argparse.Namespace) -> ClusterLink | None:
             f"--cluster {args.cluster}: {', '.join(bad)} do(es) not apply to a cluster (its "
             "collective model sets the link, latency and algorithm); leave them out"
         )
-    return cluster_link(args.cluster, args.world_size, args.nccl_tests or ())
+    return cluster_link(args.cluster, args.world_size, args.nccl_tests or (), args.run)
 
 
 def _link_from_args(

@@ -150,7 +150,7 @@ def check_trace_flags(args: argparse.Namespace) -> None:
         )
     if named and not args.interconnect:
         raise ValueError(f"{named} describe a published link: give --interconnect NAME too")
-    if args.nccl_tests and not args.cluster:
+    if (args.nccl_tests or args.run) and not args.cluster:
         raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
     if args.world_size is not None and not (args.cluster or args.interconnect):
         raise ValueError(
@@ -172,7 +172,7 @@ def what_if(args: argparse.Namespace, trace_world_size: int | None) -> WhatIf | 
     if world_size is None:
         raise ValueError("the trace does not say its world size: give --world-size N")
     if args.cluster:
-        link = cluster_link(args.cluster, world_size, args.nccl_tests or ())
+        link = cluster_link(args.cluster, world_size, args.nccl_tests or (), args.run)
         return WhatIf(link=link, label=link.describe(world_size), world_size=world_size)
     published = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
     params = LinkParams.from_bandwidth(
