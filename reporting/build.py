@@ -334,7 +334,9 @@ def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
         dest: the folder the PDF is copied into (default ``tex``'s folder).
 
     Returns:
-        (success, the tail of the log on failure).
+        (success, LaTeX's log: the whole of it on success, for a caller to check it for
+        overfull boxes or undefined references; its last 30 lines, or latexmk's output where
+        there is no log, on failure).
     """
     dest = tex.parent if dest is None else dest
     with tempfile.TemporaryDirectory(prefix="commprof-latex-") as tmp:
@@ -362,12 +364,14 @@ def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
             log = staged.with_suffix(".log")
             text = log.read_text(errors="replace") if log.is_file() else proc.stdout + proc.stderr
             return False, "\n".join(text.splitlines()[-30:])
+        log = staged.with_suffix(".log")
+        text = log.read_text(errors="replace") if log.is_file() else ""
         target = dest / pdf.name
         part = dest / f".{pdf.name}.part"
         part.unlink(missing_ok=True)  # a link planted there is removed, never followed
         shutil.copyfile(pdf, part)
         os.replace(part, target)
-    return True, ""
+    return True, text
 
 
 PDF_CHOICES = ("auto", "yes", "no")
@@ -397,7 +401,14 @@ def report_main(results_dir: Path, out_dir: Path | None = None, *, pdf: str = "a
     return build_reports(data, out, results_dir.resolve().name, pdf=pdf)
 
 
-def build_reports(data: Processed, out: Path, dataset_name: str, *, pdf: str = "auto") -> int:
+def build_reports(
+    data: Processed,
+    out: Path,
+    dataset_name: str,
+    *,
+    pdf: str = "auto",
+    logs: dict[str, str] | None = None,
+) -> int:
     """Figures, LaTeX, the HTML pages and the PDFs of a processed dataset into ``out``.
 
     Args:
@@ -405,6 +416,8 @@ def build_reports(data: Processed, out: Path, dataset_name: str, *, pdf: str = "
         out: the output folder.
         dataset_name: the name the reports' titles give the dataset.
         pdf: one of :data:`PDF_CHOICES`.
+        logs: where given, filled with each PDF built's LaTeX log by report stem
+            (:func:`build_pdf`'s); the log itself never reaches ``out``.
 
     Returns:
         Exit status as :func:`report_main`'s (0 or 1).
@@ -429,6 +442,8 @@ def build_reports(data: Processed, out: Path, dataset_name: str, *, pdf: str = "
     status = 0
     for stem in REPORTS:
         ok, log = build_pdf(out / f"{stem}.tex")
+        if logs is not None:
+            logs[stem] = log
         if ok:
             print(f"report {out / (stem + '.pdf')}")
         else:

@@ -30,6 +30,12 @@ def _tcap(value: float | None) -> str:
     return _cap(value).replace(" ", "~")
 
 
+def _baseline(text: str) -> str:
+    """A verdict's baseline (``cap_advice.baseline_label``) in the prose: its sizes are
+    configuration labels, tied to their unit as every cap label of the text."""
+    return prose.escape(text).replace(" MiB", "~MiB")
+
+
 def _key(r: Any) -> str:
     return f"[{r.model},p={int(r.world_size)}]"
 
@@ -135,7 +141,7 @@ def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
         pairs = [f"{prose.escape(r.model)} on {int(r.world_size)} ranks" for r in records(same)]
         who = "every model and world size here" if len(pairs) > 1 and not len(moved) else None
         who = who or prose.words(pairs)
-        bases = prose.escape(" or ".join(sorted({str(b) for b in same["baseline"]})))
+        bases = _baseline(" or ".join(sorted({str(b) for b in same["baseline"]})))
         out.append(
             f"For {who} it predicts the cap it was calibrated at ({bases}) "
             f"within {q.pct('step_tie_tolerance', TIE_TOLERANCE, 0)}\\% of the cap it would name: "
@@ -147,14 +153,14 @@ def _advice_sentences(advice: pd.DataFrame, q: prose.Quotes) -> list[str]:
                 f"For {prose.escape(r.model)} on {int(r.world_size)} ranks it predicts "
                 f"{_tcap(r.best_cap_mb)} a step "
                 f"{q.pct('step_pred_gain' + _key(r), r.predicted_gain)}\\% shorter than "
-                f"{prose.escape(r.baseline)}, inside both predicted ranges: verdict, no "
+                f"{_baseline(r.baseline)}, inside both predicted ranges: verdict, no "
                 "measurable difference (keep the cap in use)."
             )
             continue
         text = (
             f"For {prose.escape(r.model)} on {int(r.world_size)} ranks it predicts "
             f"{_tcap(r.best_cap_mb)}, a step {q.pct('step_pred_gain' + _key(r), r.predicted_gain)}"
-            f"\\% shorter than {prose.escape(r.baseline)} (predicted; from "
+            f"\\% shorter than {_baseline(r.baseline)} (predicted; from "
             f"{q.pct('step_pred_gain_low' + _key(r), r.gain_low)}\\% to "
             f"{q.pct('step_pred_gain_high' + _key(r), r.gain_high)}\\% across the "
             "calibration's uncertainty)"
