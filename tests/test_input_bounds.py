@@ -71,8 +71,16 @@ def _bomb(depth: int = 9, width: int = 9) -> str:
         (BASE.replace("[1]", "[1e300]"), "must be between 1 byte", "bucket_cap_mb"),
         (BASE.replace("[1]", "[1e308]"), "must be between 1 byte", "bucket_cap_mb"),
         (BASE.replace("[1]", "[.inf]"), "must be between 1 byte", "bucket_cap_mb"),
-        (BASE + 'env:\n  NCCL_DEBUG: "IN\\0FO"\n', "control character", "env.NCCL_DEBUG"),
-        (BASE + 'env:\n  NCCL_DEBUG: "INFO\\n"\n', "control character", "env.NCCL_DEBUG"),
+        (
+            BASE + 'env:\n  NCCL_DEBUG: "IN\\0FO"\n',
+            "control or invisible character (U+0000 at position 2)",
+            "env.NCCL_DEBUG",
+        ),
+        (
+            BASE + 'env:\n  NCCL_DEBUG: "INFO\\n"\n',
+            "control or invisible character (U+000A at position 4)",
+            "env.NCCL_DEBUG",
+        ),
         (BASE.replace("name: t", 'name: "t\\n"'), "must be up to 100 letters", "'name'"),
         (BASE.replace("name: t", "name: " + "t" * 101), "must be up to 100 letters", "'name'"),
         (BASE + "microbench:\n  sizes_bytes: [10000000000000, 1024, 4096]\n", "1 TiB", "sizes"),

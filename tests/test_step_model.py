@@ -16,7 +16,13 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.cap_advice import TIE_TOLERANCE, advise_cap, best_of, recommend_cap
+from commprof.modeling.cap_advice import (
+    TIE_TOLERANCE,
+    advise_cap,
+    baseline_label,
+    best_of,
+    recommend_cap,
+)
 from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
 from commprof.modeling.estimate import DEFAULT_ALPHA_NS
 from commprof.modeling.step_advice import (
@@ -434,9 +440,20 @@ def test_one_default_cell_calibrates_estimate(tmp_path: Path) -> None:
         assert b["ready_ns"] <= b["start_ns"] <= b["end_ns"]
     rec = doc["recommendation"]
     points = {c["bucket_cap_mb"]: (c["step_ns"], c["num_buckets"]) for c in rec["curve"]}
-    # the cap in use (DDP's default: no --bucket-cap-mb) is searched with the grid
-    assert rec["in_use_bucket_cap_mb"] is None and None in points
-    _assert_advised(points, rec["best_bucket_cap_mb"], None)
+    # no --bucket-cap-mb: the dataset's cap in use, searched with the grid; `commprof run`'s
+    # default is an explicit 25 MiB cap (its --help), a layout other than DDP's default
+    in_use = pd.read_parquet(data / "cells")["bucket_cap_mb"].iloc[0]
+    assert in_use == 25.0 and doc["calibration"]["bucket_cap_mb"] == in_use
+    assert rec["in_use_bucket_cap_mb"] == in_use and in_use in points
+    assert rec["baseline"] == baseline_label(in_use, dataset=True)
+    _assert_advised(points, rec["best_bucket_cap_mb"], in_use)
+    # `--bucket-cap-mb default` asks about DDP's default layout instead: it is searched, named
+    ddp = json.loads(_commprof(*common, "--world-size", "2", "--recommend-bucket-cap",
+                               "--bucket-cap-mb", "default"))["recommendation"]  # fmt: skip
+    ddp_points = {c["bucket_cap_mb"]: (c["step_ns"], c["num_buckets"]) for c in ddp["curve"]}
+    assert ddp["in_use_bucket_cap_mb"] is None and None in ddp_points
+    assert ddp["baseline"] == baseline_label(None)
+    _assert_advised(ddp_points, ddp["best_bucket_cap_mb"], None)
     # the calibrated model reproduces its calibration: the step (host residual) and the exposed
     # communication (exposed residual), and says so (in sample)
     tables = results.load(data)
