@@ -21,6 +21,7 @@ docs/design.md, "Trace replay".
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -138,8 +139,16 @@ class _Collect:
                 self.steps.append((int(step), start, start + _ns(e.get("dur", 0))))
         elif cat in LAUNCH_CATS and LAUNCH_CALL_PATTERN.match(name) and "correlation" in args:
             self.runtime.append((_ns(e["ts"]), int(e.get("tid", 0)), int(args["correlation"])))
-        elif cat == "kernel" and "correlation" in args and not COMM_KERNEL_PATTERN.search(name):
+        elif cat == "kernel" and "correlation" in args and not _is_comm_kernel(name):
             self.kernel_end[int(args["correlation"])] = _ns(e["ts"]) + _ns(e.get("dur", 0))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_comm_kernel(name: str) -> bool:
+    """Whether a shipped rule claims ``name`` (``COMM_KERNEL_PATTERN`` is written for ``match``:
+    its leading ``.*?`` made ``search`` quadratic in the name). Cached: a trace repeats a few
+    hundred kernel names over millions of events."""
+    return COMM_KERNEL_PATTERN.match(name) is not None
 
 
 def _kernels_by_thread(c: _Collect) -> dict[int, tuple[Int64Array, Int64Array]]:
