@@ -17,6 +17,7 @@ from trace_events import x
 from commprof.traces import trace_columns
 from commprof.traces.intervals import total_length
 from commprof.traces.trace_columns import read_columns
+from commprof.traces.trace_notes import trace_notes
 from commprof.traces.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
 from commprof.traces.trace_rules import COLLECTIVE_ARG_KEYS
 
@@ -56,7 +57,7 @@ def test_load_trace_errors(tmp_path: Path) -> None:
     assert len(load_trace(tmp_path / "arr.json")["traceEvents"]) == 1
 
 
-@pytest.mark.parametrize("dur", [-1.0, 1e12, None, "abc"])
+@pytest.mark.parametrize("dur", [-1.5, 1e12, None, "abc"])
 def test_bad_durations_are_errors(dur: Any) -> None:
     ev = step(0, 0, 10)
     bad = x("aten::mm", "cpu_op", 1, 1)
@@ -426,7 +427,7 @@ def test_streaming_rejects_truncated_gzip_and_bad_durations(tmp_path: Path) -> N
     (tmp_path / "t.json.gz").write_bytes(gzip.compress(good)[:-20])
     with pytest.raises(ValueError, match="truncated or corrupt gzip"):
         parse_trace(tmp_path / "t.json.gz")
-    for dur in (-1.0, 1e12, None, "abc"):
+    for dur in (-1.5, 1e12, None, "abc"):  # -1 is the profiler's unfinished mark
         bad = trace([step(0, 0, 10), {**x("aten::mm", "cpu_op", 1, 1), "dur": dur}])
         path = write_trace(tmp_path / "bad.json", json.dumps(bad))
         with pytest.raises(ValueError, match="dur"):
@@ -626,10 +627,10 @@ def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
     # ts/dur are converted and checked a chunk at a time (a file's chunk, or BLOCK_EVENTS
     # events of a dict): the message counts the bad events of every chunk and names the first.
     events = [step(0, 0, 100)] + [x(f"op{i}", "cpu_op", i, 1) for i in range(10)]
-    events[3]["dur"] = -1.0
+    events[3]["dur"] = -2.0
     events[6]["ts"] = None
     events[9]["dur"] = 1e12
-    first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-1.0\)"
+    first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-2.0\)"
     only_none = r"1 event\(s\) .* \(first: 'op5' ts=None dur=1\)"
     monkeypatch.setattr(trace_columns, "BLOCK_EVENTS", 2)
     path = tmp_path / "bad.json"
@@ -639,3 +640,33 @@ def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
         path.write_text(json.dumps(trace(evs)))
         with pytest.raises(ValueError, match=want):
             parse_trace(path, regime="cpu-gloo", chunk_bytes=64)
+
+
+def test_unfinished_events_as_the_profiler_writes_them_are_dropped_counted_and_noted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profiler writes an op it saw start but not end with dur -1 (PyTorch 2.7 on), and
+    # one it saw end but not start with ts 0 and the end's epoch time as dur (a sweep's own
+    # trace held 'aten::to' ts=0.0 dur=1796636603076015.0): such a trace is read, the events
+    # dropped, counted and noted; a dur of -2 or 1e12 is still a corrupt trace.
+    ops = [x(f"op{i}", "cpu_op", 10 + i, 1) for i in range(8)]
+    ops[2]["dur"] = -1.0
+    ops[5].update(ts=0.0, dur=1796636603076015.0)
+    coll = [x("gloo:all_reduce", "user_annotation", 30 + 5 * i, 4, tid=2, Seq=i) for i in range(3)]
+    coll[1]["dur"] = -1.0
+    events = [step(0, 5, 100), *ops, *coll]
+    monkeypatch.setattr(trace_columns, "BLOCK_EVENTS", 3)
+    path = tmp_path / "unfinished.json"
+    path.write_text(json.dumps(trace(events)))
+    for source in (trace(events), path):
+        p = parse_trace(source, regime="cpu-gloo", chunk_bytes=64)
+        assert p.num_unfinished == 3
+        assert (p.step_start_ns[0], p.step_end_ns[0]) == (5_000, 105_000)  # not stretched to 0
+        assert p.collectives["seq"].tolist() == [0, 2]  # each kept event keeps its own args
+        cols = read_columns(source, RULES.values())
+        names = [cols.names[c] for c in cols.name_code]
+        assert names.count("op2") == names.count("op5") == 0 and "op7" in names
+    assert any("3 unfinished events dropped" in n for n in trace_notes(p))
+    only = [step(0, 5, 100), {**ops[2], "name": "only"}]
+    with pytest.raises(ValueError, match=r"every complete .* event is unfinished"):
+        parse_trace(trace([{**only[0], "dur": -1.0}, only[1]]), regime="cpu-gloo")

@@ -97,6 +97,10 @@ class TraceColumns:
     """Event index -> its kept ``args`` keys, for events a rule may need them of."""
     num_duplicates: int = 0
     """Events dropped as duplicates (same category, name, start, end and thread as another)."""
+    num_unfinished: int = 0
+    """Events dropped as unfinished: the profiler marks an op it saw start but not end with
+    ``dur`` -1 (PyTorch 2.7 on), and one it saw end but not start with ``ts`` 0 and a
+    ``dur`` that is the end's epoch time (:func:`unfinished_events`)."""
 
 
 UNSET = msgspec.UNSET
@@ -283,6 +287,8 @@ class ColumnBuilder:
         self.first_bad: tuple[int, Any, Any, Any] | None = None
         """Index, name, ts and dur of the first event whose ts or dur was None."""
         self.num_bad, self.num_beyond = 0, 0
+        self.unfinished = array("b")
+        """Per event so far: 1 if unfinished (:func:`unfinished_events`), dropped at the end."""
         self.bad: tuple[int, Any, Any, Any] | None = None
         self.beyond: tuple[int, Any, Any, Any] | None = None
         """First event with a missing, negative or absurd ts/dur; first ending past int64 ns."""
@@ -564,10 +570,13 @@ class ColumnBuilder:
         base = len(self.start_ns)
         ts = np.frombuffer(self.ts_us, dtype=np.float64)
         dur = np.frombuffer(self.dur_us, dtype=np.float64)
+        unfinished = unfinished_events(ts, dur)
+        self.unfinished.frombytes(unfinished.astype(np.int8).tobytes())
         bad = ~np.isfinite(ts) | ~np.isfinite(dur) | (dur < 0) | (dur > MAX_EVENT_DURATION_US)
+        bad &= ~unfinished
         # int64 nanoseconds hold about 292 years: a later end is a corrupt trace, not a time
         with np.errstate(invalid="ignore"):  # inf - inf where ts and dur are both bad
-            beyond = np.abs(ts) + dur >= MAX_TS_US
+            beyond = (np.abs(ts) + dur >= MAX_TS_US) & ~unfinished
         if bad.any() or beyond.any():
             first_bad, first_beyond = np.flatnonzero(bad), np.flatnonzero(beyond)
             self.num_bad += first_bad.size
@@ -579,6 +588,8 @@ class ColumnBuilder:
             if self.beyond is None and first_beyond.size:
                 self.beyond = self._details(base, int(first_beyond[0]), ts, dur)
             ts, dur = np.where(bad | beyond, 0.0, ts), np.where(bad | beyond, 0.0, dur)
+        if unfinished.any():
+            ts, dur = np.where(unfinished, 0.0, ts), np.where(unfinished, 0.0, dur)
         # us -> ns, rounded (docs/design.md, Definitions)
         start, end = _to_ns(ts), _to_ns(dur)
         end += start
@@ -634,6 +645,15 @@ class ColumnBuilder:
             **self._launches(thread),
             args=self.args,
         )  # the columns share the arrays' buffers: nothing appends to them any more
+        unfinished = np.frombuffer(self.unfinished, dtype=np.int8).astype(bool)
+        if unfinished.all():
+            raise ValueError(
+                f"{self.source}: every complete ('X') event is unfinished (dur -1, or ts 0 with "
+                "an epoch time for dur): the profiler stopped before any op ended; re-export it"
+            )
+        if unfinished.any():
+            cols = _drop(cols, unfinished, np.zeros(cols.launch_correlation.size, bool))
+            cols = dataclasses.replace(cols, num_unfinished=int(unfinished.sum()))
         return drop_duplicates(cols)
 
     def _thread(self, pair_code: array[int]) -> npt.NDArray[np.int64]:
@@ -692,6 +712,18 @@ def _duplicated(columns: list[npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
         return np.zeros(n, bool)
     frame = pd.DataFrame({str(i): c for i, c in enumerate(columns)})
     return frame.duplicated(keep="first").to_numpy()
+
+
+def unfinished_events(
+    ts: npt.NDArray[np.float64], dur: npt.NDArray[np.float64]
+) -> npt.NDArray[np.bool_]:
+    """Events the profiler wrote unfinished: ``dur`` exactly -1 (PyTorch 2.7 on marks an op
+    whose end it did not see so), or ``ts`` 0 with a ``dur`` past ``MAX_EVENT_DURATION_US``
+    (an op whose start it did not see: the end's epoch time written as the duration). They
+    hold no interval; the reader drops and counts them (``num_unfinished``) rather than
+    refuse a trace the profiler wrote as it does."""
+    with np.errstate(invalid="ignore"):
+        return (dur == -1.0) | ((ts == 0.0) & (dur > MAX_EVENT_DURATION_US) & np.isfinite(dur))
 
 
 NEAR_DUPLICATE_NS = 1000
@@ -754,7 +786,14 @@ def drop_duplicates(cols: TraceColumns) -> TraceColumns:
     num = int(dup.sum()) + int(ldup.sum())
     if not num:
         return cols
-    keep, lkeep = ~dup, ~ldup
+    return dataclasses.replace(_drop(cols, dup, ldup), num_duplicates=num)
+
+
+def _drop(
+    cols: TraceColumns, drop: npt.NDArray[np.bool_], ldrop: npt.NDArray[np.bool_]
+) -> TraceColumns:
+    """``cols`` without the events where ``drop`` and the launches where ``ldrop`` is set."""
+    keep, lkeep = ~drop, ~ldrop
     new_index = np.cumsum(keep) - 1
     args = {int(new_index[i]): a for i, a in cols.args.items() if keep[i]}
     return dataclasses.replace(
@@ -763,7 +802,7 @@ def drop_duplicates(cols: TraceColumns) -> TraceColumns:
         name_code=cols.name_code[keep], thread=cols.thread[keep],
         correlation=cols.correlation[keep], launch_correlation=cols.launch_correlation[lkeep],
         launch_start_ns=cols.launch_start_ns[lkeep], launch_thread=cols.launch_thread[lkeep],
-        launch_name_code=cols.launch_name_code[lkeep], args=args, num_duplicates=num,
+        launch_name_code=cols.launch_name_code[lkeep], args=args,
     )  # fmt: skip
 
 

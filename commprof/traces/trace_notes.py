@@ -36,6 +36,11 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
             "stream as another, overlapping it, start and end within 1 us: the trace holds its "
             "events twice?)"
         )
+    if parsed.num_unfinished:
+        out.append(
+            f"{parsed.num_unfinished} unfinished events dropped (the profiler saw the op start "
+            "or end, not both: dur -1, or ts 0 with an epoch time for dur)"
+        )
     outside = parsed.outside
     if len(outside):
         out.append(

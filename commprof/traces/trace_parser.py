@@ -122,6 +122,8 @@ class ParsedTrace:
     """The part of it in communication kernels (ns)."""
     num_duplicates: int = 0
     """Events dropped as exact duplicates of another (same category, name, start, end, thread)."""
+    num_unfinished: int = 0
+    """Events dropped as unfinished (the profiler saw an op's start or end, not both)."""
     num_launch_calls: int = 0
     """Runtime calls that launch device work (``cudaLaunchKernel``, ``cudaGraphLaunch``, ...)."""
     num_graph_launches: int = 0
@@ -692,6 +694,7 @@ def parse_trace(
         unlaunched_ns=summed(orphan),
         unlaunched_comm_ns=summed(comm_orphans),
         num_duplicates=cols.num_duplicates,
+        num_unfinished=cols.num_unfinished,
         num_launch_calls=int(code_mask(cols.launch_name_code, call).sum()),
         num_graph_launches=int(code_mask(cols.launch_name_code, graph).sum()),
         num_device_events=int(device.size),
