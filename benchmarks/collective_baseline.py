@@ -39,7 +39,7 @@ from commprof.modeling.collectives import (
     latency_parts,
 )
 from commprof.modeling.nccl_search import Graphs, search
-from commprof.modeling.nccl_tests import NcclTestsLog, log_world_size
+from commprof.modeling.nccl_tests import NcclTestsLog, check_collective, log_world_size
 
 FIT_MIN_BYTES = 1 << 20
 """Smallest size calibration fits."""
@@ -287,8 +287,7 @@ def calibrate(
     points: list[tuple[int, list[int], np.ndarray]] = []
     multi_node = False
     for log in logs:
-        if log.collective is not None and log.collective != collective:
-            raise ValueError(f"{log.source}: is a {log.collective} log, not {collective}")
+        check_collective(log, collective, COLLECTIVES)
         p = log_world_size(log)
         multi_node |= cluster.nodes_for(p) > 1
         kept = [r for r in log.rows if r.num_bytes >= min_bytes]

@@ -57,7 +57,7 @@ from commprof.modeling.collectives import (
     table,
 )
 from commprof.modeling.nccl_search import search
-from commprof.modeling.nccl_tests import NcclTestsLog, log_world_size
+from commprof.modeling.nccl_tests import NcclTestsLog, check_collective, log_world_size
 from commprof.yamlio import load_yaml
 
 CALIBRATED = Corrections(two_node_fill=False)
@@ -344,8 +344,7 @@ def _points(
         raise ValueError(f"--collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
     points = []
     for log in logs:
-        if log.collective is not None and log.collective != collective:
-            raise ValueError(f"{log.source}: is a {log.collective} log, not {collective}")
+        check_collective(log, collective, COLLECTIVES)
         p = log_world_size(log)
         cluster.nodes_for(p)
         kept = [r for r in log.rows if r.num_bytes >= min_bytes]

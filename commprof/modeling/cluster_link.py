@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from commprof.modeling.calibration import DESCRIPTION, Fit, calibrate, predict
 from commprof.modeling.clusters import Cluster, load_cluster
-from commprof.modeling.nccl_log import read_logs
+from commprof.modeling.nccl_log import check_collective, read_logs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,14 +144,14 @@ def cluster_link(
     if not nccl_tests:
         return ClusterLink(cluster=cluster)
     logs = read_logs(nccl_tests, run)
-    collectives = sorted(
-        {log.collective for log in logs if log.collective not in (None, "all_reduce")}
-    )
-    if collectives:
+    named = {log.collective for log in logs if not log.run.inferred}
+    if collectives := sorted(named - {None, "all_reduce"}):
         raise ValueError(
             f"--nccl-tests: runs of {', '.join(collectives)} are not all_reduce; pick the "
             "all_reduce run with --run K"
         )
+    for log in logs:  # a log its header does not name: its table must fit an all-reduce
+        check_collective(log, "all_reduce")
     calibration = calibrate(cluster, logs)
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
 

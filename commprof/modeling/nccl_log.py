@@ -15,6 +15,10 @@ all_gather, reduce_scatter and alltoall sizes below ranks x type size), a row th
 NCCL/RCCL log line broke, and rows with a non-zero ``#wrong`` (or an ``error`` marked ``*``):
 those measured corrupted data, so no fit may use them. Anything else that does not read (a cut
 line, a field that is not a number, a row before any header) is refused with the file and line.
+
+A run whose header does not name its test (``# Collective test starting: X_perf``, or its
+``concluded`` line) is named by its table where the table allows only one collective: busbw /
+algbw at the run's world size, and the ``root`` and ``redop`` columns (:func:`table_collectives`).
 """
 
 from __future__ import annotations
@@ -38,12 +42,27 @@ _PREFIXES = (
 )
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\w+?)_perf")
+_CONCLUDED = re.compile(r"Collective test concluded:\s*(\w+?)_perf")
 _PREAMBLE = re.compile(r"^#\s*(?:nThread\s|Collective test starting|Using devices)")
 _FOOTER = re.compile(r"^#\s*Avg bus bandwidth\s*:")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _DEBUG = re.compile(r"\b(?:NCCL|RCCL)\s+(?:INFO|WARN|TRACE|VERSION)\b|\bUCX\s+(?:WARN|ERROR)\b")
 """A library's log line (``NCCL_DEBUG=INFO``, UCX warnings): text interleaved with the table."""
 _WRONG_COLUMNS = ("#wrong", "error")
+_SIGNATURES = (
+    # nccl-tests' src/*.cu: busbw / algbw (2: 2(n-1)/n, 1: (n-1)/n, 0: 1), a root >= 0 printed,
+    # a reduction printed as redop (all_gather, broadcast, alltoall, gather, scatter print
+    # 'none' or, in older layouts, no redop column; older layouts print root only where rooted)
+    ("all_reduce", 2, False, True),
+    ("reduce_scatter", 1, False, True),
+    ("all_gather", 1, False, False),
+    ("alltoall", 1, False, False),
+    ("broadcast", 0, True, False),
+    ("reduce", 0, True, True),
+    ("sendrecv", 0, False, True),
+    ("gather", 1, True, False),
+    ("scatter", 1, True, False),
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +109,8 @@ class Run:
     header_line: int
     """Line of the table's column header."""
     collective: str | None
-    """From ``Collective test starting: X_perf`` where printed, else None."""
+    """From ``Collective test starting: X_perf`` (or ``concluded``) where printed, else the one
+    collective of ``candidates``, else None."""
     world_size: int | None
     """Ranks (``#  Rank`` lines of this run); None where the log lists none."""
     num_hosts: int | None
@@ -101,12 +121,23 @@ class Run:
     """Table lines read but not kept (0-byte rows, rows broken or with wrong results)."""
     complete: bool
     """The ``# Avg bus bandwidth`` footer was printed; False for a run cut short or an excerpt."""
+    candidates: tuple[str, ...] = ()
+    """The collectives the table itself fits (:func:`table_collectives`); () where it shows too
+    little to tell."""
+    evidence: str = ""
+    """What the table shows, said aloud (``busbw/algbw 1.750 at 8 ranks, redop sum, root -1``)."""
+    inferred: bool = False
+    """``collective`` was inferred from the table: the header does not name it."""
 
     def describe(self) -> str:
         """One line: ``run 2 (line 40): all_reduce, 16 ranks, 8 B..8589934592 B, 31 rows``."""
         sizes = f"{self.rows[0].num_bytes} B..{self.rows[-1].num_bytes} B" if self.rows else "-"
         ranks = "ranks not listed" if self.world_size is None else f"{self.world_size} ranks"
         name = self.collective or "collective not named"
+        if self.inferred:
+            name += " (inferred from the table)"
+        elif self.collective is None and self.candidates:
+            name += f" (the table fits {' or '.join(self.candidates)})"
         footer = "" if self.complete else ", no footer"
         return f"run {self.index} (line {self.header_line}): {name}, {ranks}, {sizes}, " + (
             f"{len(self.rows)} rows{footer}"
@@ -193,6 +224,8 @@ class _Builder:
         """Line of the last row a log line broke (its remainder may follow)."""
         self.elided = False
         """A ``...`` line among the rank lines: the page that printed the log cut some."""
+        self.roots: set[str] = set()
+        """The ``root`` column's values (of the rows kept)."""
 
     def finish(self, source: str, index: int) -> Run:
         ranks = self.ranks
@@ -208,7 +241,7 @@ class _Builder:
             )
         if not self.rows and not self.skipped:
             raise ValueError(f"{source}:{self.header_line}: the table has a header but no rows")
-        return Run(
+        run = Run(
             index=index,
             header_line=self.header_line,
             collective=self.collective,
@@ -217,6 +250,16 @@ class _Builder:
             rows=tuple(self.rows),
             skipped=tuple(self.skipped),
             complete=self.footer,
+        )
+        assert self.columns is not None
+        candidates, evidence = table_collectives(run, self.columns, self.roots)
+        inferred = self.collective is None and len(candidates) == 1
+        return replace(
+            run,
+            collective=candidates[0] if inferred else self.collective,
+            candidates=candidates,
+            evidence=evidence,
+            inferred=inferred,
         )
 
 
@@ -265,6 +308,8 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
                 run.columns, run.header_line = words, number
             elif _FOOTER.match(stripped) and run.columns is not None:
                 run.footer = True
+            elif (m := _CONCLUDED.search(stripped)) and run.columns and run.collective is None:
+                run.collective = m.group(1)  # an excerpt from the table down names its test
             continue
         if not stripped[0].isdigit():
             if set(stripped) == {"."} and len(stripped) >= 3 and run.ranks and run.columns is None:
@@ -345,6 +390,8 @@ def _add_row(run: _Builder, stripped: str, next_line: str, source: str, number: 
             f"table of line {run.header_line}; give each run its own header"
         )
     run.keys.add(key)
+    if "root" in row_fields:
+        run.roots.add(row_fields["root"])
     run.rows.append(
         Row(
             num_bytes=int(size),
@@ -471,6 +518,106 @@ def implied_world_size(run: Run) -> int | None:
     return whole[0] if len(whole) == 1 else None
 
 
+def table_collectives(
+    run: Run, columns: Sequence[str], roots: set[str]
+) -> tuple[tuple[str, ...], str]:
+    """The collectives a run's table fits, whatever its header says, and what it shows.
+
+    nccl-tests prints busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather,
+    reduce_scatter and alltoall, x 1 for broadcast, reduce and sendrecv; a root >= 0 for
+    broadcast and reduce (-1, or no root column in older layouts, for the rest); a reduction for
+    all_reduce, reduce_scatter, reduce (and ``sum`` for sendrecv), where the others print
+    ``none`` (or, in older layouts, no redop column). n is the run's rank lines, else
+    :func:`implied_world_size`, else any whole number. Each row's ratio is bounded by the
+    0.01 GB/s its bandwidths are printed to; every row must fit.
+
+    Args:
+        run: The run (its rows and world size).
+        columns: Its table's header words.
+        roots: The values its ``root`` column printed.
+
+    Returns:
+        The collectives fitted (() where the table shows too little: no row of 0.01 GB/s or
+        more), and the evidence said aloud (``busbw/algbw 1.750 at 8 ranks, redop sum, root
+        -1``).
+    """
+    lo, hi, ratios = 0.0, math.inf, []
+    for r in run.rows:
+        if r.algbw_gbps >= 0.01:
+            ratios.append(r.busbw_gbps / r.algbw_gbps)
+            lo = max(lo, (r.busbw_gbps - 0.005) / (r.algbw_gbps + 0.005))
+            hi = min(hi, (r.busbw_gbps + 0.005) / (r.algbw_gbps - 0.005))
+    redops = {r.redop for r in run.rows}
+    said_redop = f"redop {'/'.join(sorted(map(str, redops)))}" if "redop" in columns else ""
+    reductions = {op not in (None, "none") for op in redops}
+    reduces = reductions.pop() if len(reductions) == 1 else None
+    said_root = f"root {'/'.join(sorted(roots))}" if "root" in columns else "no root column"
+    signs = {x.startswith("-") for x in roots} if "root" in columns else {True}
+    rooted = not signs.pop() if len(signs) == 1 else None
+    said_redop = said_redop or "no redop column"
+    if not ratios:
+        return (), f"busbw/algbw not shown (no row of 0.01 GB/s), {said_redop}, {said_root}"
+    ratio = sorted(ratios)[len(ratios) // 2]
+    if lo > hi:  # printed figures that do not agree to their rounding: the median's 1 %
+        lo, hi = ratio * 0.99, ratio * 1.01
+    lo, hi = lo * (1 - 1e-3), hi * (1 + 1e-3)
+    n = run.world_size or implied_world_size(run)
+    said = f"busbw/algbw {ratio:.3f} " + ("(ranks not known)" if n is None else f"at {n} ranks")
+    if run.world_size is None and n is not None:
+        said += " (implied)"
+
+    def fits(kind: int) -> bool:
+        if kind == 0:
+            return lo <= 1.0 <= hi
+        if n is not None:
+            return lo <= kind * (n - 1) / n <= hi
+        if lo >= kind or hi >= kind:  # kind x (n-1)/n is below kind and comes near it
+            return lo < kind
+        return math.floor(1 / (1 - hi / kind)) >= math.ceil(1 / (1 - max(lo, 0.0) / kind))
+
+    names = tuple(
+        name
+        for name, kind, has_root, reduction in _SIGNATURES
+        if fits(kind) and rooted in (None, has_root) and reduces in (None, reduction)
+    )
+    return names, f"{said}, {said_redop}, {said_root}"
+
+
+def check_collective(log: NcclTestsLog, collective: str, choices: Sequence[str] = ()) -> None:
+    """Refuse a log of another collective than ``collective``: the one its header names, or
+    where it names none, one its table does not fit (:attr:`Run.candidates`).
+
+    Args:
+        log: The log (each of its runs is checked).
+        collective: The collective asked for.
+        choices: The collectives the caller could take instead (``--collective Y``); () where
+            it takes ``collective`` only.
+
+    Raises:
+        ValueError: naming the file, what its header or table shows, and what to change.
+    """
+    for r in log.runs:
+        named = r.collective is not None and not r.inferred
+        if collective == r.collective or (
+            not named and (not r.candidates or collective in r.candidates)
+        ):
+            continue
+        fits = (r.collective,) if r.collective is not None else r.candidates
+        what = f"is a {r.collective} log" if r.collective else f"fits {' or '.join(fits)}"
+        how = (
+            "its header names it"
+            if named
+            else f"its header names no collective; its table: {r.evidence}"
+        )
+        others = [c for c in fits if c in choices]
+        fix = f"give a log of {collective}"
+        if others:
+            fix = f"give --collective {others[0]}" + (
+                "" if len(fits) == 1 else f" if it is a log of {others[0]}, else {fix[5:]}"
+            )
+        raise ValueError(f"{log.source}: {what}, not {collective} ({how}); {fix}")
+
+
 def log_world_size(log: NcclTestsLog, given: int | None = None) -> int:
     """The log's world size: its rank lines, or ``given`` where it lists none."""
     if log.world_size is None:
@@ -486,21 +633,26 @@ def log_world_size(log: NcclTestsLog, given: int | None = None) -> int:
 
 
 def skipped_summary(log: NcclTestsLog) -> str | None:
-    """What a log's runs did not keep, said aloud (``None`` where nothing was skipped):
-    ``file: run 1 skipped 3 rows (0 bytes: lines 10-12); ...``."""
+    """What a log's runs did not keep, and a collective inferred from the table rather than
+    named, said aloud (``None`` where neither): ``file: run 1 skipped 3 rows (0 bytes: lines
+    10-12); ...``."""
     parts = []
     for r in log.runs:
+        said = f"{r.collective} inferred from the table ({r.evidence})" if r.inferred else ""
         if not r.skipped and r.complete:
+            parts.extend([f"run {r.index}: {said}"] if said else [])
             continue
         by_reason: dict[str, list[int]] = {}
         for s in r.skipped:
             by_reason.setdefault(s.kind, []).append(s.line)
-        said = ", ".join(
+        rows = ", ".join(
             f"{len(lines)} {reason} (line{'s' if len(lines) > 1 else ''} "
             f"{', '.join(map(str, lines[:5]))}{' ...' if len(lines) > 5 else ''})"
             for reason, lines in by_reason.items()
         )
         parts.append(
-            f"run {r.index} skipped {said or 'nothing'}" + ("" if r.complete else "; no footer")
+            f"run {r.index} skipped {rows or 'nothing'}"
+            + ("" if r.complete else "; no footer")
+            + (f"; {said}" if said else "")
         )
     return f"{log.source}: " + "; ".join(parts) if parts else None

@@ -12,6 +12,7 @@ from commprof.modeling.nccl_log import (  # noqa: F401 -- re-exported
     NcclTestsLog,
     Row,
     Run,
+    check_collective,
     log_world_size,
     parse_text,
     read_log,
