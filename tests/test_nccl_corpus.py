@@ -233,7 +233,10 @@ def test_nccl_lines_between_rows_and_inside_one() -> None:
         (first_row + 23, "broken"),
     ]
     said = skipped_summary(parse_text("\n".join(broken), "broken.txt"))
-    assert said == f"broken.txt: run 1 skipped 2 broken (lines {first_row + 21}, {first_row + 23})"
+    assert said == (
+        f"broken.txt: run 1 skipped 2 broken (lines {first_row + 21}, {first_row + 23}); "
+        "all_reduce inferred from the table (busbw/algbw 1.875 at 16 ranks, redop sum, root -1)"
+    )  # OCI's page printed no '# Collective test starting' line: the table names the test
 
 
 def test_a_cut_row_without_a_log_line_is_refused_with_file_and_line() -> None:
@@ -433,8 +436,7 @@ def test_every_dtype_and_redop_of_one_table_and_a_repeated_row(
     path.write_text(OCI + OCI)
     argv = ["collective", "--cluster", "oci-bm-gpu4.8", "--world-size", "16", "--fit", str(path)]
     assert main(argv) == 2
-    assert (
-        "holds 2 runs (run 1 (line 25): collective not named, 16 ranks" in capsys.readouterr().err
-    )
+    said = "holds 2 runs (run 1 (line 25): all_reduce (inferred from the table), 16 ranks"
+    assert said in capsys.readouterr().err
     assert main([*argv, "--run", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["bytes"] == 1 << 20
