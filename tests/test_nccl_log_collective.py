@@ -1,0 +1,183 @@
+"""The collective of a log whose header does not name it: read from its table (busbw / algbw at
+the run's world size, the root and redop columns), and a log refused where its table does not fit
+the collective a fit asks for.
+
+The expected collectives are the ones the logs' own headers name (``# Collective test starting:
+X_perf``), or for the logs printed without that line, the test their source ran (their file
+names, tests/data/nccl_tests/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from commprof.cli import main
+from commprof.modeling.calibration import calibrate
+from commprof.modeling.clusters import load_cluster
+from commprof.modeling.nccl_log import parse_text, read_log, skipped_summary
+
+DATA = Path(__file__).parent / "data" / "nccl_tests"
+NAMING = re.compile(r"Collective test (?:starting|concluded)")
+RANK = re.compile(r"#\s+Rank\s+\d+")
+AMBIGUOUS = {
+    frozenset({"all_gather", "alltoall"}),  # (n-1)/n, both print redop 'none' and root -1
+    frozenset({"all_reduce", "sendrecv"}),  # at 2 ranks 2(n-1)/n is 1, and both print a redop
+}
+"""What a table cannot tell apart: there the reader names no collective but keeps both."""
+
+
+def _without(text: str, *patterns: re.Pattern[str]) -> str:
+    return "\n".join(
+        line for line in text.splitlines() if not any(p.search(line) for p in patterns)
+    )
+
+
+def _named_runs() -> list[tuple[str, int, str]]:
+    """(file, run, collective) of every run of the corpus whose header names its test."""
+    out = []
+    for path in sorted(DATA.rglob("*.txt")):
+        for run in read_log(path).runs:
+            if run.collective is not None and not run.inferred:
+                out.append((str(path.relative_to(DATA)), run.index, run.collective))
+    return out
+
+
+def test_the_table_alone_gives_the_collective_its_header_names() -> None:
+    # every run of the corpus whose header names its test, read again with the naming lines cut:
+    # the table gives the same collective, or (only where the table cannot tell) none, keeping
+    # the named one among its candidates
+    named = _named_runs()
+    agree, ambiguous = 0, []
+    for name, index, truth in named:
+        bare = parse_text(_without((DATA / name).read_text(), NAMING), name).runs[index - 1]
+        assert truth in bare.candidates, (name, index, bare.evidence)
+        if bare.collective == truth:
+            assert bare.inferred and bare.describe().count("(inferred from the table)") == 1
+            agree += 1
+        else:
+            assert bare.collective is None, (name, index, bare.collective)
+            assert frozenset(bare.candidates) in AMBIGUOUS, (name, index, bare.candidates)
+            ambiguous.append(truth)
+    # 51 named runs: 30 named the same; 20 all_gather / alltoall runs and one two-rank
+    # all-reduce (gh200-alps, one GPU a node) left open
+    assert (agree, len(named)) == (30, 51)
+    assert sorted(set(ambiguous)) == ["all_gather", "all_reduce", "alltoall"]
+    assert ambiguous.count("all_reduce") == 1
+
+
+def test_logs_printed_without_the_naming_line_are_named_by_their_table() -> None:
+    # the logs whose source printed no naming line: all-reduce and broadcast named (ABCI's old
+    # layout: broadcast prints a root and no redop), alltoall left open between it and all_gather
+    seen = {}
+    for path in sorted(DATA.rglob("*.txt")):
+        log = read_log(path)
+        if len(log.runs) != 1 or (not log.run.inferred and log.run.collective is not None):
+            continue
+        test = path.name.split("_p")[0]
+        run = log.run
+        assert test in run.candidates, (path, run.evidence)
+        assert run.collective == (None if test == "alltoall" else test), (path, run.candidates)
+        seen[test] = seen.get(test, 0) + 1
+    assert seen == {"all_reduce": 24, "broadcast": 12, "alltoall": 6}
+
+
+def test_without_rank_lines_the_table_never_contradicts_its_header() -> None:
+    # the header's naming lines and every rank line cut: the world size comes from busbw / algbw
+    # where it can, else any whole number, so fewer are named, but none is ruled out wrongly
+    for name, index, truth in _named_runs():
+        bare = parse_text(_without((DATA / name).read_text(), NAMING, RANK), name)
+        run = bare.runs[index - 1]
+        assert truth in run.candidates and run.collective in (truth, None), (name, run.evidence)
+
+
+def test_the_abci_broadcast_log_fitted_as_all_reduce_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = DATA / "abci-a100/broadcast_p8.txt"
+    argv = ["collective", "--cluster", "abci-a100", "--world-size", "16", "--fit", str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"error: {path}: is a broadcast log, not all_reduce (its header names no collective; its "
+        "table: busbw/algbw 1.000 at 8 ranks, no redop column, root 0); give --collective "
+        "broadcast"
+    )
+    assert main([*argv, "--collective", "broadcast", "--json"]) == 0
+    assert "broadcast inferred from the table" in capsys.readouterr().err
+    # estimate --nccl-tests calibrates all-reduce only: the fix it names is another log
+    estimate = ["estimate", "--model", "srn-1m", "--world-size", "16", "--cluster", "abci-a100"]
+    assert main([*estimate, "--nccl-tests", str(path)]) == 2
+    assert (
+        "not all_reduce" in (err := capsys.readouterr().err) and "give a log of all_reduce" in err
+    )
+    # the same log with its rank lines cut: broadcast, gather or scatter, never all_reduce
+    log = parse_text(_without(path.read_text(), RANK), "bare.txt")
+    assert log.collective is None and log.run.candidates == ("broadcast", "gather", "scatter")
+    with pytest.raises(
+        ValueError,
+        match=r"^bare\.txt: fits broadcast or gather or scatter, not all_reduce \(.*busbw/algbw "
+        r"1\.000 \(ranks not known\), no redop column, root 0\); give --collective broadcast if "
+        r"it is a log of broadcast, else a log of all_reduce$",
+    ):
+        calibrate(load_cluster("abci-a100"), [log])
+
+
+def test_an_alltoall_log_without_its_naming_line_is_not_an_all_reduce() -> None:
+    # OCI's GB200 page printed no naming line: the table fits all_gather or alltoall, so a fit
+    # of all_gather may take it (the table cannot tell), and one of all_reduce may not
+    log = read_log(DATA / "oci-gb200/alltoall_p8.txt")
+    assert log.collective is None and log.run.candidates == ("all_gather", "alltoall")
+    assert "(the table fits all_gather or alltoall)" in log.run.describe()
+    with pytest.raises(ValueError, match=r"alltoall_p8\.txt: fits all_gather or alltoall, not "):
+        calibrate(load_cluster("dgx-h100"), [log])
+
+
+def test_a_log_without_header_and_an_all_reduce_ratio_is_inferred_all_reduce() -> None:
+    # gh200-alps's log cut to its table's column header and rows: no naming line, no rank line,
+    # no footer. busbw / algbw = 1.75 = 2(n-1)/n gives 8 ranks, and only all_reduce has it
+    text = (DATA / "gh200-alps/all_reduce_p8.txt").read_text().splitlines()
+    header = next(i for i, line in enumerate(text) if re.match(r"^\s*#\s+size\s+count", line))
+    rows = [line for line in text[header + 1 :] if re.match(r"^\s+\d", line)]
+    run = parse_text("\n".join([text[header], *rows]), "table.txt").run
+    assert (run.collective, run.inferred, run.world_size) == ("all_reduce", True, None)
+    assert run.evidence == "busbw/algbw 1.750 at 8 ranks (implied), redop sum, root -1"
+    assert skipped_summary(parse_text("\n".join([text[header], *rows]), "table.txt")) == (
+        f"table.txt: run 1 skipped nothing; no footer; all_reduce inferred from the table "
+        f"({run.evidence})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("factor", "redop", "root", "named"),
+    [
+        (2 * 5 / 6, "sum", -1, "all_reduce"),
+        (5 / 6, "sum", -1, "reduce_scatter"),
+        (5 / 6, "none", -1, None),  # all_gather or alltoall
+        (1.0, "none", 0, "broadcast"),
+        (1.0, "sum", 0, "reduce"),
+        (1.0, "sum", -1, "sendrecv"),
+    ],
+)
+def test_each_signature_in_closed_form(factor: float, redop: str, root: int, named: str) -> None:
+    # a table printed as nccl-tests prints it for 6 ranks (rank lines listed): algbw = size /
+    # time, busbw = algbw x the test's factor, both to 0.01 GB/s
+    ranks = [
+        f"#  Rank {r} Group  0 Pid {100 + r} on node0 device  {r} [0x0f] GPU" for r in range(6)
+    ]
+    head = (
+        "#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong"
+    )
+    lines = [*ranks, head]
+    for k in range(20, 31):
+        size, time_us = 1 << k, 50.0 + (1 << k) / 150_000
+        algbw = size / time_us / 1e3
+        lines.append(
+            f"{size} {size // 4} float {redop} {root} {time_us:.1f} {algbw:.2f} "
+            f"{algbw * factor:.2f} 0 {time_us:.1f} {algbw:.2f} {algbw * factor:.2f} 0"
+        )
+    run = parse_text("\n".join(lines), "formula.txt").run
+    assert run.collective == named and run.inferred == (named is not None)
+    assert run.evidence == (f"busbw/algbw {factor:.3f} at 6 ranks, redop {redop}, root {root}")
