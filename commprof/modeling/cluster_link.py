@@ -144,8 +144,8 @@ def cluster_link(
     if not nccl_tests:
         return ClusterLink(cluster=cluster)
     logs = read_logs(nccl_tests, run)
-    named = {log.collective for log in logs if not log.run.inferred}
-    if collectives := sorted(named - {None, "all_reduce"}):
+    named = {log.collective for log in logs if log.collective and not log.run.inferred}
+    if collectives := sorted(named - {"all_reduce"}):
         raise ValueError(
             f"--nccl-tests: runs of {', '.join(collectives)} are not all_reduce; pick the "
             "all_reduce run with --run K"
