@@ -35,11 +35,16 @@ from pathlib import Path
 import ledger
 import numpy as np
 
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import CORRECTIONS, NO_CORRECTIONS, Corrections, predict
-from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.nccl_tests import FIT_MIN_BYTES, calibrate, read_log
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import (
+    CORRECTIONS,
+    NO_CORRECTIONS,
+    Corrections,
+    predict,
+)
+from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns
+from commprof.modeling.collective.nccl_tests import FIT_MIN_BYTES, calibrate, read_log
+from commprof.modeling.step.idle import DEFAULT_ALPHA_NS
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]

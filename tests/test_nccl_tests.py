@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import predict
-from commprof.modeling.nccl_tests import calibrate, parse_text, read_log
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import predict
+from commprof.modeling.collective.nccl_tests import calibrate, parse_text, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 

@@ -51,17 +51,17 @@ import pandas as pd
 from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.cost_model import LinkParams, allreduce_ns, nonnegative_line
-from commprof.modeling.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
-from commprof.modeling.step_sim import (
+from commprof.modeling.collective.cluster_link import ClusterLink
+from commprof.modeling.collective.cost_model import LinkParams, allreduce_ns, nonnegative_line
+from commprof.modeling.collective.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
+from commprof.modeling.step.simulator import (
     BACKEND_CHANNELS,
     NO_INTERFERENCE,
     Interference,
     StepPrediction,
     simulate_step,
 )
-from commprof.modeling.timeline import spread_to_parameters
+from commprof.modeling.step.timeline import spread_to_parameters
 from commprof.query import cell_steps, keys_of, ok_cell
 
 ARM_COMM = "comm_under_compute"

@@ -38,12 +38,20 @@ from typing import Any
 
 from commprof.caps import cap_label, cap_number
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
-from commprof.modeling.cap_advice import recommend_cap
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.ring_fit import PiecewiseFit, RingFit, fit_to_dict
-from commprof.modeling.step_advice import (
+from commprof.modeling.collective.cluster_link import ClusterLink
+from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.collective.interconnects import get_interconnect, load_interconnects
+from commprof.modeling.collective.ring_fit import PiecewiseFit, RingFit, fit_to_dict
+from commprof.modeling.step.calibration import split_hook
+from commprof.modeling.step.cap_advice import recommend_cap
+from commprof.modeling.step.corrections import (
+    CORRECTION_NAMES,
+    CORRECTIONS,
+    IDLE,
+    Corrections,
+    applied,
+)
+from commprof.modeling.step.model import (
     CapPrediction,
     StepModel,
     in_sample_layout,
@@ -51,15 +59,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recalibrated_without,
 )
-from commprof.modeling.step_corrections import (
-    CORRECTION_NAMES,
-    CORRECTIONS,
-    IDLE,
-    Corrections,
-    applied,
-)
-from commprof.modeling.step_model import split_hook
-from commprof.modeling.step_spec import spec_doc, spec_text
+from commprof.modeling.step.spec import spec_doc, spec_text
 from commprof.units import finite_or_none
 
 

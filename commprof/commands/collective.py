@@ -3,7 +3,7 @@
 Prints a table shaped like nccl-tests' (size, time, algbw, busbw, and the algorithm and protocol
 NCCL would pick) so the two can be diffed; ``--json`` prints a list of rows and nothing else on
 stdout. ``--fit LOG ...`` calibrates the description on nccl-tests logs of that cluster first
-(``commprof.modeling.nccl_tests.calibrate``). Torch-free.
+(``commprof.modeling.collective.nccl_tests.calibrate``). Torch-free.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import json
 import re
 import sys
 
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import COLLECTIVES, NO_CALIBRATION, predict
-from commprof.modeling.nccl_log import read_logs, skipped_summary
-from commprof.modeling.nccl_tests import calibrate
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import COLLECTIVES, NO_CALIBRATION, predict
+from commprof.modeling.collective.nccl_log import read_logs, skipped_summary
+from commprof.modeling.collective.nccl_tests import calibrate
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy import stats
 
 from commprof.matrix import LINK_FIELDS, regime_of
-from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
+from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
 
 CONFIDENCE = 0.95
 """Confidence level of the reported intervals."""

@@ -24,7 +24,8 @@ import pandas as pd
 
 from commprof.caps import cap_label
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.step_advice import (
+from commprof.modeling.step.calibration import same_setting
+from commprof.modeling.step.model import (
     ALL_CORRECTIONS,
     CapPrediction,
     Corrections,
@@ -34,7 +35,6 @@ from commprof.modeling.step_advice import (
     predict_cap,
     without_in_sample,
 )
-from commprof.modeling.step_model import same_setting
 
 CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
 """Caps searched by default: 0.125 MiB to 512 MiB."""

@@ -14,15 +14,14 @@ communication), as the ring model's ``2 (p - 1)`` terms give; a message of 0 byt
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from commprof.modeling.clusters import Cluster, load_cluster
-from commprof.modeling.collectives import NO_CALIBRATION, Calibration, predict
+from commprof.modeling.collective.clusters import Cluster, load_cluster
+from commprof.modeling.collective.collectives import NO_CALIBRATION, Calibration, predict
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,8 +106,8 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         ValueError: naming the flag: an unknown cluster, a world size that does not fit it, or a
             log that does not read or fit.
     """
-    from commprof.modeling.nccl_log import read_logs
-    from commprof.modeling.nccl_tests import calibrate
+    from commprof.modeling.collective.nccl_log import read_logs
+    from commprof.modeling.collective.nccl_tests import calibrate
 
     cluster = load_cluster(name_or_path)
     if world_size < 2:
@@ -118,14 +117,3 @@ def cluster_link(name_or_path: str, world_size: int, nccl_tests: Sequence[str] =
         return ClusterLink(cluster=cluster)
     calibration = calibrate(cluster, read_logs(nccl_tests))
     return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
-
-
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--nccl-tests LOG ...`` (calibrate ``--cluster`` on its all_reduce_perf logs)."""
-    parser.add_argument(
-        "--nccl-tests",
-        nargs="+",
-        action="extend",
-        metavar="LOG",
-        help="with --cluster: all_reduce_perf logs of that cluster to calibrate the model on",
-    )

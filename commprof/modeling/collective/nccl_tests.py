@@ -1,11 +1,13 @@
 """nccl-tests / rccl-tests output as input: the reader's names, and calibration of the model.
 
-The reader is :mod:`commprof.modeling.nccl_log` (logs as clusters print them: launcher prefixes,
+The reader is :mod:`commprof.modeling.collective.nccl_log` (logs as clusters print them: launcher
+prefixes,
 interleaved NCCL lines, several runs a file, 0-byte and wrong rows counted); its names are
 re-exported here for the modules that read logs through this one.
 
 Calibration (:func:`calibrate`) fits the three scales of
-:class:`~commprof.modeling.collectives.Calibration` to logs of one cluster by least squares on
+:class:`~commprof.modeling.collective.collectives.Calibration` to logs of one cluster by least
+squares on
 ``log(predicted / measured)`` over the out-of-place times of sizes >= ``FIT_MIN_BYTES``; a scale
 the logs cannot identify (the network's, from single-node logs) stays 1.0.
 """
@@ -18,15 +20,15 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from commprof.modeling.clusters import Cluster
-from commprof.modeling.collectives import (
+from commprof.modeling.collective.clusters import Cluster
+from commprof.modeling.collective.collectives import (
     COLLECTIVES,
     CORRECTIONS,
     Calibration,
     Corrections,
     predict,
 )
-from commprof.modeling.nccl_log import (  # noqa: F401 -- re-exported
+from commprof.modeling.collective.nccl_log import (  # noqa: F401 -- re-exported
     NcclTestsLog,
     Row,
     Run,
