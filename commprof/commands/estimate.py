@@ -31,11 +31,12 @@ from commprof.commands.estimate_step import (
     run_step,
     step_flags_given,
 )
+from commprof.commands.links import published_link
 from commprof.modeling.buckets import MIB, ParamSize
 from commprof.modeling.collective.cluster_link import ClusterLink, cluster_link
-from commprof.modeling.collective.cost_model import ALGORITHMS, LinkParams
-from commprof.modeling.collective.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.collective.ring_fit import FIT_SOURCES, Fit, fits_from_dataset, load_fits
+from commprof.modeling.collective.cost_model import ALGORITHMS
+from commprof.modeling.collective.link import Link
+from commprof.modeling.collective.ring_fit import FIT_SOURCES, fits_from_dataset, load_fits
 from commprof.modeling.step.cap_advice import CAP_GRID_MB, search, verdict
 from commprof.modeling.step.idle import (
     DEFAULT_ALPHA_NS,
@@ -310,9 +311,7 @@ def check_cluster_flags(args: argparse.Namespace) -> ClusterLink | None:
     return cluster_link(args.cluster, args.world_size, args.nccl_tests or ())
 
 
-def _link_from_args(
-    args: argparse.Namespace, cluster: ClusterLink | None
-) -> tuple[LinkParams | Fit | ClusterLink, str]:
+def _link_from_args(args: argparse.Namespace, cluster: ClusterLink | None) -> tuple[Link, str]:
     if cluster is not None:
         return cluster, cluster.describe(args.world_size)
     if args.fit:
@@ -331,10 +330,7 @@ def _link_from_args(
         )
     if not args.interconnect:
         raise ValueError("give --interconnect NAME, --cluster NAME|FILE or --fit FITS_JSON")
-    link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
-    params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
-    )
+    params, link = published_link(args, alpha_ns=alpha_ns(args))
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
 
@@ -426,7 +422,6 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             bucket_cap_mb=cap,
             link=link,
             link_label=label,
-            algorithm=args.algorithm or "ring",
             ready_ns=ready_ns,
             batch_tokens=_batch_tokens(args),
             device_flops_per_s=_device_flops_per_s(args),

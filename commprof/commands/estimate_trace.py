@@ -13,9 +13,8 @@ from typing import Any
 
 from commprof.caps import check_cap_mb
 from commprof.commands.estimate import alpha_ns
+from commprof.commands.links import published_link
 from commprof.modeling.collective.cluster_link import cluster_link
-from commprof.modeling.collective.cost_model import LinkParams
-from commprof.modeling.collective.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.trace_whatif.replay import Layout, read_timelines, replay
 from commprof.modeling.trace_whatif.what_if import (
     WhatIf,
@@ -93,16 +92,13 @@ def what_if(args: argparse.Namespace, trace_world_size: int | None) -> WhatIf | 
     if args.cluster:
         link = cluster_link(args.cluster, world_size, args.nccl_tests or ())
         return WhatIf(link=link, label=link.describe(world_size), world_size=world_size)
-    published = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
-    params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=published.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
-    )
-    algorithm = args.algorithm or "ring"
+    params, published = published_link(args, alpha_ns=alpha_ns(args))
+    algorithm = params.algorithm
     label = (
         f"{published.name} ({published.per_direction_bytes_per_s / 1e9:.1f} GB/s a direction, "
         f"alpha {params.alpha_ns / 1e3:g} us assumed, {algorithm})"
     )
-    return WhatIf(link=params, label=label, world_size=world_size, algorithm=algorithm)
+    return WhatIf(link=params, label=label, world_size=world_size)
 
 
 def run_trace(args: argparse.Namespace) -> int:

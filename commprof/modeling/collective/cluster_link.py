@@ -77,6 +77,20 @@ class ClusterLink:
             f"{self.cluster.gpus_per_node}; NCCL's collective model, {how})"
         )
 
+    # the Link protocol (commprof.modeling.collective.link)
+    def label(self, world_size: int) -> str:
+        """:meth:`describe`."""
+        return self.describe(world_size)
+
+    def interval(self) -> None:
+        """None: the cluster model gives one time a call."""
+        return None
+
+    @property
+    def backend(self) -> str:
+        """``"nccl"``: the times are NCCL's on the cluster."""
+        return "nccl"
+
 
 def allreduce_time_ns(
     cluster: Cluster,

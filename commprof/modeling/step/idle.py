@@ -30,9 +30,7 @@ from typing import Any
 import numpy as np
 
 from commprof.modeling.buckets import Bucket, ParamSize, assign_buckets
-from commprof.modeling.collective.cluster_link import ClusterLink
-from commprof.modeling.collective.cost_model import LinkParams, allreduce_ns
-from commprof.modeling.collective.ring_fit import Fit
+from commprof.modeling.collective.link import Link
 from commprof.modeling.step.simulator import simulate_step
 
 DEFAULT_ALPHA_NS = 10_000.0
@@ -172,9 +170,8 @@ def estimate(
     *,
     world_size: int,
     bucket_cap_mb: float | None,
-    link: LinkParams | Fit | ClusterLink,
+    link: Link,
     link_label: str,
-    algorithm: str = "ring",
     ready_ns: Sequence[float] | np.ndarray | None = None,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
@@ -185,9 +182,9 @@ def estimate(
         param_sizes: ``(name, numel[, element_size])`` in registration order.
         world_size: Ranks (>= 2).
         bucket_cap_mb: DDP cap (MiB); None is DDP's default.
-        link: Link parameters, a calibrated fit, or a cluster (``cluster_link.ClusterLink``).
+        link: Any link (``collective.link.Link``): published parameters, a calibrated fit, or a
+            cluster.
         link_label: Where the link came from (shown in output).
-        algorithm: Cost model for LinkParams (fits are ring models).
         ready_ns: Measured per-parameter ready times; default the simple estimate.
         batch_tokens: For the simple estimate.
         device_flops_per_s: For the simple estimate.
@@ -201,10 +198,7 @@ def estimate(
         )
     buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
     sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
-    if isinstance(link, LinkParams):
-        times = allreduce_ns(sizes, world_size, link, algorithm=algorithm)
-    else:
-        times = link.predict_ns(sizes, world_size)
+    times = link.predict_ns(sizes, world_size)
     if ready_ns is None:
         ready = backward_ready_ns(
             param_sizes, batch_tokens=batch_tokens, device_flops_per_s=device_flops_per_s

@@ -28,8 +28,7 @@ import pandas as pd
 
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize, assign_buckets
-from commprof.modeling.collective.cluster_link import ClusterLink
-from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.collective.link import Link
 from commprof.modeling.collective.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
 from commprof.modeling.step import corrections as step_corrections
 from commprof.modeling.step.calibration import (
@@ -383,7 +382,7 @@ def predict_cap(
     *,
     bucket_cap_mb: float | None,
     world_size: int | None = None,
-    link: LinkParams | Fit | ClusterLink | None = None,
+    link: Link | None = None,
     same_host: bool = False,
     corrections: Corrections = ALL_CORRECTIONS,
 ) -> CapPrediction:

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from commprof.modeling.collective.cluster_link import ClusterLink
-from commprof.modeling.collective.cost_model import LinkParams, allreduce_ns
+from commprof.modeling.collective.link import Link
 from commprof.modeling.trace_whatif.buckets import (
     OwnBuckets,
     fit_bucket_cost,
@@ -87,14 +86,12 @@ class CapWhatIf:
 class WhatIf:
     """The collective model and scale a what-if replays the trace on."""
 
-    link: LinkParams | ClusterLink
-    """Published link (Hockney model) or described cluster (NCCL's model)."""
+    link: Link
+    """Any link: published (Hockney model, its algorithm), described cluster (NCCL's model)."""
     label: str
     """Where the link came from, for the report."""
     world_size: int
     """Ranks of the what-if (the trace's own where ``--world-size`` is not given)."""
-    algorithm: str = "ring"
-    """Cost model of a published link (``cost_model.ALGORITHMS``)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -126,10 +123,7 @@ def predicted_ns(
     ranks = np.where(world_group, scenario.world_size, groups)
     for p in np.unique(ranks[kind & (sizes >= 0)]).tolist():
         sel = kind & (sizes >= 0) & (ranks == p)
-        if isinstance(scenario.link, ClusterLink):
-            out[sel] = scenario.link.predict_ns(sizes[sel], p)
-        else:
-            out[sel] = allreduce_ns(sizes[sel], p, scenario.link, algorithm=scenario.algorithm)
+        out[sel] = scenario.link.predict_ns(sizes[sel], p)
     return out
 
 
