@@ -8,7 +8,12 @@ REQUIRED = (
     "commprof/reporting/templates/postmortem.tex",
     "commprof/sweeps/smoke.yaml",
     "commprof/sweeps/matrix.yaml",
-    "commprof/modeling/interconnects.yaml",
+    "commprof/modeling/collective/interconnects.yaml",
+    "commprof/modeling/collective/clusters.yaml",
+    "commprof/modeling/collective/collective_scale.yaml",
+    "commprof/modeling/step/model.py",
+    "commprof/modeling/trace_whatif/replay.py",
+    "commprof/commands/estimate.py",
     "commprof/sweeps/driver.py",
     "commprof/actors/gang.py",
 )

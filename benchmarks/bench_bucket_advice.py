@@ -40,16 +40,16 @@ from bench_env import environment  # noqa: E402
 from commprof import results  # noqa: E402
 from commprof.catalog import parameter_sizes  # noqa: E402
 from commprof.matrix import Cell, geometric_sizes  # noqa: E402
-from commprof.modeling.cap_advice import CAP_GRID_MB, search  # noqa: E402
-from commprof.modeling.estimate import Estimate, estimate  # noqa: E402
-from commprof.modeling.ring_fit import (  # noqa: E402
+from commprof.modeling.collective.ring_fit import (  # noqa: E402
     FIT_SOURCES,
     CalibrationWarning,
     Fit,
     RingFit,
     fits_from_dataset,
 )
-from commprof.modeling.timeline import load_parameter_ready_ns  # noqa: E402
+from commprof.modeling.step.cap_advice import CAP_GRID_MB, search  # noqa: E402
+from commprof.modeling.step.idle import Estimate, estimate  # noqa: E402
+from commprof.modeling.step.timeline import load_parameter_ready_ns  # noqa: E402
 from commprof.outcomes import merge_rank_records  # noqa: E402
 from commprof.training.launcher import run_local  # noqa: E402
 

@@ -42,8 +42,8 @@ import torch.distributed as dist
 from bench_env import environment
 from torch import nn
 
-from commprof.modeling.interconnects import get_interconnect
-from commprof.modeling.ring_fit import (
+from commprof.modeling.collective.interconnects import get_interconnect
+from commprof.modeling.collective.ring_fit import (
     CalibrationWarning,
     Fit,
     fit_alpha_beta,

@@ -37,13 +37,18 @@ import collective_baseline
 import ledger
 import numpy as np
 
-from commprof.modeling import calibration
-from commprof.modeling.calibration import FIT_MIN_BYTES, calibrate
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import CORRECTIONS, NO_CORRECTIONS, Corrections, predict
-from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.nccl_log import NcclTestsLog, read_log, skipped_summary
+from commprof.modeling.collective import calibration
+from commprof.modeling.collective.calibration import FIT_MIN_BYTES, calibrate
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import (
+    CORRECTIONS,
+    NO_CORRECTIONS,
+    Corrections,
+    predict,
+)
+from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns
+from commprof.modeling.collective.nccl_log import NcclTestsLog, read_log, skipped_summary
+from commprof.modeling.step.idle import DEFAULT_ALPHA_NS
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,9 +104,9 @@ def log_folder(system: dict, external: Path | None) -> Path | None:
 
 
 def read(path: Path) -> NcclTestsLog:
-    """One log of one run (:func:`commprof.modeling.nccl_log.read_log`; a file of several runs
-    is refused, listing them); what the reader skipped (0-byte rows, rows with a non-zero
-    ``#wrong``, rows an interleaved library line broke) is printed."""
+    """One log of one run (:func:`commprof.modeling.collective.nccl_log.read_log`; a file of
+    several runs is refused, listing them); what the reader skipped (0-byte rows, rows with a
+    non-zero ``#wrong``, rows an interleaved library line broke) is printed."""
     log = read_log(path)
     log.run  # noqa: B018 -- raises, listing the runs, where the file holds several
     if said := skipped_summary(log):

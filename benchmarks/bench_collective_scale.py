@@ -7,10 +7,10 @@ median absolute relative error of the out-of-place time over sizes >= 1 MiB:
 - scale: calibrated on the system's ``calibrate`` world sizes, scored on each ``predict`` one,
   side by side: the published description alone, main's calibration before issue #41
   (``collective_baseline.calibrate``, frozen) and this calibration
-  (``commprof.modeling.calibration``);
+  (``commprof.modeling.collective.calibration``);
 - the 80 % interval's coverage on every scored point; the interval rule
-  (``commprof/modeling/collective_scale.yaml``) is fitted on the development systems only
-  (``--write-rule`` writes it) and its coverage is quoted on the held-out ones;
+  (``commprof/modeling/collective/collective_scale.yaml``) is fitted on the development systems
+  only (``--write-rule`` writes it) and its coverage is quoted on the held-out ones;
 - ablations: the calibration with one part taken off, scored the same way.
 
 Usage: python benchmarks/bench_collective_scale.py [--external-logs DIR] [--out FILE]
@@ -32,10 +32,10 @@ import collective_baseline
 import ledger
 import numpy as np
 
-from commprof.modeling import calibration as cal
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import CORRECTIONS, predict
-from commprof.modeling.nccl_log import (
+from commprof.modeling.collective import calibration as cal
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import CORRECTIONS, predict
+from commprof.modeling.collective.nccl_log import (
     NcclTestsLog,
     implied_world_size,
     read_log,
@@ -49,7 +49,7 @@ SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
 SPLIT_2 = ROOT / "benchmarks" / "collective_scale_split_2.yaml"
 """The second held-out set (every system ``held_out``), scored as role ``held_out_2``."""
 ROLES = ("development", "held_out", "held_out_2")
-RULE = ROOT / "commprof" / "modeling" / "collective_scale.yaml"
+RULE = ROOT / "commprof" / "modeling" / "collective" / "collective_scale.yaml"
 TARGET_COVERAGE = 0.8
 LOSS_GRID = tuple(0.025 * i for i in range(21))
 """Values of the network's loss per doubling tried on development systems (0 to 0.5)."""
@@ -66,12 +66,12 @@ is run 1's calibration, before run 2's declared change held the network hop late
 
 
 def read(path: Path, collective: str, world_size: int) -> NcclTestsLog:
-    """A log as its cluster printed it (:func:`commprof.modeling.nccl_log.read_log`: ``srun -l``
-    labels, interleaved library lines, 0-byte rows and rows with a non-zero ``#wrong`` are read
-    and skipped, each counted); a file of several runs is narrowed to its one run of
-    ``collective``. What was skipped is printed. A run without rank lines takes the split's
-    ``world_size`` where its busbw / algbw ratio does not say another
-    (:func:`commprof.modeling.nccl_log.implied_world_size`)."""
+    """A log as its cluster printed it (:func:`commprof.modeling.collective.nccl_log.read_log`:
+    ``srun -l`` labels, interleaved library lines, 0-byte rows and rows with a non-zero
+    ``#wrong`` are read and skipped, each counted); a file of several runs is narrowed to its one
+    run of ``collective``. What was skipped is printed. A run without rank lines takes the
+    split's ``world_size`` where its busbw / algbw ratio does not say another
+    (:func:`commprof.modeling.collective.nccl_log.implied_world_size`)."""
     log = read_log(path)
     runs = [r for r in log.runs if r.collective == collective]
     if len(log.runs) == 1 and log.runs[0].collective is None:

@@ -1,6 +1,6 @@
 """Main's calibration of the collective model before issue #41, frozen for the benchmark's
 comparison (``bench_collective_scale.py``: "main's model"). Not the project's calibration, which
-is :mod:`commprof.modeling.calibration`.
+is :mod:`commprof.modeling.collective.calibration`.
 
 A copy of main's code at 1b177ce (``commprof/modeling/collectives.py``'s ``Calibration``,
 ``_bus_bw``, ``table`` and ``predict``, and ``nccl_tests.calibrate``), NCCL's constants and
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from commprof.modeling.clusters import Cluster
-from commprof.modeling.collectives import (
+from commprof.modeling.collective.clusters import Cluster
+from commprof.modeling.collective.collectives import (
     ALGORITHMS,
     COLLECTIVES,
     CORRECTIONS,
@@ -38,8 +38,8 @@ from commprof.modeling.collectives import (
     bus_factor,
     latency_parts,
 )
-from commprof.modeling.nccl_search import Graphs, search
-from commprof.modeling.nccl_tests import NcclTestsLog, check_collective, log_world_size
+from commprof.modeling.collective.nccl_search import Graphs, search
+from commprof.modeling.collective.nccl_tests import NcclTestsLog, check_collective, log_world_size
 
 FIT_MIN_BYTES = 1 << 20
 """Smallest size calibration fits."""
@@ -121,7 +121,7 @@ def table(
     """NCCL's tuning table for one communicator: (algorithm, protocol) -> (latency us, algbw GB/s).
 
     ``ncclTopoTuneModel`` (tuning.cc lines 120 to 340) over the graphs of
-    :func:`~commprof.modeling.nccl_search.search`.
+    :func:`~commprof.modeling.collective.nccl_search.search`.
 
     Args:
         cluster: The topology.

@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.step_advice import (
+from commprof.modeling.step.corrections import CORRECTIONS, Scope
+from commprof.modeling.step.model import (
     StepModel,
     predict_cap,
     recalibrated_without,
     with_residuals,
 )
-from commprof.modeling.step_corrections import CORRECTIONS, Scope
-from commprof.modeling.step_sim import Interference
+from commprof.modeling.step.simulator import Interference
 
 ABLATED = tuple(c.name for c in CORRECTIONS if c.scope is not Scope.IN_SAMPLE)
 """The corrections with an ablation row (``no_<name>``): every one of

@@ -40,13 +40,13 @@ from step_model_split import SPLIT_FILE, ModelSplit, Split, WorldCell, load_spli
 
 from commprof import results
 from commprof.catalog import parameter_sizes
-from commprof.modeling.cap_advice import best_of
-from commprof.modeling.ring_fit import (
+from commprof.modeling.collective.ring_fit import (
     CalibrationWarning,
     bucket_latency_points,
     fit_alpha_beta,
 )
-from commprof.modeling.step_advice import (
+from commprof.modeling.step.cap_advice import best_of
+from commprof.modeling.step.model import (
     ALL_CORRECTIONS,
     IDLE,
     CapPrediction,

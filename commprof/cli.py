@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.set_defaults(func=_sweep)
 
     estimate = sub.add_parser("estimate", help="predict all-reduce and exposed communication")
-    _optional(chosen == "estimate", "commprof.modeling.estimate", estimate)
+    _optional(chosen == "estimate", "commprof.commands.estimate", estimate)
     estimate.set_defaults(func=_estimate)
 
     collective = sub.add_parser("collective", help="predicted nccl-tests table for a cluster")
-    _optional(chosen == "collective", "commprof.modeling.collective_cli", collective)
+    _optional(chosen == "collective", "commprof.commands.collective", collective)
     collective.set_defaults(func=_collective)
 
     analyze = sub.add_parser("analyze", help="overlap metrics from a folder of rank traces")
@@ -530,22 +530,21 @@ def _estimate(args: argparse.Namespace) -> int:
         return _estimate_trace(args)
     if args.world_size is None:
         raise ValueError("--world-size N is required with --model or --params-file")
-    from commprof.modeling.estimate import run
+    from commprof.commands.estimate import run
 
     return int(run(args, _param_sizes(args)))
 
 
 def _estimate_trace(args: argparse.Namespace) -> int:
-    """``estimate --trace``: the trace layer reads and replays, the model predicts the what-if
-    (each layer imports neither; docs/design.md, "Trace replay")."""
-    from commprof.modeling.trace_replay import run_trace
-    from commprof.traces.step_replay import Layout, read_timelines, replay
+    """``estimate --trace``: replay the trace's steps, then the what-if (docs/design.md, "Trace
+    replay")."""
+    from commprof.commands.estimate_trace import run_trace
 
-    return run_trace(args, read_timelines, replay, Layout)
+    return run_trace(args)
 
 
 def _collective(args: argparse.Namespace) -> int:
-    from commprof.modeling.collective_cli import run
+    from commprof.commands.collective import run
 
     return run(args)
 
@@ -553,13 +552,13 @@ def _collective(args: argparse.Namespace) -> int:
 def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:
     """Parameter sizes from ``--params-file`` or ``--model`` (closed form, torch-free)."""
     from commprof.catalog import is_model_name, parameter_sizes
-    from commprof.modeling.estimate import load_param_sizes_file
+    from commprof.commands.estimate import load_param_sizes_file
 
     if getattr(args, "params_file", None):
         return load_param_sizes_file(args.params_file)
     if getattr(args, "fit", None) and args.model and not is_model_name(args.model):
         # a model of the user's own (commprof.attach): its sizes as the dataset recorded them
-        from commprof.modeling.step_advice import param_sizes_for
+        from commprof.modeling.step.model import param_sizes_for
         from commprof.results import load
 
         return param_sizes_for(load(args.fit), args.model)

@@ -144,7 +144,7 @@ MAX_MICROBENCH_BYTES = 1 << 40
 """Largest microbenchmark size (1 TiB); the memory guard costs each cell's buffers too."""
 MIN_MICROBENCH_SIZES = 3
 """Fewest distinct microbenchmark sizes a matrix may name: the ring fit of ``commprof report``
-and ``estimate --fit`` needs 3 points (``commprof.modeling.ring_fit.MIN_POINTS``)."""
+and ``estimate --fit`` needs 3 points (``commprof.modeling.collective.ring_fit.MIN_POINTS``)."""
 MAX_ENV_CHARS = 4096
 """Longest value of a matrix's ``env`` section."""
 

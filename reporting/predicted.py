@@ -1,7 +1,7 @@
 """What the step model predicts for a dataset: the cap advice, its out-of-sample check, what-ifs.
 
 The Recommendations section of the main report (``recommend``) renders these tables; they are
-computed here with the public step-model API (``commprof.modeling.step_advice``) so that a test
+computed here with the public step-model API (``commprof.modeling.step.model``) so that a test
 can recompute every number the section prints with the same calls. Three tables:
 
 - :func:`cap_advice`: per (model, world size) with a calibratable cell of that world size, the
@@ -30,10 +30,15 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.caps import cap_mb, same_cap
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.cap_advice import CAP_GRID_MB, baseline_label, recommend_cap, verdict_kind
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.clusters import builtin_clusters
-from commprof.modeling.step_advice import (
+from commprof.modeling.collective.cluster_link import ClusterLink
+from commprof.modeling.collective.clusters import builtin_clusters
+from commprof.modeling.step.cap_advice import (
+    CAP_GRID_MB,
+    baseline_label,
+    recommend_cap,
+    verdict_kind,
+)
+from commprof.modeling.step.model import (
     ALL_CORRECTIONS,
     CapPrediction,
     StepModel,

@@ -17,7 +17,7 @@ import pandas as pd
 from commprof.analysis.dataset import Processed
 from commprof.analysis.dataset import rows as records
 from commprof.caps import cap_label
-from commprof.modeling.cap_advice import TIE_TOLERANCE
+from commprof.modeling.step.cap_advice import TIE_TOLERANCE
 from commprof.reporting import predicted, prose
 from commprof.reporting.report_tables import MISSING, booktabs, fmt
 

@@ -15,7 +15,7 @@ from commprof.analysis.dataset import Processed, load_processed
 from commprof.analysis.modelled import bucket_table, calibrate, cell_model
 from commprof.analysis.per_cell import cell_status, config_key
 from commprof.analysis.repeatability import repeatability
-from commprof.modeling.ring_fit import CalibrationWarning, Fit, RingFit, fit_alpha_beta
+from commprof.modeling.collective.ring_fit import CalibrationWarning, Fit, RingFit, fit_alpha_beta
 from commprof.results import load
 
 DATA = Path(__file__).parent / "data" / "results_smoke"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from commprof.cli import main
-from commprof.modeling import collectives
-from commprof.modeling.calibration import (
+from commprof.modeling.collective import collectives
+from commprof.modeling.collective.calibration import (
     DESCRIPTION,
     FIT_MIN_BYTES,
     FITTED,
@@ -22,8 +22,8 @@ from commprof.modeling.calibration import (
     halfwidth_log,
     predict,
 )
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.nccl_tests import NcclTestsLog, Row, Run, read_log
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.nccl_tests import NcclTestsLog, Row, Run, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 H100 = load_cluster("dgx-h100")

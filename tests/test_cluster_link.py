@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from commprof.cli import main
-from commprof.modeling.calibration import DESCRIPTION, Fit
-from commprof.modeling.calibration import predict as fitted_predict
-from commprof.modeling.cluster_link import ClusterLink, allreduce_time_ns, cluster_link
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import predict
-from commprof.modeling.estimate import add_arguments, run
-from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
+from commprof.commands.estimate import add_arguments, run
+from commprof.modeling.collective.calibration import DESCRIPTION, Fit
+from commprof.modeling.collective.calibration import predict as fitted_predict
+from commprof.modeling.collective.cluster_link import ClusterLink, allreduce_time_ns, cluster_link
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import predict
+from commprof.modeling.collective.ring_fit import fit_alpha_beta, save_fits
 
 DATA = Path(__file__).parent / "data"
 LOG = DATA / "nccl_tests" / "oci-bm-gpu4.8" / "all_reduce_p16_oke.txt"  # 2 nodes of 8 A100

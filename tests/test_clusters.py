@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from commprof.modeling.clusters import builtin_clusters, default_net_efficiency, load_cluster
+from commprof.modeling.collective.clusters import (
+    builtin_clusters,
+    default_net_efficiency,
+    load_cluster,
+)
 
 
 def test_bundled_clusters_carry_their_sources() -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from commprof.modeling.calibration import calibrate
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import COLLECTIVES
-from commprof.modeling.nccl_tests import read_log
+from commprof.modeling.collective.calibration import calibrate
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import COLLECTIVES
+from commprof.modeling.collective.nccl_tests import read_log
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]

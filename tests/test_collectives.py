@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import (
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import (
     BASE_LAT_US,
     CORRECTIONS,
     HW_LAT_US,
@@ -20,7 +20,7 @@ from commprof.modeling.collectives import (
     predict,
     table,
 )
-from commprof.modeling.nccl_search import Graph, search
+from commprof.modeling.collective.nccl_search import Graph, search
 
 A100 = load_cluster("dgx-a100")
 H100 = load_cluster("dgx-h100")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commprof.modeling.cost_model import (
+from commprof.modeling.collective.cost_model import (
     ALGORITHMS,
     LinkParams,
     allreduce_ns,

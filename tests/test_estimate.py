@@ -10,20 +10,13 @@ import numpy as np
 import pytest
 
 from commprof.catalog import parameter_sizes
-from commprof.modeling import cap_advice
+from commprof.commands.estimate import add_arguments, load_param_sizes_file, run
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.cap_advice import CAP_GRID_MB, NONE_IN_USE, TIE_TOLERANCE, search
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.estimate import (
-    Estimate,
-    add_arguments,
-    backward_ready_ns,
-    estimate,
-    load_param_sizes_file,
-    run,
-    simulate,
-)
-from commprof.modeling.ring_fit import fit_alpha_beta, save_fits
+from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.collective.ring_fit import fit_alpha_beta, save_fits
+from commprof.modeling.step import cap_advice
+from commprof.modeling.step.cap_advice import CAP_GRID_MB, NONE_IN_USE, TIE_TOLERANCE, search
+from commprof.modeling.step.idle import Estimate, backward_ready_ns, estimate, simulate
 
 # Four 1 MiB layers (262144 float32 each): with a 1 MiB cap, one layer per bucket.
 PARAMS = [(f"l{i}.weight", 262144) for i in range(4)]

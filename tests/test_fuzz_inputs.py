@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from commprof import matrix
+from commprof.commands.estimate import load_param_sizes_file
 from commprof.lock import parse_record
-from commprof.modeling import clusters, interconnects
-from commprof.modeling.estimate import load_param_sizes_file
+from commprof.modeling.collective import clusters, interconnects
 from commprof.yamlio import load_yaml
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
@@ -154,7 +154,7 @@ def test_fuzz_yaml_text() -> None:
 
 
 def _bundled(name: str) -> Any:
-    text = resources.files("commprof.modeling").joinpath(name).read_text("utf-8")
+    text = resources.files("commprof.modeling.collective").joinpath(name).read_text("utf-8")
     return load_yaml(text, name)
 
 

@@ -19,8 +19,8 @@ import pytest
 
 from commprof import results
 from commprof.analysis.breakdown import step_breakdown
-from commprof.modeling.step_advice import load_step_model, param_sizes_for
-from commprof.modeling.step_corrections import CORRECTION_NAMES
+from commprof.modeling.step.corrections import CORRECTION_NAMES
+from commprof.modeling.step.model import load_step_model, param_sizes_for
 
 DATA = Path(__file__).parent / "data" / "results_smoke"
 IN_SAMPLE_TOLERANCE = 0.05

@@ -365,7 +365,9 @@ def test_non_finite_link_numbers_are_named_by_their_key(
 ) -> None:
     from importlib import resources
 
-    bundled = resources.files("commprof.modeling").joinpath("clusters.yaml").read_text("utf-8")
+    bundled = (
+        resources.files("commprof.modeling.collective").joinpath("clusters.yaml").read_text("utf-8")
+    )
     clusters = tmp_path / "c.yaml"
     clusters.write_text(bundled.replace("nic_bytes_per_s: 25.0e9", "nic_bytes_per_s: .inf", 1))
     argv = ["collective", "--cluster", str(clusters), "--world-size", "16"]

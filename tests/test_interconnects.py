@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from commprof.modeling.interconnects import (
+from commprof.modeling.collective.interconnects import (
     builtin_interconnects,
     get_interconnect,
     load_interconnects,
@@ -58,7 +58,9 @@ def test_known_values() -> None:
 
 
 def test_data_file_is_ascii() -> None:
-    data = resources.files("commprof.modeling").joinpath("interconnects.yaml").read_bytes()
+    data = (
+        resources.files("commprof.modeling.collective").joinpath("interconnects.yaml").read_bytes()
+    )
     data.decode("ascii")
 
 

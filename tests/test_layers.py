@@ -24,7 +24,7 @@ APP = "app"
 LAYERS: dict[str, tuple[set[str], set[str]]] = {
     # layer: (commprof layers it may import, third-party frameworks it may import)
     CORE: ({CORE}, set()),
-    "modeling": ({CORE, "modeling"}, set()),
+    "modeling": ({CORE, "traces", "modeling"}, set()),
     "analysis": ({CORE, "modeling", "analysis"}, set()),
     "traces": ({CORE, "traces"}, set()),
     "reporting": ({CORE, "modeling", "analysis", "reporting"}, set()),
@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "training": ({CORE, "modeling", "traces", "profiling", "training"}, {"torch"}),
     "actors": ({CORE, "modeling", "training", "actors"}, {"ray", "torch"}),
     "sweeps": ({CORE, "modeling", "analysis", "actors", "sweeps"}, {"ray"}),
+    "commands": ({CORE, "modeling", "commands"}, set()),
     APP: ({CORE, APP}, set()),  # and anything inside a function (APP_MODULES)
 }
 """The table of docs/design.md, "Layers". torch and Ray reach a torch-free layer only through

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
-from commprof.modeling import nccl_log
-from commprof.modeling.cluster_link import cluster_link
-from commprof.modeling.collective_cli import add_arguments as add_collective_arguments
-from commprof.modeling.estimate import add_arguments as add_estimate_arguments
-from commprof.modeling.nccl_log import (
+from commprof.commands.collective import add_arguments as add_collective_arguments
+from commprof.commands.estimate import add_arguments as add_estimate_arguments
+from commprof.modeling.collective import nccl_log
+from commprof.modeling.collective.cluster_link import cluster_link
+from commprof.modeling.collective.nccl_log import (
     Row,
     implied_world_size,
     parse_text,

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commprof.modeling.nccl_log import parse_text
+from commprof.modeling.collective.nccl_log import parse_text
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 SEEDS = [

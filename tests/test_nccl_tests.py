@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
-from commprof.modeling.calibration import DESCRIPTION, calibrate, predict
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.nccl_tests import parse_text, read_log
+from commprof.modeling.collective.calibration import DESCRIPTION, calibrate, predict
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.nccl_tests import parse_text, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 

@@ -12,7 +12,7 @@ import pytest
 
 from commprof import cli
 from commprof.analysis.dataset import load_processed
-from commprof.modeling import cap_advice
+from commprof.modeling.step import cap_advice
 from reporting import predicted, prose, recommend_step
 
 DATA = Path(__file__).resolve().parent / "data" / "results_smoke"

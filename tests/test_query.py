@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from commprof import query, results
-from commprof.modeling import timeline
-from commprof.modeling.step_model import calibrate_step
-from commprof.modeling.step_sim import NO_INTERFERENCE
+from commprof.modeling.step import timeline
+from commprof.modeling.step.calibration import calibrate_step
+from commprof.modeling.step.simulator import NO_INTERFERENCE
 from tests.test_step_spec import SMOKE
 
 

@@ -25,9 +25,10 @@ import pytest
 
 from commprof.analysis.dataset import Processed, process
 from commprof.catalog import parameter_sizes
-from commprof.modeling import cap_advice, step_advice
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.clusters import builtin_clusters
+from commprof.modeling.collective.cluster_link import ClusterLink
+from commprof.modeling.collective.clusters import builtin_clusters
+from commprof.modeling.step import cap_advice
+from commprof.modeling.step import model as step_model
 from commprof.reporting import build, predicted, prose, report_tables
 from commprof.results import load
 from commprof.units import format_bytes
@@ -327,7 +328,7 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
     done = latest[latest["status"] == "ok"]
     for model, ws in sorted(set(zip(done["model"], done["world_size"], strict=True))):
         try:
-            cell = step_advice.select_calibration_cell(tables, model, world_size=int(ws))
+            cell = step_model.select_calibration_cell(tables, model, world_size=int(ws))
         except ValueError:
             continue
         row = tables["cells"][tables["cells"]["cell_id"] == cell].iloc[-1]
@@ -353,7 +354,7 @@ def _step_advice_expected(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
                 gain = 1 - run[best.bucket_cap_mb] / run[cal_cap]
                 expected[f"step_meas_gain{key}"] = 100 * gain
         sizes = parameter_sizes(model)
-        fitted = step_advice.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
+        fitted = step_model.load_step_model(tables, model, world_size=int(ws), param_sizes=sizes)
         for name, gpus in WHAT_IF.items():  # the collective model on the description alone
             link = ClusterLink(cluster=CLUSTERS[name])
             # the cap in use is the calibration cap: kept where best_of keeps it

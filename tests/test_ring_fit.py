@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from commprof import results
-from commprof.modeling.ring_fit import (
+from commprof.modeling.collective.ring_fit import (
     CalibrationWarning,
     RingFit,
     bucket_latency_points,
@@ -184,7 +184,7 @@ def test_bucket_latency_points_keep_measured_steps_and_take_max_over_ranks() -> 
     assert pts["num_bytes"].tolist() == [100, 200]
 
 
-@pytest.mark.filterwarnings("ignore::commprof.modeling.ring_fit.CalibrationWarning")
+@pytest.mark.filterwarnings("ignore::commprof.modeling.collective.ring_fit.CalibrationWarning")
 def test_fits_from_dataset_buckets_fit_measured_steps_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

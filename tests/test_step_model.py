@@ -16,16 +16,27 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.cap_advice import (
+from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns
+from commprof.modeling.step.calibration import (
+    Applied,
+    StepCalibration,
+    WhatIf,
+    calibrate_step,
+    cpu_share_scale,
+    host_hook_fixed_ns,
+    interference_from_rows,
+    predict_step,
+    split_hook,
+)
+from commprof.modeling.step.cap_advice import (
     TIE_TOLERANCE,
     advise_cap,
     baseline_label,
     best_of,
     recommend_cap,
 )
-from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns
-from commprof.modeling.estimate import DEFAULT_ALPHA_NS
-from commprof.modeling.step_advice import (
+from commprof.modeling.step.idle import DEFAULT_ALPHA_NS
+from commprof.modeling.step.model import (
     IDLE,
     REPEAT_KEYS,
     CapPrediction,
@@ -41,18 +52,7 @@ from commprof.modeling.step_advice import (
     repeats_of,
     without_in_sample,
 )
-from commprof.modeling.step_model import (
-    Applied,
-    StepCalibration,
-    WhatIf,
-    calibrate_step,
-    cpu_share_scale,
-    host_hook_fixed_ns,
-    interference_from_rows,
-    predict_step,
-    split_hook,
-)
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
+from commprof.modeling.step.simulator import NO_INTERFERENCE, Interference, simulate_step
 from commprof.query import ok_attempts
 from tests.test_in_sample import assert_in_sample, assert_reproduces
 
@@ -238,7 +238,7 @@ def test_the_advice_compares_every_cap_out_of_sample() -> None:
     off = recommend_cap(model, sizes, caps_mb=(1.0,), corrections=no_stall).curve[0]
     alone = predict_cap(model, sizes, bucket_cap_mb=1.0, corrections=without_in_sample(no_stall))
     assert off.step_ns == alone.step_ns != full.step_ns
-    with pytest.raises(TypeError, match=r"corrections must be a step_advice\.Corrections"):
+    with pytest.raises(TypeError, match=r"corrections must be a step\.model\.Corrections"):
         recommend_cap(model, sizes, caps_mb=(1.0,), corrections="stall")
 
 
@@ -728,7 +728,7 @@ def test_recorded_parameter_sizes_match_the_catalog() -> None:
     on a catalog model the recorded sizes equal the catalog's closed form."""
     from commprof import results
     from commprof.catalog import parameter_sizes
-    from commprof.modeling.step_advice import param_sizes_for
+    from commprof.modeling.step.model import param_sizes_for
 
     tables = results.load(Path(__file__).parent / "data" / "results_smoke")
     cells = tables["cells"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from commprof.modeling.step_sim import NO_INTERFERENCE, Interference, simulate_step
+from commprof.modeling.step.simulator import NO_INTERFERENCE, Interference, simulate_step
 
 
 def _flat(comm: float, compute: float) -> Interference:

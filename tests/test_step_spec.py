@@ -1,4 +1,4 @@
-"""The step model's declared spec (``commprof.modeling.step_spec``) is the code's: its
+"""The step model's declared spec (``commprof.modeling.step.spec``) is the code's: its
 corrections are the ones the model switches, its constants the ones the code uses, each entry
 has a section of docs/design.md of at most five lines, and ``estimate --fit`` prints it."""
 
@@ -14,10 +14,12 @@ import pytest
 from commprof import results
 from commprof.catalog import parameter_sizes
 from commprof.cli import main
-from commprof.modeling import cap_advice, step_advice, step_corrections, step_model
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.step_corrections import CORRECTION_NAMES, IDLE, Corrections, Scope
-from commprof.modeling.step_spec import SPEC, SpecEntry, spec_doc
+from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.step import calibration, cap_advice
+from commprof.modeling.step import corrections as step_corrections
+from commprof.modeling.step import model as step_model
+from commprof.modeling.step.corrections import CORRECTION_NAMES, IDLE, Corrections, Scope
+from commprof.modeling.step.spec import SPEC, SpecEntry, spec_doc
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 SMOKE = Path(__file__).parent / "data" / "results_smoke"
@@ -74,10 +76,10 @@ def test_the_spec_names_the_constants_the_code_uses() -> None:
     by = {e.name: e for e in SPEC}
     assert f"{cap_advice.TIE_TOLERANCE:g}" in by["advice_tolerance"].formula
     assert f"{cap_advice.TIE_TOLERANCE:g}" in by["in_use_rule"].formula
-    assert f"{step_model.HOOK_QUANTILE:g} quantile" in by["hook_cost"].formula
-    assert step_model.INTERFERENCE_STATISTIC in step_model.FACTOR_STATISTICS
+    assert f"{calibration.HOOK_QUANTILE:g} quantile" in by["hook_cost"].formula
+    assert calibration.INTERFERENCE_STATISTIC in calibration.FACTOR_STATISTICS
     assert by["interference_statistic"].formula.startswith(
-        f"factor = {step_model.INTERFERENCE_STATISTIC} loaded"
+        f"factor = {calibration.INTERFERENCE_STATISTIC} loaded"
     )
 
 
@@ -100,7 +102,7 @@ def test_estimate_prints_the_spec_with_its_fitted_values(
     assert spec["host_residual"]["value"] == f"{cal['host_residual_ns'] / 1e6:+.3f} ms"
     assert spec["link_scale"]["on"] is False and spec["link_scale"]["value"] is None
     assert spec["advice_tolerance"]["value"] == "1%"
-    assert spec["stall"]["code"][0] == "commprof.modeling.step_corrections.link_stall_ns"
+    assert spec["stall"]["code"][0] == "commprof.modeling.step.corrections.link_stall_ns"
 
 
 def test_the_text_names_every_entry_and_the_idle_model_is_every_correction_off(
@@ -131,14 +133,14 @@ def test_on_another_link_the_calibrated_links_corrections_show_off(
 def test_the_hook_split_and_residual_lines_say_what_applies() -> None:
     tables = results.load(SMOKE)
     sizes = parameter_sizes("srn-1m")
-    model = step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
+    model = step_model.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes)
 
-    def value(m: step_advice.StepModel, name: str, *, in_sample: bool = True) -> str:
+    def value(m: step_model.StepModel, name: str, *, in_sample: bool = True) -> str:
         used = step_corrections.applied(m, link=None, in_sample=in_sample)
         doc = spec_doc(m, used, step_corrections.ALL_CORRECTIONS)
         return next(e["value"] for e in doc if e["name"] == name)
 
-    split = step_model.split_hook(model.calibration, model.hook_fixed_ns)
+    split = calibration.split_hook(model.calibration, model.hook_fixed_ns)
     assert value(model, "hook_split") == (
         f"a = {split.hook_fixed_ns / 1e3:.1f} us, b = {split.hook_ns_per_byte:.3g} ns/B"
     )
@@ -159,15 +161,15 @@ def test_the_hook_split_and_residual_lines_say_what_applies() -> None:
 
 
 @pytest.fixture(scope="module")
-def smoke_model() -> tuple[step_advice.StepModel, list[tuple[str, int]]]:
+def smoke_model() -> tuple[step_model.StepModel, list[tuple[str, int]]]:
     sizes = parameter_sizes("srn-1m")
     tables = results.load(SMOKE)
-    return step_advice.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes), sizes
+    return step_model.load_step_model(tables, "srn-1m", world_size=2, param_sizes=sizes), sizes
 
 
 @pytest.mark.parametrize("c", step_corrections.CORRECTIONS, ids=lambda c: c.name)
 def test_each_correction_is_switched_and_scoped_by_its_object(
-    smoke_model: tuple[step_advice.StepModel, list[tuple[str, int]]],
+    smoke_model: tuple[step_model.StepModel, list[tuple[str, int]]],
     c: step_corrections.Correction,
 ) -> None:
     model, sizes = smoke_model
@@ -182,7 +184,7 @@ def test_each_correction_is_switched_and_scoped_by_its_object(
     expected = getattr(model, c.field) if c.scope is Scope.EVERY else c.neutral
     assert getattr(elsewhere, c.field) == expected
     # calibrated without it: its value neutral in the model itself
-    assert getattr(step_advice.recalibrated_without(model, [c.name], sizes), c.field) == c.neutral
+    assert getattr(step_model.recalibrated_without(model, [c.name], sizes), c.field) == c.neutral
     # the command line and the spec take it from the object
     assert f"--without {c.name}" in step_spec_entry(c.name).switch
     assert step_spec_entry(c.name).applies_to == c.scope.value
@@ -193,10 +195,10 @@ def step_spec_entry(name: str) -> SpecEntry:
 
 
 def test_the_idle_model_is_the_list_switched_off(
-    smoke_model: tuple[step_advice.StepModel, list[tuple[str, int]]],
+    smoke_model: tuple[step_model.StepModel, list[tuple[str, int]]],
 ) -> None:
     model, _ = smoke_model
-    assert step_corrections.applied(model, link=None, corrections=IDLE) == step_model.Applied()
+    assert step_corrections.applied(model, link=None, corrections=IDLE) == calibration.Applied()
     with pytest.raises(ValueError, match=r"unknown corrections \['nope'\]"):
         Corrections.without(["nope"])
 

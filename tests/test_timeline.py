@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commprof.modeling.timeline import bucket_ready_offsets, parameter_ready_ns
+from commprof.modeling.step.timeline import bucket_ready_offsets, parameter_ready_ns
 
 CELL = "abcdef012345"
 

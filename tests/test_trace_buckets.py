@@ -15,7 +15,7 @@ import pytest
 
 from commprof.cli import main
 from commprof.modeling.buckets import MIB
-from commprof.modeling.trace_buckets import (
+from commprof.modeling.trace_whatif.buckets import (
     OwnBuckets,
     fit_bucket_cost,
     launch_delays,
@@ -24,8 +24,8 @@ from commprof.modeling.trace_buckets import (
     own_cap_range,
     own_layout,
 )
+from commprof.modeling.trace_whatif.replay import Layout, StepTimeline, read_timelines, replay
 from commprof.traces.gradients import read_step_gradients
-from commprof.traces.step_replay import Layout, StepTimeline, read_timelines, replay
 from tests.prereqs import REALTRACES, needs
 from tests.trace_events import x
 
@@ -186,8 +186,8 @@ def test_gradients_without_a_usable_size_are_refused_naming_it(tmp_path: Path) -
 
 
 def test_the_two_layers_queue_rule_is_one_value() -> None:
-    from commprof.modeling import trace_buckets
-    from commprof.traces import step_replay
+    from commprof.modeling.trace_whatif import buckets as trace_buckets
+    from commprof.modeling.trace_whatif import replay as step_replay
 
     assert trace_buckets.QUEUED_GAP_NS == step_replay.QUEUED_GAP_NS
 

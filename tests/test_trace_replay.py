@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from commprof.cli import main
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.trace_replay import WhatIf, replay_report, trace_world_size
-from commprof.traces.step_replay import (
+from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.trace_whatif.replay import (
     QUEUED_GAP_NS,
     RESUME_GAP_NS,
     StepTimeline,
     read_timelines,
     replay,
 )
+from commprof.modeling.trace_whatif.what_if import WhatIf, replay_report, trace_world_size
 from tests.prereqs import REALTRACES, needs
 from tests.trace_events import x
 
@@ -285,7 +285,8 @@ def test_real_trace_replay_moves_with_communication_time(name: str) -> None:
 def test_trace_replay_loads_no_torch_and_no_ray() -> None:
     # the light install has neither: the command's modules must not import them
     code = (
-        "import sys, commprof.cli, commprof.modeling.trace_replay, commprof.traces.step_replay; "
+        "import sys, commprof.cli, commprof.modeling.trace_whatif.what_if, "
+        "commprof.modeling.trace_whatif.replay; "
         "print(sorted({'torch', 'ray'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,7 +18,7 @@ from commprof.analysis import attribution, modelled, per_cell
 from commprof.analysis.breakdown import STEP_KEYS, step_breakdown, trace_breakdown
 from commprof.analysis.hook_cost import hook_cost_summary
 from commprof.analysis.repeatability import repeatability
-from commprof.modeling.ring_fit import Fit
+from commprof.modeling.collective.ring_fit import Fit
 from commprof.results import SCHEMAS, load
 
 

@@ -1,6 +1,6 @@
 """Modelled columns beside measured ones, and the prediction error of the model per cell.
 
-Calibration (``commprof.modeling.ring_fit.fit_table``, method ``alpha-beta``): the ring
+Calibration (``commprof.modeling.collective.ring_fit.fit_table``, method ``alpha-beta``): the ring
 all-reduce model T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan 2009) is fitted
 per (backend, regime, world size) to the ``microbench`` table, the all-reduces measured alone
 after training (time p50 over iterations, max over ranks). The fit is then used out of sample:
@@ -33,8 +33,8 @@ import pandas as pd
 from commprof.caps import cap_mb
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
-from commprof.modeling.cost_model import bus_bandwidth_factor
-from commprof.modeling.ring_fit import CalibrationWarning, Fit, RingFit, fit_table
+from commprof.modeling.collective.cost_model import bus_bandwidth_factor
+from commprof.modeling.collective.ring_fit import CalibrationWarning, Fit, RingFit, fit_table
 from commprof.query import only_ok
 
 FitKey = tuple[str, str, int]

@@ -15,7 +15,7 @@ the host) this module keeps, in the order they were written:
 - the host start of each ``c10d::allreduce_`` the thread launched in the window: a gradient
   written before launch k and after launch k-1 was in the trace's bucket k.
 
-Pure reading; what a new cap does with these is :mod:`commprof.modeling.trace_replay`'s.
+Pure reading; what a new cap does with these is :mod:`commprof.modeling.trace_whatif.what_if`'s.
 docs/design.md, "Trace replay".
 """
 

@@ -31,7 +31,7 @@ is the mean loaded time over the mean alone time: on a shared host a few loaded 
 stall for a scheduler period (ten times the median and more), which a median hides and a
 step's time does not (docs/design.md, Step model). Rows go to
 the dataset's ``interference`` table (docs/design.md) and the step simulator takes them
-(``commprof.modeling.step_model.interference_from_rows``).
+(``commprof.modeling.step.calibration.interference_from_rows``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from commprof.matrix import geometric_sizes as geometric_sizes  # torch-free home; re-exported
-from commprof.modeling.cost_model import bus_bandwidth_factor
+from commprof.modeling.collective.cost_model import bus_bandwidth_factor
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -163,7 +163,7 @@ def size_record(
     """The microbench record of one size from every rank's timed durations (no process group).
 
     An iteration's time is the max over ranks (module docstring); algbw = S / t_p50 and
-    busbw = algbw * 2(p-1)/p (``commprof.modeling.cost_model.bus_bandwidth_factor``,
+    busbw = algbw * 2(p-1)/p (``commprof.modeling.collective.cost_model.bus_bandwidth_factor``,
     nccl-tests doc/PERFORMANCE.md), in decimal GB/s. ``transfer_p50_ns`` is the median over
     iterations of the SHORTEST duration across ranks: the rank that left the barrier last
     waited for nobody, so its time is the collective's transfer and the others' excess is

@@ -1,27 +1,14 @@
-"""``commprof estimate``: predicted DDP gradient communication for a model, link and cap.
+"""``commprof estimate``: its flags, which of them go together, and the text and JSON it prints.
 
-Pipeline: parameter sizes -> DDP buckets (``buckets.assign_buckets``) -> an
-all-reduce time per bucket (``cost_model``, from a published link or a
-calibrated fit) -> a simulated backward timeline -> exposed communication.
-
-Backward timeline (simple per-layer estimate, used unless a measured one is
-given): parameter i costs 4 * numel_i * tokens FLOPs of backward (twice the
-forward's 2 * numel * tokens; Kaplan et al. 2020, "Scaling laws for neural
-language models", section 2.1) at ``device_flops_per_s``; gradients become
-ready in reverse registration order, one after another. The timeline is played
-by the step simulator (``step_sim.simulate_step``) with every correction off,
-one channel and no hook time, which reduces to: bucket k launches when its last
-gradient is ready AND bucket k-1 has finished (DDP launches in order, and with
-one communication stream the all-reduces serialise):
-
-    launch_k = max(ready_k, done_{k-1}),  done_k = launch_k + T_k,
-    exposed  = max(0, done_last - backward_end).
+The idle model it runs without a dataset is :mod:`commprof.modeling.step.idle` (DDP's buckets
+on a link, played on a simple backward); with a dataset folder, ``--fit DIR`` runs the step
+model instead (:mod:`commprof.commands.estimate_step`); with ``--trace`` the trace what-if
+(:mod:`commprof.commands.estimate_trace`).
 
 Printed with the estimate: what it assumed (compute rate, tokens, link, latency), each with its
 source (a flag, a file, or the built-in default); with ``--recommend-bucket-cap`` a verdict line.
 Flags that do not apply to the path taken are errors naming them (:func:`check_step_flags`,
-:func:`check_serial_flags`). With a dataset folder, ``--fit DIR`` runs the step simulator
-instead (``estimate_step``).
+:func:`check_serial_flags`).
 
 This module imports no torch: the CLI resolves a model name to parameter
 sizes (``commprof.catalog.parameter_sizes``, closed form) and passes them in.
@@ -33,225 +20,38 @@ import argparse
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from commprof import flags
 from commprof.caps import cap_label, cap_number
-from commprof.modeling.buckets import MIB, Bucket, ParamSize, assign_buckets
-from commprof.modeling.cap_advice import CAP_GRID_MB, search, verdict
-from commprof.modeling.cluster_link import (
-    ClusterLink,
-    add_cluster_arguments,
-    cluster_link,
-    comm_interval,
-    interval_line,
-)
-from commprof.modeling.cost_model import ALGORITHMS, LinkParams, allreduce_ns
-from commprof.modeling.estimate_step import (
+from commprof.commands.estimate_step import (
     add_step_arguments,
     assumptions_text,
     run_step,
     step_flags_given,
 )
-from commprof.modeling.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.ring_fit import FIT_SOURCES, Fit, fits_from_dataset, load_fits
-from commprof.modeling.step_sim import simulate_step
-from commprof.modeling.timeline import load_parameter_ready_ns
+from commprof.commands.links import published_link
+from commprof.modeling.buckets import MIB, ParamSize
+from commprof.modeling.collective.cluster_link import (
+    ClusterLink,
+    cluster_link,
+    comm_interval,
+    interval_line,
+)
+from commprof.modeling.collective.cost_model import ALGORITHMS
+from commprof.modeling.collective.link import Link
+from commprof.modeling.collective.ring_fit import FIT_SOURCES, fits_from_dataset, load_fits
+from commprof.modeling.step.cap_advice import CAP_GRID_MB, search, verdict
+from commprof.modeling.step.idle import (
+    DEFAULT_ALPHA_NS,
+    DEFAULT_BATCH_TOKENS,
+    DEFAULT_DEVICE_FLOPS_PER_S,
+    Estimate,
+    estimate,
+)
+from commprof.modeling.step.timeline import load_parameter_ready_ns
 from commprof.yamlio import load_yaml, read_text, short
-
-DEFAULT_ALPHA_NS = 10_000.0
-"""Assumed per-message latency for published links (not a published figure)."""
-DEFAULT_DEVICE_FLOPS_PER_S = 100e12
-"""Assumed sustained backward FLOP rate of one device (100 TFLOP/s)."""
-DEFAULT_BATCH_TOKENS = 8 * 1024
-"""Assumed tokens (samples x positions) per rank per step."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BucketEstimate:
-    """One bucket on the simulated timeline (times from backward start)."""
-
-    index: int
-    """Launch order."""
-    num_params: int
-    """Parameters in the bucket."""
-    num_bytes: int
-    """Gradient bytes."""
-    ready_ns: int
-    """When its last gradient is ready."""
-    launch_ns: int
-    """When its all-reduce starts."""
-    done_ns: int
-    """When its all-reduce ends."""
-    allreduce_ns: int
-    """Predicted all-reduce time."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Estimate:
-    """Prediction for one configuration."""
-
-    world_size: int
-    """Ranks."""
-    bucket_cap_mb: float | None
-    """DDP cap in MiB (None: DDP default)."""
-    link: str
-    """Where alpha and beta came from."""
-    buckets: tuple[BucketEstimate, ...]
-    """Per-bucket timeline."""
-    total_comm_ns: int
-    """Sum of the all-reduce times."""
-    backward_ns: int
-    """End of backward compute."""
-    exposed_ns: int
-    """Communication after backward ends."""
-
-    @property
-    def num_buckets(self) -> int:
-        """Buckets DDP makes at this cap."""
-        return len(self.buckets)
-
-    @property
-    def step_ns(self) -> float:
-        """What the cap advice minimises here: backward compute and the communication exposed
-        after it (forward and optimizer, which this path does not know, are the same at every
-        cap)."""
-        return float(self.backward_ns + self.exposed_ns)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
-def backward_ready_ns(
-    param_sizes: Sequence[ParamSize],
-    *,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
-) -> np.ndarray:
-    """Per-parameter gradient-ready time in ns from backward start (simple estimate).
-
-    Args:
-        param_sizes: ``(name, numel[, element_size])`` in registration order.
-        batch_tokens: Tokens (or samples) per rank per step.
-        device_flops_per_s: Sustained FLOP rate.
-
-    Returns:
-        Ready times indexed by registration order (the last parameter is first).
-    """
-    if batch_tokens <= 0 or not device_flops_per_s > 0:
-        raise ValueError(
-            f"batch_tokens ({batch_tokens}) and device_flops_per_s ({device_flops_per_s}) "
-            "must be > 0"
-        )
-    numel = np.array([int(p[1]) for p in param_sizes], dtype=np.float64)
-    cost_ns = 4.0 * numel * batch_tokens / device_flops_per_s * 1e9
-    return np.cumsum(cost_ns[::-1])[::-1]
-
-
-def simulate(
-    buckets: Sequence[Bucket],
-    bucket_time_ns: Sequence[float],
-    ready_ns: Sequence[float],
-    backward_ns: float,
-) -> tuple[list[BucketEstimate], int]:
-    """Serialise bucket all-reduces after their gradients are ready: the step simulator
-    (``step_sim.simulate_step``) with every correction off, one channel and no hook time.
-
-    Args:
-        buckets: Buckets in launch order.
-        bucket_time_ns: Predicted all-reduce time of each bucket.
-        ready_ns: Per-parameter ready times by registration index.
-        backward_ns: End of backward compute.
-
-    Returns:
-        The timeline and the exposed time in ns.
-    """
-    ready = [max(float(ready_ns[i]) for i in b.param_indices) for b in buckets]
-    played = simulate_step(
-        ready_work_ns=ready,
-        service_ns=[float(t) for t in bucket_time_ns],
-        num_bytes=[b.num_bytes for b in buckets],
-        compute_work_ns=max([float(backward_ns), *ready]),
-        num_channels=1,
-    )
-    out = [
-        BucketEstimate(
-            index=bucket.index,
-            num_params=bucket.num_params,
-            num_bytes=bucket.num_bytes,
-            ready_ns=round(own),
-            launch_ns=round(timing.start_ns),
-            done_ns=round(timing.end_ns),
-            allreduce_ns=round(timing.service_ns),
-        )
-        for bucket, own, timing in zip(buckets, ready, played.buckets, strict=True)
-    ]
-    done = max((timing.end_ns for timing in played.buckets), default=0.0)
-    return out, max(0, round(done - backward_ns))
-
-
-def estimate(
-    param_sizes: Sequence[ParamSize],
-    *,
-    world_size: int,
-    bucket_cap_mb: float | None,
-    link: LinkParams | Fit | ClusterLink,
-    link_label: str,
-    algorithm: str = "ring",
-    ready_ns: Sequence[float] | np.ndarray | None = None,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
-) -> Estimate:
-    """Predict per-bucket all-reduce times, total and exposed communication.
-
-    Args:
-        param_sizes: ``(name, numel[, element_size])`` in registration order.
-        world_size: Ranks (>= 2).
-        bucket_cap_mb: DDP cap (MiB); None is DDP's default.
-        link: Link parameters, a calibrated fit, or a cluster (``cluster_link.ClusterLink``).
-        link_label: Where the link came from (shown in output).
-        algorithm: Cost model for LinkParams (fits are ring models).
-        ready_ns: Measured per-parameter ready times; default the simple estimate.
-        batch_tokens: For the simple estimate.
-        device_flops_per_s: For the simple estimate.
-
-    Returns:
-        The estimate.
-    """
-    if world_size < 2:
-        raise ValueError(
-            f"world_size {world_size} is impossible for gradient all-reduce; choose an integer >= 2"
-        )
-    buckets = assign_buckets(param_sizes, bucket_cap_mb=bucket_cap_mb)
-    sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
-    if isinstance(link, LinkParams):
-        times = allreduce_ns(sizes, world_size, link, algorithm=algorithm)
-    else:
-        times = link.predict_ns(sizes, world_size)
-    if ready_ns is None:
-        ready = backward_ready_ns(
-            param_sizes, batch_tokens=batch_tokens, device_flops_per_s=device_flops_per_s
-        )
-    else:
-        ready = np.asarray(ready_ns, dtype=np.float64)
-        if ready.size != len(param_sizes):
-            raise ValueError(f"ready_ns has {ready.size} entries for {len(param_sizes)} params")
-    backward = float(ready.max())
-    timeline, exposed = simulate(buckets, times.tolist(), ready.tolist(), backward)
-    return Estimate(
-        world_size=world_size,
-        bucket_cap_mb=bucket_cap_mb,
-        link=link_label,
-        buckets=tuple(timeline),
-        total_comm_ns=round(float(times.sum())),
-        backward_ns=round(backward),
-        exposed_ns=exposed,
-    )
 
 
 def load_param_sizes_file(path: str | Path) -> list[tuple[str, int, int]]:
@@ -338,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace",
         metavar="DIR",
         help="a rank trace or a folder of them (Kineto): replay its steps, then the what-if of "
-        "--cluster/--interconnect and --world-size (commprof.modeling.trace_replay)",
+        "--cluster/--interconnect and --world-size (commprof.modeling.trace_whatif.what_if)",
     )
     parser.add_argument(
         "--world-size",
@@ -358,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fit",
         help="a dataset folder: the step simulator calibrated on a cell of --model (see "
-        "commprof.modeling.estimate_step); or a fits JSON (save_fits): the idle ring model",
+        "commprof.commands.estimate_step); or a fits JSON (save_fits): the idle ring model",
     )
     parser.add_argument("--fit-backend", default="gloo", help="backend of the fit to use")
     parser.add_argument(
@@ -554,9 +354,7 @@ def check_cluster_flags(args: argparse.Namespace) -> ClusterLink | None:
     return cluster_link(args.cluster, args.world_size, args.nccl_tests or (), args.run)
 
 
-def _link_from_args(
-    args: argparse.Namespace, cluster: ClusterLink | None
-) -> tuple[LinkParams | Fit | ClusterLink, str]:
+def _link_from_args(args: argparse.Namespace, cluster: ClusterLink | None) -> tuple[Link, str]:
     if cluster is not None:
         return cluster, cluster.describe(args.world_size)
     if args.fit:
@@ -581,10 +379,7 @@ def _link_from_args(
         )
     if not args.interconnect:
         raise ValueError("give --interconnect NAME, --cluster NAME|FILE or --fit FITS_JSON")
-    link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
-    params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
-    )
+    params, link = published_link(args, alpha_ns=alpha_ns(args))
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
 
@@ -676,7 +471,6 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
             bucket_cap_mb=cap,
             link=link,
             link_label=label,
-            algorithm=args.algorithm or "ring",
             ready_ns=ready_ns,
             batch_tokens=_batch_tokens(args),
             device_flops_per_s=_device_flops_per_s(args),
@@ -703,3 +497,20 @@ def run(args: argparse.Namespace, param_sizes: Sequence[ParamSize]) -> int:
         text.extend(lines)
     print(json.dumps(doc) if args.json else "\n".join(text))
     return 0
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nccl-tests LOG ...`` (calibrate ``--cluster`` on its all_reduce_perf logs) and ``--run
+    K|all`` (which run of each log)."""
+    parser.add_argument(
+        "--nccl-tests",
+        nargs="+",
+        action="extend",
+        metavar="LOG",
+        help="with --cluster: all_reduce_perf logs of that cluster to calibrate the model on",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="K|all",
+        help="with --nccl-tests: run K of each log, or 'all' runs (a file of several needs it)",
+    )

@@ -236,7 +236,7 @@ def _waited_collective(
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
     """New buckets in place of a timeline's own (a new bucket cap, docs/design.md "Trace
-    replay"); built by :mod:`commprof.modeling.trace_buckets`."""
+    replay"); built by :mod:`commprof.modeling.trace_whatif.buckets`."""
 
     replaced: npt.NDArray[np.bool_]
     """Which of the timeline's collectives the new buckets replace (the trace's own buckets)."""

@@ -3,7 +3,8 @@
 The simulator is a pure function (:func:`simulate_step`). Its inputs are in *idle* units: the
 backward compute work (ns the compute would take with no communication running) after which
 each bucket's gradients are ready, and each bucket's all-reduce time on an idle link (a
-calibrated ring fit, ``commprof.modeling.ring_fit``). It plays the step forward as DDP and
+calibrated ring fit, ``commprof.modeling.collective.ring_fit``). It plays the step forward as DDP
+and
 the backend run it:
 
 * Bucket k's hook is entered once the compute has done ``ready_work_ns[k]`` of work and every

@@ -8,7 +8,8 @@ network, and the tuning model (``ncclTopoTuneModel``, src/graph/tuning.cc) then 
 ...). The channel count therefore matters on its own: a DGX A100 pair (8 NICs of 25 GB/s) gets
 8 ring channels at 24 GB/s, and 8 x 20 GB/s caps its LL128 protocols, where a node with 16 NICs
 of 12.5 GB/s gets 16 channels at 12 GB/s and no cap binds. This module reproduces the search's
-outcome for the topologies a :class:`~commprof.modeling.clusters.Cluster` describes (identical
+outcome for the topologies a :class:`~commprof.modeling.collective.clusters.Cluster` describes
+(identical
 GPUs on one fabric, NICs shared evenly). Line numbers are of NVIDIA/nccl at
 b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 (v2.20.3); the same rules hold through v2.30.
 
@@ -49,7 +50,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commprof.modeling.clusters import Cluster
+from commprof.modeling.collective.clusters import Cluster
 
 SPEEDS_INTRA_GBPS = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
 """``speedArrayIntra`` (search.cc line 839): one-node speeds before sm90."""

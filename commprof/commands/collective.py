@@ -3,8 +3,8 @@
 Prints a table shaped like nccl-tests' (size, time, algbw, busbw, and the algorithm and protocol
 NCCL would pick) so the two can be diffed; ``--json`` prints a list of rows and nothing else on
 stdout. ``--fit LOG ...`` calibrates the description on nccl-tests logs of that cluster first
-(``commprof.modeling.calibration.calibrate``). Every time carries its 80 % interval (``low``,
-``high``; ``time_us_low``, ``time_us_high`` in ``--json``). Torch-free.
+(``commprof.modeling.collective.calibration.calibrate``). Every time carries its 80 % interval
+(``low``, ``high``; ``time_us_low``, ``time_us_high`` in ``--json``). Torch-free.
 """
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ import math
 import re
 import sys
 
-from commprof.modeling.calibration import DESCRIPTION, calibrate, halfwidth_log, predict
-from commprof.modeling.clusters import load_cluster
-from commprof.modeling.collectives import COLLECTIVES
-from commprof.modeling.nccl_log import read_logs, skipped_summary
+from commprof.modeling.collective.calibration import (
+    DESCRIPTION,
+    calibrate,
+    halfwidth_log,
+    predict,
+)
+from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.collectives import COLLECTIVES
+from commprof.modeling.collective.nccl_log import read_logs, skipped_summary
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64

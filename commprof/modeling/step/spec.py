@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from commprof.modeling import cap_advice, step_model, step_sim
-from commprof.modeling.cap_advice import TIE_TOLERANCE
-from commprof.modeling.step_advice import StepModel
-from commprof.modeling.step_corrections import BY_NAME, CORRECTIONS, Correction, Corrections
-from commprof.modeling.step_model import HOOK_QUANTILE, INTERFERENCE_STATISTIC, Applied
+from commprof.modeling.step import calibration, cap_advice, simulator
+from commprof.modeling.step.calibration import HOOK_QUANTILE, INTERFERENCE_STATISTIC, Applied
+from commprof.modeling.step.cap_advice import TIE_TOLERANCE
+from commprof.modeling.step.corrections import BY_NAME, CORRECTIONS, Correction, Corrections
+from commprof.modeling.step.model import StepModel
 
 Kind = Literal["correction", "fitted", "rule", "removed"]
 
@@ -65,7 +65,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         "alone time",
         fitted_from="constant", applies_to="the interference factors", switch="none",
         section="Interference statistic",
-        code=(step_model.interference_from_rows,),
+        code=(calibration.interference_from_rows,),
     ),
     SpecEntry(
         name="hook_cost", kind="fitted",
@@ -74,7 +74,7 @@ SPEC: Final[tuple[SpecEntry, ...]] = (
         fitted_from="the calibration cells' timing-hook records (one size: all per byte)",
         applies_to="every prediction", switch="none: part of the calibrated timeline",
         section="Hook cost",
-        code=(step_model.hook_fit, step_sim.simulate_step),
+        code=(calibration.hook_fit, simulator.simulate_step),
     ),
     SpecEntry(
         name="advice_tolerance", kind="rule",

@@ -1,13 +1,14 @@
-"""``commprof estimate --trace DIR``: replay a real trace's steps, then what-ifs on them.
+"""What-ifs on a real trace's replayed steps: another link, world size or bucket cap.
 
-The step timelines and their replay are :mod:`commprof.traces.step_replay` (the trace layer);
-this module holds what belongs to the model: which flags apply, the collective model that gives
-the what-if's durations, and the report. The command line hands the two together
-(``commprof.cli``), so neither layer imports the other (docs/design.md, "Layers").
+The step timelines and their replay are :mod:`commprof.modeling.trace_whatif.replay`; this module
+holds the what-if: the collective model that gives the new durations, a new cap's buckets, and
+the report. ``commprof estimate --trace DIR`` (:mod:`commprof.commands.estimate_trace`) turns
+its flags into a :class:`WhatIf` and prints the report.
 
 What-if durations (docs/design.md, "Trace replay"): each all-reduce whose size the trace gives
 takes the collective model's predicted time on the what-if's link and world size
-(``--cluster``: :class:`~commprof.modeling.cluster_link.ClusterLink`, NCCL's own tuning model;
+(``--cluster``: :class:`~commprof.modeling.collective.cluster_link.ClusterLink`, NCCL's own tuning
+model;
 ``--interconnect``: the Hockney model of ``cost_model`` on one published link), used directly,
 not as a ratio to the trace's own: a Kineto trace names the GPU, not the fabric between the
 ranks, so a ratio would divide by a prediction for a guessed link. The measured time of an
@@ -17,15 +18,13 @@ other types (all_to_all, send/recv, ...) and those without a size keep their mea
 the report counts them.
 
 ``--bucket-cap-mb`` lays DDP's buckets out again over the trace's own gradients
-(:mod:`commprof.modeling.trace_buckets`) where it was recorded with ``record_shapes=True``; a
+(:mod:`commprof.modeling.trace_whatif.buckets`) where it was recorded with ``record_shapes=True``; a
 trace without per-parameter gradient sizes, or whose all-reduces are not one DDP module's
 buckets, is refused with the reason.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,12 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from commprof.caps import check_cap_mb
-from commprof.modeling.cluster_link import ClusterLink, cluster_link
-from commprof.modeling.cost_model import LinkParams, allreduce_ns
-from commprof.modeling.estimate import alpha_ns
-from commprof.modeling.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.trace_buckets import (
+from commprof.modeling.collective.link import Link
+from commprof.modeling.trace_whatif.buckets import (
     OwnBuckets,
     fit_bucket_cost,
     launch_delays,
@@ -49,30 +44,15 @@ from commprof.modeling.trace_buckets import (
 )
 from commprof.units import finite_or_none
 
-if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
-    from commprof.traces.step_replay import Layout, Replayed, StepTimeline
+if TYPE_CHECKING:  # types only (the replay needs none of this module)
+    from commprof.modeling.trace_whatif.replay import Layout, Replayed, StepTimeline
 
 PREDICTED_TYPES = ("all_reduce",)
 """Collective types the what-if predicts; the others keep their measured time."""
 NS_PER_MS = 1e6
-SOURCE = "commprof.traces.step_replay.replay (docs/design.md, Trace replay)"
+SOURCE = "commprof.modeling.trace_whatif.replay.replay (docs/design.md, Trace replay)"
 """Where the replay's rules are written down (printed with the assumptions)."""
 
-NOT_WITH_TRACE: tuple[tuple[str, str, Any], ...] = (
-    ("--fit", "fit", None),
-    ("--fit-backend", "fit_backend", "gloo"),
-    ("--fit-source", "fit_source", "microbench"),
-    ("--timeline", "timeline", None),
-    ("--cell", "cell", None),
-    ("--batch-tokens", "batch_tokens", None),
-    ("--device-tflops", "device_tflops", None),
-    ("--recommend-bucket-cap", "recommend_bucket_cap", False),
-    ("--same-host", "same_host", False),
-    ("--no-interference", "no_interference", False),
-    ("--without", "without", None),
-)
-"""Flags of ``commprof estimate`` that do not apply with ``--trace`` (the trace gives the
-compute and the communication timeline): (flag, argparse dest, its default)."""
 BUCKET_CAP_REFUSAL = (
     "--bucket-cap-mb with --trace: the trace lacks per-parameter gradient sizes with bucket "
     "launches (a DDP trace records each bucket's all-reduce, not the gradients in it; "
@@ -86,7 +66,7 @@ BUCKET_CAP_REFUSAL = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CapWhatIf:
-    """A new bucket cap on the trace's steps (:mod:`commprof.modeling.trace_buckets`)."""
+    """A new bucket cap on the trace's steps (:mod:`commprof.modeling.trace_whatif.buckets`)."""
 
     bucket_cap_mb: float | None
     """The new cap (MiB); None is DDP's default."""
@@ -106,14 +86,12 @@ class CapWhatIf:
 class WhatIf:
     """The collective model and scale a what-if replays the trace on."""
 
-    link: LinkParams | ClusterLink
-    """Published link (Hockney model) or described cluster (NCCL's model)."""
+    link: Link
+    """Any link: published (Hockney model, its algorithm), described cluster (NCCL's model)."""
     label: str
     """Where the link came from, for the report."""
     world_size: int
     """Ranks of the what-if (the trace's own where ``--world-size`` is not given)."""
-    algorithm: str = "ring"
-    """Cost model of a published link (``cost_model.ALGORITHMS``)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -121,69 +99,6 @@ class WhatIf:
                 f"a what-if on {self.world_size} rank(s): an all-reduce needs >= 2; give "
                 "--world-size N (>= 2)"
             )
-
-
-def check_trace_flags(args: argparse.Namespace) -> None:
-    """Refuse, naming the flag, what does not apply with ``--trace`` (before any trace is read).
-
-    Raises:
-        ValueError: For the model-input flags of ``NOT_WITH_TRACE``, a published link's flags
-            with ``--cluster``, ``--nccl-tests`` without it, and ``--world-size`` without a link.
-    """
-    bad = [
-        flag for flag, dest, default in NOT_WITH_TRACE if getattr(args, dest, default) != default
-    ]
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)} do(es) not apply with --trace (the trace gives the compute and "
-            "communication timeline); leave them out"
-        )
-    link_flags = {
-        "--alpha-us": args.alpha_us is not None,
-        "--algorithm": args.algorithm is not None,
-        "--interconnect-file": args.interconnect_file is not None,
-    }
-    named = ", ".join(f for f, given in link_flags.items() if given)
-    if args.cluster and named:
-        raise ValueError(
-            f"--cluster {args.cluster}: {named} apply to --interconnect, not a cluster"
-        )
-    if named and not args.interconnect:
-        raise ValueError(f"{named} describe a published link: give --interconnect NAME too")
-    if (args.nccl_tests or args.run) and not args.cluster:
-        raise ValueError("--nccl-tests LOG calibrates a cluster: give --cluster NAME|FILE")
-    if args.world_size is not None and not (args.cluster or args.interconnect):
-        raise ValueError(
-            f"--world-size {args.world_size} with --trace: give --cluster NAME|FILE or "
-            "--interconnect NAME, the collective model that predicts the new all-reduces"
-        )
-
-
-def what_if(args: argparse.Namespace, trace_world_size: int | None) -> WhatIf | None:
-    """The what-if of ``--cluster``/``--interconnect`` (and ``--world-size``), None without one.
-
-    Args:
-        args: Parsed ``commprof estimate`` options (checked by :func:`check_trace_flags`).
-        trace_world_size: The trace's own world size (None where it does not say).
-    """
-    if not (args.cluster or args.interconnect):
-        return None
-    world_size = args.world_size if args.world_size is not None else trace_world_size
-    if world_size is None:
-        raise ValueError("the trace does not say its world size: give --world-size N")
-    if args.cluster:
-        link = cluster_link(args.cluster, world_size, args.nccl_tests or (), args.run)
-        return WhatIf(link=link, label=link.describe(world_size), world_size=world_size)
-    published = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
-    params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=published.per_direction_bytes_per_s, alpha_ns=alpha_ns(args)
-    )
-    algorithm = args.algorithm or "ring"
-    label = (
-        f"{published.name} ({published.per_direction_bytes_per_s / 1e9:.1f} GB/s a direction, "
-        f"alpha {params.alpha_ns / 1e3:g} us assumed, {algorithm})"
-    )
-    return WhatIf(link=params, label=label, world_size=world_size, algorithm=algorithm)
 
 
 def predicted_ns(
@@ -208,10 +123,7 @@ def predicted_ns(
     ranks = np.where(world_group, scenario.world_size, groups)
     for p in np.unique(ranks[kind & (sizes >= 0)]).tolist():
         sel = kind & (sizes >= 0) & (ranks == p)
-        if isinstance(scenario.link, ClusterLink):
-            out[sel] = scenario.link.predict_ns(sizes[sel], p)
-        else:
-            out[sel] = allreduce_ns(sizes[sel], p, scenario.link, algorithm=scenario.algorithm)
+        out[sel] = scenario.link.predict_ns(sizes[sel], p)
     return out
 
 
@@ -506,35 +418,3 @@ def trace_world_size(timelines: Sequence[StepTimeline]) -> int | None:
         own = max((int(t.group_size.max()) for t in timelines if t.group_size.size), default=-1)
         own = own if own >= 2 else None
     return own
-
-
-def run_trace(
-    args: argparse.Namespace,
-    read: Callable[..., Sequence[StepTimeline]],
-    replay: Callable[..., Replayed],
-    layout: Callable[..., Layout],
-) -> int:
-    """Entry of ``commprof estimate --trace DIR``; prints the report or one JSON document.
-
-    Args:
-        args: Parsed ``commprof estimate`` options.
-        read: Reads the step timelines of a trace path, with their gradients where asked
-            (``step_replay.read_timelines``).
-        replay: Replays one timeline (``step_replay.replay``).
-        layout: The trace layer's ``Layout`` (new buckets for ``--bucket-cap-mb``).
-
-    Returns:
-        Process exit status.
-    """
-    check_trace_flags(args)
-    # a new cap only where the flag was given (its None, from 'default', is DDP's default)
-    given = bool(getattr(args, "bucket_cap_mb_given", False))
-    new_cap = check_cap_mb(getattr(args, "bucket_cap_mb", None), "--bucket-cap-mb")
-    timelines = read(args.trace, gradients=given)
-    own = trace_world_size(timelines)
-    scenario = what_if(args, own)
-    cap = cap_what_if(timelines, new_cap, scenario, own) if given else None
-    doc = replay_report(timelines, replay, scenario, own, cap, layout)
-    doc["trace"] = str(args.trace)
-    print(json.dumps(doc) if args.json else report_text(doc, str(args.trace)))
-    return 0

@@ -14,17 +14,16 @@ communication), as the ring model's ``2 (p - 1)`` terms give; a message of 0 byt
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from commprof.modeling.calibration import DESCRIPTION, Fit, calibrate, predict
-from commprof.modeling.clusters import Cluster, load_cluster
-from commprof.modeling.nccl_log import check_collective, read_logs
+from commprof.modeling.collective.calibration import DESCRIPTION, Fit, calibrate, predict
+from commprof.modeling.collective.clusters import Cluster, load_cluster
+from commprof.modeling.collective.nccl_log import check_collective, read_logs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,6 +37,9 @@ class ClusterLink:
     is the description alone."""
     calibrated_on: tuple[str, ...] = ()
     """The logs the calibration was fitted on (empty: the description alone)."""
+    end: int | None = None
+    """Which time :meth:`predict_ns` answers: None the central one, 0 the low and 1 the high end
+    of its 80 % interval (:meth:`interval`)."""
 
     def predict_ns(self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike) -> np.ndarray:
         """Predicted all-reduce time in nanoseconds (float64), broadcast shape of the inputs.
@@ -47,9 +49,10 @@ class ClusterLink:
             world_size: Ranks (>= 1; more than one node's GPUs must fill whole nodes).
 
         Returns:
-            ``1000 * calibration.predict(...).time_us`` per element; 0 for one rank or 0 bytes.
+            ``1000 * calibration.predict(...).time_us`` per element (``time_us_low`` or
+            ``time_us_high`` at an :attr:`end`); 0 for one rank or 0 bytes.
         """
-        return self.interval_ns(num_bytes, world_size)[0]
+        return self.interval_ns(num_bytes, world_size)[0 if self.end is None else 1 + self.end]
 
     def interval_ns(
         self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike
@@ -100,6 +103,21 @@ class ClusterLink:
             f"cluster {self.cluster.name} ({world_size} GPUs on {nodes} node(s) of "
             f"{self.cluster.gpus_per_node}; NCCL's collective model, {how})"
         )
+
+    # the Link protocol (commprof.modeling.collective.link)
+    def label(self, world_size: int) -> str:
+        """:meth:`describe`."""
+        return self.describe(world_size)
+
+    def interval(self) -> tuple[ClusterLink, ClusterLink]:
+        """The link at the low, then the high, end of the collective model's 80 % interval
+        (``calibration.predict``'s ``time_us_low`` and ``time_us_high``)."""
+        return replace(self, end=0), replace(self, end=1)
+
+    @property
+    def backend(self) -> str:
+        """``"nccl"``: the times are NCCL's on the cluster."""
+        return "nccl"
 
 
 def allreduce_time_ns(
@@ -175,21 +193,4 @@ def interval_line(interval: dict[str, Any]) -> str:
     return (
         f"total communication 80 % interval {interval['total_comm_ns_low'] / 1e6:.3f} to "
         f"{interval['total_comm_ns_high'] / 1e6:.3f} ms ({interval['basis']})"
-    )
-
-
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--nccl-tests LOG ...`` (calibrate ``--cluster`` on its all_reduce_perf logs) and ``--run
-    K|all`` (which run of each log)."""
-    parser.add_argument(
-        "--nccl-tests",
-        nargs="+",
-        action="extend",
-        metavar="LOG",
-        help="with --cluster: all_reduce_perf logs of that cluster to calibrate the model on",
-    )
-    parser.add_argument(
-        "--run",
-        metavar="K|all",
-        help="with --nccl-tests: run K of each log, or 'all' runs (a file of several needs it)",
     )

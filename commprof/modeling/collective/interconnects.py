@@ -202,7 +202,11 @@ def _parse(text: str, origin: str) -> list[Interconnect]:
 
 def builtin_interconnects() -> dict[str, Interconnect]:
     """The published links shipped with commprof, by name."""
-    text = resources.files("commprof.modeling").joinpath("interconnects.yaml").read_text("utf-8")
+    text = (
+        resources.files("commprof.modeling.collective")
+        .joinpath("interconnects.yaml")
+        .read_text("utf-8")
+    )
     return {link.name: link for link in _parse(text, "interconnects.yaml")}
 
 

@@ -11,7 +11,7 @@ Inside a bucket only the last parameter's time is observed. The others are place
 previous bucket's ready time and this one's, in proportion to the cumulative bytes before them
 (backward cost grows with parameter size, the same assumption as
 ``estimate.backward_ready_ns``). That gives every parameter a ready time, which is what
-:func:`commprof.modeling.estimate.estimate` needs to re-bucket the model at another cap.
+:func:`commprof.commands.estimate.estimate` needs to re-bucket the model at another cap.
 
 This module imports no torch and no ray.
 """

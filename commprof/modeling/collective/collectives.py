@@ -5,8 +5,9 @@ NCCL picks, for every call, the algorithm and protocol with the least predicted 
 (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in NVIDIA/nccl src/graph/tuning.cc; the
 constants and line numbers below are those of commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2,
 v2.20.3, whose rules hold from 2.19 to 2.22). This module fills the same table from the graphs
-NCCL's topology search finds on a :class:`~commprof.modeling.clusters.Cluster`
-(:func:`commprof.modeling.nccl_search.search`: channels and each channel's bandwidth inside a
+NCCL's topology search finds on a :class:`~commprof.modeling.collective.clusters.Cluster`
+(:func:`commprof.modeling.collective.nccl_search.search`: channels and each channel's bandwidth
+inside a
 node, ``bwIntra``, and on the network, ``bwInter``) and makes the same choice. Pure functions.
 
 Bus bandwidth (tuning.cc lines 175 to 178), ``nCh`` the graph's channels, ``p`` ranks on ``N``
@@ -64,8 +65,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commprof.modeling.clusters import Cluster
-from commprof.modeling.nccl_search import Graphs, search
+from commprof.modeling.collective.clusters import Cluster
+from commprof.modeling.collective.nccl_search import Graphs, search
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """Collectives the model predicts (nccl-tests' names without ``_perf``)."""
@@ -293,7 +294,7 @@ def table(
     """NCCL's tuning table for one communicator: (algorithm, protocol) -> (latency us, algbw GB/s).
 
     ``ncclTopoTuneModel`` (tuning.cc lines 120 to 340) over the graphs of
-    :func:`~commprof.modeling.nccl_search.search`.
+    :func:`~commprof.modeling.collective.nccl_search.search`.
 
     Args:
         cluster: The topology.

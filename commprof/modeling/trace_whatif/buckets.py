@@ -16,8 +16,9 @@ trace's own bucket launches, in the order they were written) this module
    squares (:func:`fit_bucket_cost`), or the what-if's collective model with ``--cluster`` /
    ``--interconnect``.
 
-The replay (:func:`commprof.traces.step_replay.replay` with a
-:class:`~commprof.traces.step_replay.Layout`) then plays the new buckets in place of the trace's.
+The replay (:func:`commprof.modeling.trace_whatif.replay.replay` with a
+:class:`~commprof.modeling.trace_whatif.replay.Layout`) then plays the new buckets in place of the
+trace's.
 docs/design.md, "Trace replay".
 """
 
@@ -31,10 +32,10 @@ import numpy as np
 import numpy.typing as npt
 
 from commprof.modeling.buckets import MIB, assign_buckets_by_size, bucket_cap_bytes
-from commprof.modeling.cost_model import nonnegative_line
+from commprof.modeling.collective.cost_model import nonnegative_line
 
-if TYPE_CHECKING:  # the trace layer's types, for the type checker alone (docs/design.md, Layers)
-    from commprof.traces.step_replay import Layout, StepTimeline
+if TYPE_CHECKING:  # types only (the replay needs none of this module)
+    from commprof.modeling.trace_whatif.replay import Layout, StepTimeline
 
 QUEUED_GAP_NS = 10_000
 """A bucket whose all-reduce started at most this long after the previous one on its stream

@@ -27,22 +27,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
-from commprof.modeling import step_corrections
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize, assign_buckets
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
-from commprof.modeling.step_corrections import (
-    ALL_CORRECTIONS,
-    CORRECTION_NAMES,
-    IDLE,
-    IN_SAMPLE_ONLY,
-    Corrections,
-    applied,
-    link_stall_ns,
-    without_in_sample,
-)
-from commprof.modeling.step_model import (
+from commprof.modeling.collective.link import Link
+from commprof.modeling.collective.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
+from commprof.modeling.step import corrections as step_corrections
+from commprof.modeling.step.calibration import (
     INTERFERENCE_STATISTIC,
     StepCalibration,
     WhatIf,
@@ -53,7 +42,17 @@ from commprof.modeling.step_model import (
     predict_range,
     same_setting,
 )
-from commprof.modeling.step_sim import Interference, StepPrediction
+from commprof.modeling.step.corrections import (
+    ALL_CORRECTIONS,
+    CORRECTION_NAMES,
+    IDLE,
+    IN_SAMPLE_ONLY,
+    Corrections,
+    applied,
+    link_stall_ns,
+    without_in_sample,
+)
+from commprof.modeling.step.simulator import Interference, StepPrediction
 from commprof.query import ok_attempts, resolve_cell
 
 __all__ = [  # the corrections' names, where callers of the model find them too
@@ -383,7 +382,7 @@ def predict_cap(
     *,
     bucket_cap_mb: float | None,
     world_size: int | None = None,
-    link: LinkParams | Fit | ClusterLink | None = None,
+    link: Link | None = None,
     same_host: bool = False,
     corrections: Corrections = ALL_CORRECTIONS,
 ) -> CapPrediction:

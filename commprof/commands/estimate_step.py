@@ -37,13 +37,21 @@ from dataclasses import asdict
 from typing import Any
 
 from commprof.caps import cap_label, cap_number
+from commprof.commands.links import published_link
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
-from commprof.modeling.cap_advice import baseline_label, recommend_cap, verdict_kind
-from commprof.modeling.cluster_link import ClusterLink, comm_interval, interval_line
-from commprof.modeling.cost_model import LinkParams
-from commprof.modeling.interconnects import get_interconnect, load_interconnects
-from commprof.modeling.ring_fit import PiecewiseFit, RingFit, fit_to_dict
-from commprof.modeling.step_advice import (
+from commprof.modeling.collective.cluster_link import ClusterLink, comm_interval, interval_line
+from commprof.modeling.collective.link import Link
+from commprof.modeling.collective.ring_fit import fit_to_dict
+from commprof.modeling.step.calibration import split_hook
+from commprof.modeling.step.cap_advice import baseline_label, recommend_cap, verdict_kind
+from commprof.modeling.step.corrections import (
+    CORRECTION_NAMES,
+    CORRECTIONS,
+    IDLE,
+    Corrections,
+    applied,
+)
+from commprof.modeling.step.model import (
     CapPrediction,
     StepModel,
     in_sample_layout,
@@ -51,15 +59,7 @@ from commprof.modeling.step_advice import (
     predict_cap,
     recalibrated_without,
 )
-from commprof.modeling.step_corrections import (
-    CORRECTION_NAMES,
-    CORRECTIONS,
-    IDLE,
-    Corrections,
-    applied,
-)
-from commprof.modeling.step_model import split_hook
-from commprof.modeling.step_spec import spec_doc, spec_text
+from commprof.modeling.step.spec import spec_doc, spec_text
 from commprof.units import finite_or_none
 
 
@@ -99,7 +99,7 @@ def _link(
     cluster: ClusterLink | None,
     alpha_ns: float,
     corrections: Corrections,
-) -> tuple[LinkParams | ClusterLink | None, str]:
+) -> tuple[Link | None, str]:
     if cluster is not None:  # NCCL's model on the cluster, the measured compute kept
         return cluster, cluster.describe(args.world_size)
     if not args.interconnect:
@@ -108,18 +108,12 @@ def _link(
         if used.stall_ns > 0:
             label += f" + {used.stall_ns / 1e6:.2f} ms stall an all-reduce"
         return None, label
-    link = get_interconnect(args.interconnect, load_interconnects(args.interconnect_file))
-    params = LinkParams.from_bandwidth(
-        bandwidth_bytes_per_s=link.per_direction_bytes_per_s, alpha_ns=alpha_ns
-    )
+    params, link = published_link(args, alpha_ns=alpha_ns)
     return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
 
 
 def _fit_alpha_ns(model: StepModel) -> float:
-    fit = model.link
-    first = fit.segments[0] if isinstance(fit, PiecewiseFit) else fit
-    assert isinstance(first, RingFit)
-    return first.alpha_ns
+    return model.link.alpha_ns  # a piecewise fit's: its smallest sizes' segment's
 
 
 def assumptions(

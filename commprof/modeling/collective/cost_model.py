@@ -48,27 +48,59 @@ class LinkParams:
     """Transfer time per byte in nanoseconds (1e9 / per-direction bytes/s)."""
     gamma_ns_per_byte: float = 0.0
     """Reduction (add) time per byte in nanoseconds; 0 ignores compute."""
+    algorithm: str = "ring"
+    """The all-reduce model :meth:`predict_ns` uses (one of ``ALGORITHMS``)."""
 
     def __post_init__(self) -> None:
         for name in ("alpha_ns", "beta_ns_per_byte", "gamma_ns_per_byte"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}; choose one of {sorted(ALGORITHMS)}"
+            )
 
     @classmethod
-    def from_bandwidth(cls, *, bandwidth_bytes_per_s: float, alpha_ns: float = 0.0) -> LinkParams:
+    def from_bandwidth(
+        cls, *, bandwidth_bytes_per_s: float, alpha_ns: float = 0.0, algorithm: str = "ring"
+    ) -> LinkParams:
         """Build link parameters from a per-direction bandwidth.
 
         Args:
             bandwidth_bytes_per_s: Per-direction bandwidth in bytes/s (> 0).
             alpha_ns: Per-message latency in nanoseconds.
+            algorithm: The all-reduce model (one of ``ALGORITHMS``).
 
         Returns:
             LinkParams with ``beta = 1e9 / bandwidth`` ns per byte.
         """
         if not bandwidth_bytes_per_s > 0:
             raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
-        return cls(alpha_ns=alpha_ns, beta_ns_per_byte=1e9 / bandwidth_bytes_per_s)
+        return cls(
+            alpha_ns=alpha_ns, beta_ns_per_byte=1e9 / bandwidth_bytes_per_s, algorithm=algorithm
+        )
+
+    # the Link protocol (commprof.modeling.collective.link)
+    def predict_ns(self, num_bytes: ArrayLike, world_size: ArrayLike) -> FloatArray:
+        """All-reduce time (ns) under this link's ``algorithm`` (:func:`allreduce_ns`)."""
+        return allreduce_ns(num_bytes, world_size, self, algorithm=self.algorithm)
+
+    def label(self, world_size: int) -> str:
+        """Its latency, bandwidth and algorithm (the same at every world size)."""
+        bandwidth = 1.0 / self.beta_ns_per_byte if self.beta_ns_per_byte > 0 else float("inf")
+        return (
+            f"alpha {self.alpha_ns / 1e3:g} us, {bandwidth:.1f} GB/s a direction, {self.algorithm}"
+        )
+
+    def interval(self) -> None:
+        """None: published parameters carry no interval."""
+        return None
+
+    @property
+    def backend(self) -> None:
+        """None: the times are the calibration's backend's (a published link names none)."""
+        return None
 
 
 def _validated(num_bytes: ArrayLike, world_size: ArrayLike) -> tuple[FloatArray, FloatArray]:

@@ -51,17 +51,17 @@ import pandas as pd
 from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
-from commprof.modeling.cluster_link import ClusterLink
-from commprof.modeling.cost_model import LinkParams, allreduce_ns, nonnegative_line
-from commprof.modeling.ring_fit import STEP_KEYS, Fit, PiecewiseFit, RingFit
-from commprof.modeling.step_sim import (
+from commprof.modeling.collective.cost_model import nonnegative_line
+from commprof.modeling.collective.link import Link
+from commprof.modeling.collective.ring_fit import STEP_KEYS
+from commprof.modeling.step.simulator import (
     BACKEND_CHANNELS,
     NO_INTERFERENCE,
     Interference,
     StepPrediction,
     simulate_step,
 )
-from commprof.modeling.timeline import spread_to_parameters
+from commprof.modeling.step.timeline import spread_to_parameters
 from commprof.query import cell_steps, keys_of, ok_cell
 
 ARM_COMM = "comm_under_compute"
@@ -382,14 +382,6 @@ def cpu_share_scale(world_size: int, calibrated_world_size: int, *, num_cores: i
     return max(1.0, world_size / num_cores) / max(1.0, calibrated_world_size / num_cores)
 
 
-def _service_ns(
-    link: LinkParams | Fit | ClusterLink, sizes: np.ndarray, world_size: int
-) -> np.ndarray:
-    if isinstance(link, LinkParams):
-        return allreduce_ns(sizes, world_size, link)
-    return link.predict_ns(sizes, world_size)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WhatIf:
     """The configuration a prediction is asked about, resolved (``step_advice.predict_cap``
@@ -397,7 +389,7 @@ class WhatIf:
 
     bucket_cap_mb: float | None
     """DDP cap (MiB); None is DDP's default."""
-    link: LinkParams | Fit | ClusterLink
+    link: Link
     """A calibrated fit, published link parameters or a cluster's collective model."""
     world_size: int | None = None
     """Ranks (None: the calibration's)."""
@@ -479,10 +471,10 @@ def predict_step(
     work = calibration.param_ready_work_ns
     ready = [compute_scale * max(work[i] for i in b.param_indices) for b in buckets]
     sizes = np.array([b.num_bytes for b in buckets], dtype=np.float64)
-    backend = "nccl" if isinstance(link, ClusterLink) else calibration.backend
+    backend = link.backend or calibration.backend
     channels = what_if.num_channels
     channels = BACKEND_CHANNELS.get(backend, 1) if channels is None else channels
-    service = _service_ns(link, sizes, ws) + applied.stall_ns
+    service = link.predict_ns(sizes, ws) + applied.stall_ns
     slowest = simulate_step(
         ready_work_ns=ready,
         service_ns=(what_if.service_scale * service).tolist(),
@@ -521,22 +513,6 @@ def with_exposed_residual(prediction: StepPrediction, residual_ns: float) -> Ste
     )
 
 
-def _fit_bound(fit: Fit, side: int) -> Fit:
-    """The fit with alpha and beta at the lower (side 0) or upper (1) end of their intervals."""
-    if isinstance(fit, PiecewiseFit):
-        return PiecewiseFit(
-            upper_bytes=fit.upper_bytes,
-            segments=tuple(_fit_bound(s, side) for s in fit.segments),  # type: ignore[misc]
-        )
-    assert isinstance(fit, RingFit)
-    alpha, beta = fit.alpha_ci_ns[side], fit.beta_ci_ns_per_byte[side]
-    return replace(
-        fit,
-        alpha_ns=max(0.0, alpha) if math.isfinite(alpha) else fit.alpha_ns,
-        beta_ns_per_byte=max(0.0, beta) if math.isfinite(beta) else fit.beta_ns_per_byte,
-    )
-
-
 def predict_range(
     calibration: StepCalibration,
     param_sizes: Sequence[ParamSize],
@@ -546,14 +522,15 @@ def predict_range(
     """(low, central, high) predictions: the calibration's uncertainty carried through.
 
     Low: alpha and beta at the lower ends of their 95 % intervals and the interference factors
-    at their lower quartiles; high: the upper ends. Published links and clusters have no
-    interval.
+    at their lower quartiles; high: the upper ends. A cluster's link is at the ends of its
+    collective model's 80 % interval; a published link has no interval.
     """
     central = predict_step(calibration, param_sizes, what_if, applied)
     ends = []
     link = what_if.link
+    bounds = link.interval()
     for side, sign in ((0, -1.0), (1, 1.0)):
-        bound = link if isinstance(link, LinkParams | ClusterLink) else _fit_bound(link, side)
+        bound = link if bounds is None else bounds[side]
         ends.append(
             predict_step(
                 calibration,

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,7 +36,7 @@ import pandas as pd
 from scipy import stats
 
 from commprof.matrix import LINK_FIELDS, regime_of
-from commprof.modeling.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
+from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns, ring_coefficients
 
 CONFIDENCE = 0.95
 """Confidence level of the reported intervals."""
@@ -83,6 +84,33 @@ class RingFit:
         """Ring-model prediction in ns for sizes and world sizes."""
         return ring_allreduce_ns(num_bytes, world_size, self.link())
 
+    # the Link protocol (commprof.modeling.collective.link)
+    def label(self, world_size: int) -> str:
+        """The fit's method, latency and bandwidth."""
+        return (
+            f"ring fit ({self.method}: alpha {self.alpha_ns / 1e3:g} us, "
+            f"{self.bandwidth_bytes_per_s / 1e9:.3g} GB/s) at p={world_size}"
+        )
+
+    def interval(self) -> tuple[RingFit, RingFit]:
+        """The fit with alpha and beta at the lower, then the upper, ends of their intervals."""
+        return self.bound(0), self.bound(1)
+
+    def bound(self, side: int) -> RingFit:
+        """The fit with alpha and beta at the lower (side 0) or upper (1) end of their
+        intervals (an end that is not finite keeps the fitted value; a negative one is 0)."""
+        alpha, beta = self.alpha_ci_ns[side], self.beta_ci_ns_per_byte[side]
+        return replace(
+            self,
+            alpha_ns=max(0.0, alpha) if math.isfinite(alpha) else self.alpha_ns,
+            beta_ns_per_byte=max(0.0, beta) if math.isfinite(beta) else self.beta_ns_per_byte,
+        )
+
+    @property
+    def backend(self) -> None:
+        """None: a fit's times are its calibration's backend's."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PiecewiseFit:
@@ -98,6 +126,11 @@ class PiecewiseFit:
         """Name of the fit method."""
         return f"piecewise-{len(self.segments)}"
 
+    @property
+    def alpha_ns(self) -> float:
+        """The latency of the smallest sizes' segment (what one small message pays), in ns."""
+        return self.segments[0].alpha_ns
+
     def predict_ns(self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike) -> np.ndarray:
         """Prediction in ns; each size uses the segment its size falls in."""
         n, p = np.broadcast_arrays(
@@ -109,6 +142,24 @@ class PiecewiseFit:
             mask = which == k
             out[mask] = seg.predict_ns(n[mask], p[mask])
         return out
+
+    # the Link protocol (commprof.modeling.collective.link)
+    def label(self, world_size: int) -> str:
+        """The number of segments and their size ranges."""
+        return f"piecewise ring fit ({len(self.segments)} segments) at p={world_size}"
+
+    def interval(self) -> tuple[PiecewiseFit, PiecewiseFit]:
+        """Each segment at the lower, then the upper, ends of its intervals."""
+        return self.bound(0), self.bound(1)
+
+    def bound(self, side: int) -> PiecewiseFit:
+        """Each segment at the lower (side 0) or upper (1) end of its intervals."""
+        return replace(self, segments=tuple(s.bound(side) for s in self.segments))
+
+    @property
+    def backend(self) -> None:
+        """None: a fit's times are its calibration's backend's."""
+        return None
 
 
 Fit = RingFit | PiecewiseFit

@@ -5,7 +5,8 @@ schema is validated the same way (``load_cluster(path)``): every error names the
 and the value to change, and unknown keys are refused. Each published figure carries its source,
 URL, access date and conversion in the YAML, as ``interconnects.yaml`` does for links.
 
-Two efficiencies turn a published rate into what NCCL can drive (``commprof.modeling.collectives``
+Two efficiencies turn a published rate into what NCCL can drive
+(``commprof.modeling.collective.collectives``
 uses them):
 
 - ``intra_efficiency``: NCCL's own per-link NVLink bandwidth over the published per-link rate
@@ -70,7 +71,7 @@ class Cluster:
     num_channels: int | None
     """Ring and tree channels, where a run pins them (``NCCL_MIN_NCHANNELS`` /
     ``NCCL_MAX_NCHANNELS``); None (the default): what NCCL's topology search finds
-    (``commprof.modeling.nccl_search``)."""
+    (``commprof.modeling.collective.nccl_search``)."""
     sources: tuple[dict[str, str], ...]
     """Where each figure comes from: ``figure``, ``source``, ``url``, ``accessed``,
     ``conversion``."""
@@ -231,7 +232,9 @@ def _parse(text: str, origin: str) -> list[Cluster]:
 
 def builtin_clusters() -> dict[str, Cluster]:
     """The cluster descriptions shipped with commprof, by name."""
-    text = resources.files("commprof.modeling").joinpath("clusters.yaml").read_text("utf-8")
+    text = (
+        resources.files("commprof.modeling.collective").joinpath("clusters.yaml").read_text("utf-8")
+    )
     return {c.name: c for c in _parse(text, "clusters.yaml")}
 
 

@@ -1,9 +1,9 @@
 """Calibration of the collective model on a cluster's nccl-tests logs, and its intervals.
 
-The description's model (:mod:`commprof.modeling.collectives`, NCCL's tuning model over the
-graphs of its topology search) splits every (algorithm, protocol) time into physical terms; a
-:class:`Fit` multiplies each term by a fitted factor, so the fitted model scales to other world
-sizes by each algorithm's own rule (docs/collective_model.md):
+The description's model (:mod:`commprof.modeling.collective.collectives`, NCCL's tuning model
+over the graphs of its topology search) splits every (algorithm, protocol) time into physical
+terms; a :class:`Fit` multiplies each term by a fitted factor, so the fitted model scales to
+other world sizes by each algorithm's own rule (docs/collective_model.md):
 
 - bandwidth: ``intra_bw`` on the intra-node side of a channel, ``net_bw`` on its network side,
   ``nvls_bw`` on NVLink SHARP's; the two sides combine by a smooth minimum (``SOFTMIN_POWER``),
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from commprof.modeling.clusters import Cluster
-from commprof.modeling.collectives import (
+from commprof.modeling.collective.clusters import Cluster
+from commprof.modeling.collective.collectives import (
     COLLECTIVES,
     CORRECTIONS,
     NCCL_BUFFSIZE_BYTES,
@@ -56,8 +56,8 @@ from commprof.modeling.collectives import (
     latency_parts,
     table,
 )
-from commprof.modeling.nccl_search import search
-from commprof.modeling.nccl_tests import NcclTestsLog, check_collective, log_world_size
+from commprof.modeling.collective.nccl_search import search
+from commprof.modeling.collective.nccl_tests import NcclTestsLog, check_collective, log_world_size
 from commprof.yamlio import load_yaml
 
 CALIBRATED = Corrections(two_node_fill=False)
@@ -171,7 +171,7 @@ class ScaleRule:
 
 
 def _load_rule() -> ScaleRule:
-    text = resources.files("commprof.modeling").joinpath("collective_scale.yaml")
+    text = resources.files("commprof.modeling.collective").joinpath("collective_scale.yaml")
     data = load_yaml(text.read_text("utf-8"), "collective_scale.yaml")
     names = {f.name for f in fields(ScaleRule)}
     if not isinstance(data, dict) or set(data) != names:

@@ -1,6 +1,6 @@
 """The step model's corrections of the idle ring model, each one declared object.
 
-A :class:`Correction` names the :class:`~commprof.modeling.step_advice.StepModel` field that holds
+A :class:`Correction` names the :class:`~commprof.modeling.step.model.StepModel` field that holds
 its fitted value, the function that fits it, the one that applies it, its declared
 :class:`Scope`, its formula and its section of docs/design.md. :data:`CORRECTIONS` is the one
 list: ``commprof estimate --without NAME`` takes its names, ``step_spec`` prints it, the
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import pandas as pd
 
 from commprof.modeling.buckets import ParamSize
-from commprof.modeling.step_model import (
+from commprof.modeling.step.calibration import (
     Applied,
     host_hook_fixed_ns,
     interference_from_rows,
@@ -35,10 +35,10 @@ from commprof.modeling.step_model import (
     split_hook,
     with_exposed_residual,
 )
-from commprof.modeling.step_sim import NO_INTERFERENCE, simulate_step
+from commprof.modeling.step.simulator import NO_INTERFERENCE, simulate_step
 
 if TYPE_CHECKING:
-    from commprof.modeling.step_advice import StepModel
+    from commprof.modeling.step.model import StepModel
 
 
 class Scope(enum.Enum):

@@ -24,7 +24,8 @@ import pandas as pd
 
 from commprof.caps import DDP_DEFAULT_CAP_MB, cap_label
 from commprof.modeling.buckets import DEFAULT_FIRST_BUCKET_BYTES, MIB, ParamSize
-from commprof.modeling.step_advice import (
+from commprof.modeling.step.calibration import same_setting
+from commprof.modeling.step.model import (
     ALL_CORRECTIONS,
     CapPrediction,
     Corrections,
@@ -34,7 +35,6 @@ from commprof.modeling.step_advice import (
     predict_cap,
     without_in_sample,
 )
-from commprof.modeling.step_model import same_setting
 
 CAP_GRID_MB = tuple(2.0**k for k in range(-3, 10))
 """Caps searched by default: 0.125 MiB to 512 MiB."""
@@ -257,9 +257,7 @@ def recommend_cap(
 
     asked = what_if.pop("corrections", ALL_CORRECTIONS)
     if not isinstance(asked, Corrections):
-        raise TypeError(
-            f"corrections must be a step_advice.Corrections, got {type(asked).__name__}"
-        )
+        raise TypeError(f"corrections must be a step.model.Corrections, got {type(asked).__name__}")
     corrections = without_in_sample(asked)
 
     def predict(cap: float | None) -> CapPrediction:

@@ -1,0 +1,2 @@
+"""The collective model: links (published, fitted, cluster), NCCL's tuning search, the
+nccl-tests readers and their calibration."""

@@ -1,0 +1,1 @@
+"""The trace what-if: a real trace's steps replayed, then another link, world size or bucket cap."""
