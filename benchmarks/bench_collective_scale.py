@@ -3,7 +3,10 @@
 For every system of ``benchmarks/collective_scale_split.yaml`` (declared before any score), the
 median absolute relative error of the out-of-place time over sizes >= 1 MiB:
 
-- in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %);
+- in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %): its
+  factors alone, and the answer between the log's sizes (each size left out and its residual
+  interpolated from the others, ``calibration.leave_one_out``; at a measured size the answer
+  is the log's own time);
 - scale: calibrated on the system's ``calibrate`` world sizes, scored on each ``predict`` one,
   side by side: the published description alone, main's calibration before issue #41
   (``collective_baseline.calibrate``, frozen) and this calibration
@@ -130,8 +133,12 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
     for p, log in sorted(logs.items()):
         sizes, meas = _rows(log)
         one = fitted["in_sample"][p]
-        pred, _, _ = _ours(cluster, p, sizes, col, one, rule)
+        pred, _, _ = _ours(cluster, p, sizes, col, replace(one, anchors=()), rule)
+        anchor = one.anchor(p, col)
+        assert anchor is not None
+        loo = cal.leave_one_out(anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES)
         out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
+                               "leave_one_out": float(np.median(np.expm1(loo))),
                                "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
     out["fit"] = {**fit.factors(), "seen": list(fit.seen),
                   "residual_log_q80": fit.residual_log_q80,
@@ -275,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             abl = " ".join(f"{k}={_pct(v[p])}" for k, v in r["ablation"].items())
             print(f"{r['system']:<22} {r['role']:<11} {p:>5} {_pct(s['description']):>7} "
                   f"{_pct(s['main']):>7} {_pct(s['ours']):>7}  {abl}")  # fmt: skip
-        ins = ", ".join(f"{p}: {_pct(v['median_error'])}" for p, v in r["in_sample"].items())
+        ins = ", ".join(f"{p}: {_pct(v['median_error'])} ({_pct(v['leave_one_out'])})"
+                        for p, v in r["in_sample"].items())  # fmt: skip
         print(f"{'':<22} in sample {ins}")
     pooled = summary(results)
     print(f"interval rule (development): {rule}; coverage {cov}")
