@@ -230,6 +230,9 @@ class ScaleRule:
     (bandwidth and hop latency) runs at ``1 / (1 + c log2(N / max(2, calibrated_nodes)))`` of
     its fitted rate, ``c`` this value (a larger fabric's congestion and adaptive routing, which
     one or two nodes cannot show)."""
+    description_loss_per_doubling: float
+    """The same correction on the description alone, past two nodes: its published rates are
+    a fabric's best, which a larger fabric's traffic does not reach either."""
 
 
 def _load_rule() -> ScaleRule:
@@ -316,12 +319,14 @@ def _physical_sides(algo: str, graphs, cluster: Cluster, num_nodes: int) -> tupl
 
 
 def net_loss(fit: Fit, num_nodes: int, rule: ScaleRule) -> float:
-    """The scale correction's factor on a calibrated network side at ``num_nodes``
-    (``ScaleRule.net_loss_per_doubling``; 1.0 within the nodes fitted, or with no fit)."""
+    """The scale correction's factor on the network side at ``num_nodes``: past the nodes fitted
+    (``ScaleRule.net_loss_per_doubling``), or past two nodes with no fit
+    (``ScaleRule.description_loss_per_doubling``); 1.0 within them."""
     if fit.calibrated_nodes == 0:
-        return 1.0
-    reach = max(2, fit.calibrated_nodes)
-    return 1.0 / (1.0 + rule.net_loss_per_doubling * max(0.0, math.log2(num_nodes / reach)))
+        c, reach = rule.description_loss_per_doubling, 2
+    else:
+        c, reach = rule.net_loss_per_doubling, max(2, fit.calibrated_nodes)
+    return 1.0 / (1.0 + c * max(0.0, math.log2(num_nodes / reach)))
 
 
 def fitted_table(
@@ -334,10 +339,10 @@ def fitted_table(
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """``collectives.table`` with the fit's factors on each term: (latency us, algbw GB/s)."""
     entries = table(cluster, world_size, collective, algorithms=algorithms)
-    if fit == DESCRIPTION:
-        return entries
     n = cluster.nodes_for(world_size)
     loss = net_loss(fit, n, RULE if rule is None else rule)
+    if fit == DESCRIPTION and loss == 1.0:
+        return entries
     net_bw, net_lat = fit.net_bw * loss, fit.net_lat / loss
     graphs = search(cluster, n)
     out = {}
@@ -363,7 +368,8 @@ def predict(
 ) -> list[CollectivePrediction]:
     """Predicted time of each size with its 80 % interval (the front door of the model).
 
-    With ``fit`` the description alone, the times are ``collectives.predict``'s.
+    With ``fit`` the description alone, the times are ``collectives.predict``'s on up to two
+    nodes; past them the description's scale loss applies (``ScaleRule``).
 
     Args:
         cluster: The topology.
