@@ -3,7 +3,10 @@
 For every system of ``benchmarks/collective_scale_split.yaml`` (declared before any score), the
 median absolute relative error of the out-of-place time over sizes >= 1 MiB:
 
-- in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %);
+- in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %): its
+  factors alone, and the answer between the log's sizes (each size left out and its residual
+  interpolated from the others, ``calibration.leave_one_out``; at a measured size the answer
+  is the log's own time);
 - scale: calibrated on the system's ``calibrate`` world sizes, scored on each ``predict`` one,
   side by side: the published description alone, main's calibration before issue #41
   (``collective_baseline.calibrate``, frozen) and this calibration
@@ -130,8 +133,12 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
     for p, log in sorted(logs.items()):
         sizes, meas = _rows(log)
         one = fitted["in_sample"][p]
-        pred, _, _ = _ours(cluster, p, sizes, col, one, rule)
+        pred, _, _ = _ours(cluster, p, sizes, col, replace(one, anchors=()), rule)
+        anchor = one.anchor(p, col)
+        assert anchor is not None
+        loo = cal.leave_one_out(anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES)
         out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
+                               "leave_one_out": float(np.median(np.expm1(loo))),
                                "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
     out["fit"] = {**fit.factors(), "seen": list(fit.seen),
                   "residual_log_q80": fit.residual_log_q80,
@@ -140,7 +147,8 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
     no_loss = replace(rule, net_loss_per_doubling=0.0)
     for p in system["predict"]:
         sizes, meas = _rows(logs[p])
-        desc = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
+        published = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
+        desc, _, _ = _ours(cluster, p, sizes, col, cal.DESCRIPTION, rule)
         main_rows = collective_baseline.predict(cluster, p, sizes, col, fitted["main"])
         main = np.array([r.time_us for r in main_rows])
         ours, low, high = _ours(cluster, p, sizes, col, fit, rule)
@@ -158,6 +166,9 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
         }
         t, _, _ = _ours(cluster, p, sizes, col, fit, no_loss)
         out["ablation"].setdefault("no_scale_loss", {})[p] = float(np.median(_err(t, meas)))
+        out["ablation"].setdefault("description_no_scale_loss", {})[p] = float(
+            np.median(_err(published, meas))
+        )
         for name, other in fitted["ablation"].items():
             t, _, _ = _ours(cluster, p, sizes, col, other, rule)
             out["ablation"].setdefault(name, {})[p] = float(np.median(_err(t, meas)))
@@ -177,7 +188,26 @@ def fit_loss(fitted: list[dict]) -> float:
     return best[1]
 
 
-def fit_rule(results: list[dict], loss: float) -> cal.ScaleRule:
+def fit_description_loss(fitted: list[dict], rule: cal.ScaleRule) -> float:
+    """The description's loss per doubling (``ScaleRule.description_loss_per_doubling``) from
+    development systems: the grid value with the least median error of the description alone
+    over their scored points."""
+    dev = [f for f in fitted if f["system"]["role"] == "development"]
+    best = (math.inf, 0.0)
+    for c in LOSS_GRID:
+        trial = replace(rule, description_loss_per_doubling=c)
+        errs = []
+        for f in dev:
+            for p in f["system"]["predict"]:
+                sizes, meas = _rows(f["logs"][p])
+                t, _, _ = _ours(f["cluster"], p, sizes, f["system"]["collective"],
+                                cal.DESCRIPTION, trial)  # fmt: skip
+                errs.append(_err(t, meas))
+        best = min(best, (float(np.median(np.concatenate(errs))), c))
+    return best[1]
+
+
+def fit_rule(results: list[dict], loss: float, description_loss: float) -> cal.ScaleRule:
     """The interval rule from development systems: the description's 80th percentile of
     ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
     80 % of the development points on top of each fit's own in-sample spread."""
@@ -194,7 +224,8 @@ def fit_rule(results: list[dict], loss: float) -> cal.ScaleRule:
     per = float(np.quantile(need, TARGET_COVERAGE)) if need else 0.0
     return cal.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
                          calibrated_floor_log=floor, per_doubling_log=per,
-                         net_loss_per_doubling=loss)  # fmt: skip
+                         net_loss_per_doubling=loss,
+                         description_loss_per_doubling=description_loss)  # fmt: skip
 
 
 KEEP = {"all": lambda r: True, "no_broadcast": lambda r: r["collective"] != "broadcast"}
@@ -264,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         fitted.append(fit_system(system, folder))
     loss = fit_loss(fitted)
-    first = [score(f, replace(cal.RULE, net_loss_per_doubling=loss)) for f in fitted]
-    rule = fit_rule(first, loss)
+    desc_loss = fit_description_loss(fitted, cal.RULE)
+    chosen = replace(cal.RULE, net_loss_per_doubling=loss, description_loss_per_doubling=desc_loss)
+    first = [score(f, chosen) for f in fitted]
+    rule = fit_rule(first, loss, desc_loss)
     results = [score(f, rule) for f in fitted]
     cov = {f"{role}/{k}": coverage(results, rule, role, keep)
            for role in ROLES for k, keep in KEEP.items()}  # fmt: skip
@@ -275,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             abl = " ".join(f"{k}={_pct(v[p])}" for k, v in r["ablation"].items())
             print(f"{r['system']:<22} {r['role']:<11} {p:>5} {_pct(s['description']):>7} "
                   f"{_pct(s['main']):>7} {_pct(s['ours']):>7}  {abl}")  # fmt: skip
-        ins = ", ".join(f"{p}: {_pct(v['median_error'])}" for p, v in r["in_sample"].items())
+        ins = ", ".join(f"{p}: {_pct(v['median_error'])} ({_pct(v['leave_one_out'])})"
+                        for p, v in r["in_sample"].items())  # fmt: skip
         print(f"{'':<22} in sample {ins}")
     pooled = summary(results)
     print(f"interval rule (development): {rule}; coverage {cov}")

@@ -34,9 +34,11 @@ def _parser() -> argparse.ArgumentParser:
 def test_predict_ns_is_the_collective_models_time() -> None:
     link = ClusterLink(cluster=H100)
     sizes = np.array([1 << 20, 3 << 20, 1 << 30])
-    for p in (8, 16, 64):
+    for p in (8, 16):  # up to two nodes; past them the description's scale loss (calibration)
         expected = [1e3 * r.time_us for r in predict(H100, p, sizes.tolist())]
         assert link.predict_ns(sizes, p).tolist() == pytest.approx(expected, rel=1e-12)
+    expected = [1e3 * r.time_us for r in fitted_predict(H100, 64, sizes.tolist())]
+    assert link.predict_ns(sizes, 64).tolist() == pytest.approx(expected, rel=1e-12)
     # world sizes broadcast against sizes, as the ring fits' do; one rank or 0 bytes cost nothing
     grid = link.predict_ns(sizes[:, None], np.array([[1, 8, 16]]))
     assert grid.shape == (3, 3) and (grid[:, 0] == 0).all()

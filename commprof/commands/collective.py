@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 
 from commprof.modeling.collective.calibration import (
     DESCRIPTION,
     calibrate,
-    halfwidth_log,
+    interval_basis,
     predict,
 )
 from commprof.modeling.collective.clusters import load_cluster
@@ -91,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         args.collective,
         fit,
     )
+    anchored = fit.anchor(args.world_size, args.collective) is not None
     if args.json:
         print(
             json.dumps(
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                         "busbw_gbps": r.busbw_gbps,
                         "algorithm": r.algorithm,
                         "protocol": r.protocol,
+                        "follows_log": anchored,
                     }
                     for r in rows
                 ]
@@ -112,15 +113,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     nodes = cluster.nodes_for(args.world_size)
     fitted = "description alone" if not args.fit else f"calibrated on {len(logs)} log(s)"
-    half = 100 * (math.exp(halfwidth_log(fit, nodes)) - 1)
-    basis = (
-        "the description's spread on development systems"
-        if not args.fit
-        else f"the fit's residuals, widened past its {fit.calibrated_nodes} node(s)"
-    )
+    half = rows[0].time_us_high / rows[0].time_us - 1 if rows else 0.0
+    basis = interval_basis(fit, args.world_size, args.collective, nodes)
     print(f"# {args.collective}, cluster {cluster.name} ({cluster.description})")
-    print(f"# {args.world_size} ranks on {nodes} node(s); predicted ({fitted}), not measured")
-    factor = 1 + half / 100
+    said = (
+        f"the fitted logs' own times at these ranks ({fitted})"
+        if anchored
+        else f"predicted ({fitted}), not measured"
+    )
+    print(f"# {args.world_size} ranks on {nodes} node(s); {said}")
+    factor = 1 + half
     print(f"# 80 % interval: low = time / {factor:.2f}, high = time x {factor:.2f} ({basis})")
     print(
         f"#{'size':>12} {'time':>10} {'low':>10} {'high':>10} {'algbw':>8} {'busbw':>8}  "

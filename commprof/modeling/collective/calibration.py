@@ -28,6 +28,11 @@ squares on ``log(predicted / measured)`` over sizes >= ``FIT_MIN_BYTES`` with a 
 1.0, and where two sides are tied the looser prior (the network's, a vendor rate through a plugin;
 the NVLink's is NCCL's own constant) takes the change.
 
+At a world size and collective that a fitted log measured, a prediction follows that log
+(:class:`Anchor`, in sample only): the fitted model times the log's own residual there,
+interpolated in log size between the sizes it measured. Elsewhere the factors alone predict:
+what one world size measured beyond the model's terms does not carry to another.
+
 Every prediction has an 80 % interval: :func:`predict` widens it by :data:`RULE`
 (``collective_scale.yaml``, written by ``benchmarks/bench_collective_scale.py`` from the
 development systems only).
@@ -104,6 +109,54 @@ SEEN_SENSITIVITY = 0.01
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Anchor:
+    """One world size's measured times as a fitted model's residual (in sample only)."""
+
+    world_size: int
+    """Ranks of the log(s)."""
+    collective: str
+    """Their collective."""
+    num_bytes: tuple[int, ...]
+    """Sizes measured, increasing."""
+    log_residual: tuple[float, ...]
+    """``log(measured / fitted model)`` at each size (the median over logs of one size)."""
+    loo_log_q80: float
+    """80th percentile, over sizes >= the fit's smallest, of ``|log error|`` when each size is
+    left out and interpolated from its neighbours: the interval's half-width here."""
+
+    def log_correction(self, num_bytes: int) -> float:
+        """The residual at a size: interpolated in log size, held beyond the sizes measured."""
+        xs = np.log2(np.asarray(self.num_bytes, dtype=float))
+        return float(np.interp(math.log2(num_bytes), xs, self.log_residual))
+
+
+def leave_one_out(
+    num_bytes: Sequence[int], log_residual: Sequence[float], min_bytes: int
+) -> np.ndarray:
+    """``|log error|`` of each size >= ``min_bytes`` interpolated from the others (an anchor's
+    accuracy between the sizes it measured)."""
+    xs, res = np.log2(np.asarray(num_bytes, dtype=float)), np.asarray(log_residual)
+    out = []
+    for i, size in enumerate(num_bytes):
+        if size >= min_bytes and len(xs) > 1:
+            rest = np.delete(np.arange(len(xs)), i)
+            out.append(abs(res[i] - float(np.interp(xs[i], xs[rest], res[rest]))))
+    return np.array(out)
+
+
+def _anchor(
+    world_size: int, collective: str, rows: dict[int, list[float]], min_bytes: int
+) -> Anchor:
+    sizes = sorted(rows)
+    res = [float(np.median(rows[b])) for b in sizes]
+    loo = leave_one_out(sizes, res, min_bytes)
+    return Anchor(
+        world_size=world_size, collective=collective, num_bytes=tuple(sizes),
+        log_residual=tuple(res), loo_log_q80=float(np.quantile(loo, 0.8)) if loo.size else 0.0,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Fit:
     """Factors on the description's terms (1.0: the description alone) and the fit's spread."""
 
@@ -134,6 +187,15 @@ class Fit:
     two_node_fill: bool = False
     """Whether the fit was made (and predicts) with the two-node buffer fill
     (``collectives.Corrections``); off in the declared calibration (``CALIBRATED``)."""
+    anchors: tuple[Anchor, ...] = ()
+    """The fitted logs' world sizes, whose predictions follow the logs (in sample only)."""
+
+    def anchor(self, world_size: int, collective: str) -> Anchor | None:
+        """The anchor of a world size and collective, if a fitted log measured them."""
+        for a in self.anchors:
+            if (a.world_size, a.collective) == (world_size, collective):
+                return a
+        return None
 
     def __post_init__(self) -> None:
         for name in PARAMETERS:
@@ -168,6 +230,9 @@ class ScaleRule:
     (bandwidth and hop latency) runs at ``1 / (1 + c log2(N / max(2, calibrated_nodes)))`` of
     its fitted rate, ``c`` this value (a larger fabric's congestion and adaptive routing, which
     one or two nodes cannot show)."""
+    description_loss_per_doubling: float
+    """The same correction on the description alone, past two nodes: its published rates are
+    a fabric's best, which a larger fabric's traffic does not reach either."""
 
 
 def _load_rule() -> ScaleRule:
@@ -194,6 +259,21 @@ def halfwidth_log(fit: Fit, num_nodes: int, rule: ScaleRule = RULE) -> float:
         return rule.description_log
     base = max(fit.residual_log_q80, rule.calibrated_floor_log)
     return base + rule.per_doubling_log * max(0.0, math.log2(num_nodes / fit.calibrated_nodes))
+
+
+def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> str:
+    """Where a prediction and its interval come from, in words, for output."""
+    if fit.anchor(world_size, collective) is not None:
+        return (
+            f"the fitted log(s) measured {world_size} ranks: their own times, interpolated "
+            "between their sizes; the interval from leaving each size out"
+        )
+    if fit.calibrated_nodes == 0:
+        return "the description's spread on the development systems' nccl-tests logs"
+    return (
+        f"the calibration's residuals on its logs, widened for {nodes} node(s) past the "
+        f"{fit.calibrated_nodes} fitted (rule fitted on development systems)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -239,12 +319,14 @@ def _physical_sides(algo: str, graphs, cluster: Cluster, num_nodes: int) -> tupl
 
 
 def net_loss(fit: Fit, num_nodes: int, rule: ScaleRule) -> float:
-    """The scale correction's factor on a calibrated network side at ``num_nodes``
-    (``ScaleRule.net_loss_per_doubling``; 1.0 within the nodes fitted, or with no fit)."""
+    """The scale correction's factor on the network side at ``num_nodes``: past the nodes fitted
+    (``ScaleRule.net_loss_per_doubling``), or past two nodes with no fit
+    (``ScaleRule.description_loss_per_doubling``); 1.0 within them."""
     if fit.calibrated_nodes == 0:
-        return 1.0
-    reach = max(2, fit.calibrated_nodes)
-    return 1.0 / (1.0 + rule.net_loss_per_doubling * max(0.0, math.log2(num_nodes / reach)))
+        c, reach = rule.description_loss_per_doubling, 2
+    else:
+        c, reach = rule.net_loss_per_doubling, max(2, fit.calibrated_nodes)
+    return 1.0 / (1.0 + c * max(0.0, math.log2(num_nodes / reach)))
 
 
 def fitted_table(
@@ -257,10 +339,10 @@ def fitted_table(
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """``collectives.table`` with the fit's factors on each term: (latency us, algbw GB/s)."""
     entries = table(cluster, world_size, collective, algorithms=algorithms)
-    if fit == DESCRIPTION:
-        return entries
     n = cluster.nodes_for(world_size)
     loss = net_loss(fit, n, RULE if rule is None else rule)
+    if fit == DESCRIPTION and loss == 1.0:
+        return entries
     net_bw, net_lat = fit.net_bw * loss, fit.net_lat / loss
     graphs = search(cluster, n)
     out = {}
@@ -286,7 +368,8 @@ def predict(
 ) -> list[CollectivePrediction]:
     """Predicted time of each size with its 80 % interval (the front door of the model).
 
-    With ``fit`` the description alone, the times are ``collectives.predict``'s.
+    With ``fit`` the description alone, the times are ``collectives.predict``'s on up to two
+    nodes; past them the description's scale loss applies (``ScaleRule``).
 
     Args:
         cluster: The topology.
@@ -312,6 +395,9 @@ def predict(
     fill = corrections.two_node_fill and n == 2 and collective == "all_reduce"
     factor = bus_factor(collective, world_size)
     half = math.exp(halfwidth_log(fit, n, rule))
+    anchor = fit.anchor(world_size, collective)
+    if anchor is not None:  # the log's own spread between the sizes it measured
+        half = math.exp(max(anchor.loo_log_q80, rule.calibrated_floor_log))
     out = []
     for size in sizes_bytes:
         if size <= 0:
@@ -326,6 +412,8 @@ def predict(
         time_us = best[0]
         if fill:  # chosen by the model; the buffers' fill is paid on top of it
             time_us += min(float(size), fill_bytes) / (1000.0 * sized[(best[1], best[2])][1])
+        if anchor is not None:
+            time_us *= math.exp(anchor.log_correction(int(size)))
         algbw = int(size) / time_us / 1e3
         out.append(
             CollectivePrediction(
@@ -433,7 +521,31 @@ def calibrate(
         x = np.where(free, _put(free, res.x), centre)
     fit = fit_of(x)
     err = np.abs(errors(fit))
-    return replace(fit, residual_log_q80=float(np.quantile(err, 0.8)), seen=seen)
+    fit = replace(fit, residual_log_q80=float(np.quantile(err, 0.8)), seen=seen)
+    return replace(fit, anchors=_anchors(cluster, logs, collective, fit, algorithms, min_bytes))
+
+
+def _anchors(
+    cluster: Cluster,
+    logs: Sequence[NcclTestsLog],
+    collective: str,
+    fit: Fit,
+    algorithms: Sequence[str] | None,
+    min_bytes: int,
+) -> tuple[Anchor, ...]:
+    """Each fitted world size's residual against ``fit``, over every size its logs measured."""
+    by_size: dict[int, dict[int, list[float]]] = {}
+    for log in logs:
+        p = log_world_size(log)
+        rows = [r for r in log.rows if r.num_bytes > 0 and r.time_us > 0]
+        if not rows:
+            continue
+        model = predict(cluster, p, [r.num_bytes for r in rows], collective, fit, algorithms)
+        for r, m in zip(rows, model, strict=True):
+            by_size.setdefault(p, {}).setdefault(r.num_bytes, []).append(
+                math.log(r.time_us / m.time_us)
+            )
+    return tuple(_anchor(p, collective, rows, min_bytes) for p, rows in sorted(by_size.items()))
 
 
 def _put(mask: np.ndarray, values: np.ndarray) -> np.ndarray:

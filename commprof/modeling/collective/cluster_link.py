@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from commprof.modeling.collective.calibration import DESCRIPTION, Fit, calibrate, predict
+from commprof.modeling.collective.calibration import (
+    DESCRIPTION,
+    Fit,
+    calibrate,
+    interval_basis,
+    predict,
+)
 from commprof.modeling.collective.clusters import Cluster, load_cluster
 from commprof.modeling.collective.nccl_log import check_collective, read_logs
 
@@ -83,13 +89,7 @@ class ClusterLink:
     def interval_basis(self, world_size: int) -> str:
         """Where the interval comes from, for output."""
         nodes = self.cluster.nodes_for(world_size)
-        if not self.calibrated_on:
-            return "the description's spread on the development systems' nccl-tests logs"
-        return (
-            f"the calibration's residuals on its logs, widened for {nodes} node(s) "
-            f"past the {self.calibration.calibrated_nodes} fitted (rule fitted on development "
-            "systems)"
-        )
+        return interval_basis(self.calibration, world_size, "all_reduce", nodes)
 
     def describe(self, world_size: int) -> str:
         """One line for output: the cluster, its nodes at ``world_size`` and the calibration."""
