@@ -1,12 +1,12 @@
 """``commprof estimate --fit RESULTS``: the calibrated step simulator on the command line.
 
 With a dataset folder, ``estimate`` calibrates the step simulator on one cell of the model
-(``step_advice.load_step_model``) and answers what-ifs with it: another cap
+(``step.model.load_step_model``) and answers what-ifs with it: another cap
 (``--bucket-cap-mb``), world size (``--world-size``; ``--same-host`` when the ranks would share
 the calibration's CPU host) or link (``--interconnect``, or ``--cluster``: NCCL's collective
 model on that cluster at ``--world-size`` GPUs; the measured compute timeline kept, the link
 swapped). The idle ring model (every correction off) is printed beside it as the baseline.
-Each correction (``step_corrections.CORRECTIONS``) is switched off on its own with ``--without
+Each correction (``step.corrections.CORRECTIONS``) is switched off on its own with ``--without
 NAME`` (``--no-interference`` is ``--without interference``). Printed with every prediction:
 what it assumed, each with its source (:func:`assumptions`), and its in-sample error, the same
 model at the calibration cells' cap and world size against their measured step and exposed
@@ -14,15 +14,12 @@ communication (:func:`in_sample`), and where the calibration cells ran one bucke
 prediction has several, that their overlap with backward is the model's, not measured
 (:func:`extrapolation`).
 
-JSON (``--json``): ``prediction`` holds ``step_ns``, ``exposed_ns``, ``overlap_efficiency``,
-their ``*_low``/``*_high`` under the calibration's uncertainty and ``buckets`` (ready, start,
-end per bucket); ``idle_ring`` the baseline; ``calibration`` what it was calibrated on and the
-corrections applied; ``assumptions``, ``in_sample`` and ``extrapolation`` (None where the
-calibration measured overlap, or the prediction has one bucket); ``recommendation``
-(``--recommend-bucket-cap``) the cap search, its ``verdict``, its ``extrapolation`` and its
-``basis``: ``model``, every cap predicted without the residuals that give the calibration's own
-configuration its measurement back (``step_corrections.IN_SAMPLE_ONLY``), so its point at that
-configuration is the model's, not the measurement ``prediction`` shows there.
+It returns one :class:`~commprof.modeling.prediction.Prediction` (mode ``step``; its interval
+the step range under the calibration's uncertainty); its body's keys are in docs/prediction.md.
+With ``--recommend-bucket-cap`` the cap search's ``basis`` is ``model``: every cap predicted
+without the residuals that give the calibration's own configuration its measurement back
+(``step.corrections``' in-sample-only scope), so its point at that configuration is the
+model's, not the measurement ``prediction`` shows there.
 
 This module imports no torch and no ray.
 """
