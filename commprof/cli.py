@@ -526,43 +526,17 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    if args.trace is not None:
-        return _estimate_trace(args)
-    if args.world_size is None:
-        raise ValueError("--world-size N is required with --model or --params-file")
-    from commprof.commands.estimate import run
+    """``commprof estimate``: one request, checked before anything runs, one prediction
+    (``commprof.commands.estimate.main``)."""
+    from commprof.commands.estimate import main
 
-    return int(run(args, _param_sizes(args)))
-
-
-def _estimate_trace(args: argparse.Namespace) -> int:
-    """``estimate --trace``: replay the trace's steps, then the what-if (docs/design.md, "Trace
-    replay")."""
-    from commprof.commands.estimate_trace import run_trace
-
-    return run_trace(args)
+    return main(args)
 
 
 def _collective(args: argparse.Namespace) -> int:
     from commprof.commands.collective import run
 
     return run(args)
-
-
-def _param_sizes(args: argparse.Namespace) -> list[tuple[str, int]] | list[tuple[str, int, int]]:
-    """Parameter sizes from ``--params-file`` or ``--model`` (closed form, torch-free)."""
-    from commprof.catalog import is_model_name, parameter_sizes
-    from commprof.commands.estimate import load_param_sizes_file
-
-    if getattr(args, "params_file", None):
-        return load_param_sizes_file(args.params_file)
-    if getattr(args, "fit", None) and args.model and not is_model_name(args.model):
-        # a model of the user's own (commprof.attach): its sizes as the dataset recorded them
-        from commprof.modeling.step.model import param_sizes_for
-        from commprof.results import load
-
-        return param_sizes_for(load(args.fit), args.model)
-    return parameter_sizes(args.model)  # the catalog names what it knows where it does not
 
 
 def _figures(args: argparse.Namespace) -> int:

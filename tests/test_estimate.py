@@ -175,29 +175,34 @@ def test_serial_estimate_says_what_it_assumed_and_refuses_what_it_ignores(
 ) -> None:
     common = ["--model", "srn-1m", "--world-size", "2", "--interconnect", "nvlink4"]
     assert run(parser().parse_args([*common, "--json"]), PARAMS) == 0
-    assumed = json.loads(capsys.readouterr().out)["assumptions"]
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["schema_version"], doc["mode"], doc["world_size"]) == (1, "idle", 2)
+    assumed = {a["name"]: a for a in doc["assumptions"]}  # a list of {name, value, source}
+    assert list(assumed) == ["compute", "tokens", "link", "latency"]
     assert assumed["compute"] == {
+        "name": "compute",
         "value": "100 TFLOP/s",
         "source": "built-in default; --device-tflops sets it",
     }
     assert assumed["tokens"]["value"] == "8192 per rank"
     assert assumed["tokens"]["source"].startswith("built-in default")
     assert assumed["latency"] == {
-        "value_ns": 10_000,
+        "name": "latency",
+        "value": 10_000,
+        "unit": "ns",
         "source": "built-in default; --alpha-us sets it",
     }
     assert assumed["link"]["source"] == "--interconnect nvlink4"
+    assert assumed["link"]["value"] == doc["link"]
     given = ["--device-tflops", "50", "--batch-tokens", "1024", "--alpha-us", "3"]
     assert run(parser().parse_args([*common, *given, "--json"]), PARAMS) == 0
-    assumed = json.loads(capsys.readouterr().out)["assumptions"]
+    assumed = {a["name"]: a for a in json.loads(capsys.readouterr().out)["assumptions"]}
     assert (assumed["compute"]["value"], assumed["compute"]["source"]) == (
         "50 TFLOP/s",
         "--device-tflops",
     )
-    assert (assumed["tokens"]["source"], assumed["latency"]) == (
-        "--batch-tokens",
-        {"value_ns": 3000, "source": "--alpha-us"},
-    )
+    assert (assumed["tokens"]["source"], assumed["latency"]["value"]) == ("--batch-tokens", 3000)
+    assert assumed["latency"]["source"] == "--alpha-us"
     # the text says it too, and DDP's default cap with its size
     assert run(parser().parse_args(common), PARAMS) == 0
     text = capsys.readouterr().out

@@ -89,11 +89,11 @@ def test_the_committed_dataset_reproduces_its_calibration(model: str, world_size
 def test_what_it_assumed_and_its_advice_are_printed() -> None:
     common = ["--model", "srn-1m", "--fit", str(DATA), "--world-size", "2"]
     doc = json.loads(estimate(*common, "--recommend-bucket-cap", "--json"))
-    assumed = doc["assumptions"]
+    assumed = {a["name"]: a for a in doc["assumptions"]}  # a list of {name, value, source}
     assert set(assumed) == {"compute", "tokens", "link", "latency"}
     for name in ("compute", "tokens", "link", "latency"):
         assert str(DATA) in assumed[name]["source"], name  # each from the dataset
-    assert assumed["latency"]["value_ns"] == round(doc["calibration"]["fit"]["alpha_ns"])
+    assert assumed["latency"]["value"] == round(doc["calibration"]["fit"]["alpha_ns"])
     rec = doc["recommendation"]
     # no --bucket-cap-mb: the dataset's cap in use, as the report compares against
     in_use = doc["calibration"]["bucket_cap_mb"]

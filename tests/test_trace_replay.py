@@ -206,7 +206,8 @@ def test_text_report_shows_trace_replay_and_what_if(
     assert main(["estimate", "--trace", str(folder), "--interconnect", "nvlink3"]) == 0
     text = capsys.readouterr().out
     assert "     0.200      0.200    0.00      0.040      0.040    0.00" in text  # ms, diff %
-    assert "what-if on 2 ranks (trace: 2)" in text and "assumptions:" in text
+    assert "what-if on 2 ranks (trace: 2)" in text
+    assert "assumed link: nvlink3" in text and "assumed replay: compute keeps" in text
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,12 @@
 """``commprof estimate --fit RESULTS``: the calibrated step simulator on the command line.
 
 With a dataset folder, ``estimate`` calibrates the step simulator on one cell of the model
-(``step_advice.load_step_model``) and answers what-ifs with it: another cap
+(``step.model.load_step_model``) and answers what-ifs with it: another cap
 (``--bucket-cap-mb``), world size (``--world-size``; ``--same-host`` when the ranks would share
 the calibration's CPU host) or link (``--interconnect``, or ``--cluster``: NCCL's collective
 model on that cluster at ``--world-size`` GPUs; the measured compute timeline kept, the link
 swapped). The idle ring model (every correction off) is printed beside it as the baseline.
-Each correction (``step_corrections.CORRECTIONS``) is switched off on its own with ``--without
+Each correction (``step.corrections.CORRECTIONS``) is switched off on its own with ``--without
 NAME`` (``--no-interference`` is ``--without interference``). Printed with every prediction:
 what it assumed, each with its source (:func:`assumptions`), and its in-sample error, the same
 model at the calibration cells' cap and world size against their measured step and exposed
@@ -14,43 +14,34 @@ communication (:func:`in_sample`), and where the calibration cells ran one bucke
 prediction has several, that their overlap with backward is the model's, not measured
 (:func:`extrapolation`).
 
-JSON (``--json``): ``prediction`` holds ``step_ns``, ``exposed_ns``, ``overlap_efficiency``,
-their ``*_low``/``*_high`` under the calibration's uncertainty and ``buckets`` (ready, start,
-end per bucket); ``idle_ring`` the baseline; ``calibration`` what it was calibrated on and the
-corrections applied; ``assumptions``, ``in_sample`` and ``extrapolation`` (None where the
-calibration measured overlap, or the prediction has one bucket); ``recommendation``
-(``--recommend-bucket-cap``) the cap search, its ``verdict``, its ``extrapolation`` and its
-``basis``: ``model``, every cap predicted without the residuals that give the calibration's own
-configuration its measurement back (``step_corrections.IN_SAMPLE_ONLY``), so its point at that
-configuration is the model's, not the measurement ``prediction`` shows there.
+It returns one :class:`~commprof.modeling.prediction.Prediction` (mode ``step``; its interval
+the step range under the calibration's uncertainty); its body's keys are in docs/prediction.md.
+With ``--recommend-bucket-cap`` the cap search's ``basis`` is ``model``: every cap predicted
+without the residuals that give the calibration's own configuration its measurement back
+(``step.corrections``' in-sample-only scope), so its point at that configuration is the
+model's, not the measurement ``prediction`` shows there.
 
 This module imports no torch and no ray.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from commprof.caps import cap_label, cap_number
-from commprof.commands.links import published_link
+from commprof.commands.estimate_request import EstimateRequest
+from commprof.commands.links import ResolvedLink, resolve_link
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
 from commprof.modeling.collective.cluster_link import ClusterLink, comm_interval, interval_line
 from commprof.modeling.collective.link import Link
 from commprof.modeling.collective.ring_fit import fit_to_dict
+from commprof.modeling.prediction import Assumption, Interval, Prediction
 from commprof.modeling.step.calibration import split_hook
 from commprof.modeling.step.cap_advice import baseline_label, recommend_cap, verdict_kind
-from commprof.modeling.step.corrections import (
-    CORRECTION_NAMES,
-    CORRECTIONS,
-    IDLE,
-    Corrections,
-    applied,
-)
+from commprof.modeling.step.corrections import IDLE, Corrections, applied
 from commprof.modeling.step.model import (
     CapPrediction,
     StepModel,
@@ -84,32 +75,21 @@ def _prediction_doc(pred: CapPrediction) -> dict[str, Any]:
     }
 
 
-def corrections_from_args(args: argparse.Namespace) -> Corrections:
-    """``--without NAME`` (repeatable) and each correction's alias flags
-    (``Correction.aliases``: ``--no-interference`` is ``--without interference``)."""
-    names = list(args.without or ())
-    for c in CORRECTIONS:
-        names += [c.name for flag in c.aliases if getattr(args, flag[2:].replace("-", "_"))]
-    return Corrections.without(names)
-
-
 def _link(
-    args: argparse.Namespace,
+    request: EstimateRequest,
     model: StepModel,
-    cluster: ClusterLink | None,
-    alpha_ns: float,
+    resolved: ResolvedLink,
     corrections: Corrections,
 ) -> tuple[Link | None, str]:
-    if cluster is not None:  # NCCL's model on the cluster, the measured compute kept
-        return cluster, cluster.describe(args.world_size)
-    if not args.interconnect:
-        used = applied(model, link=None, corrections=corrections)
-        label = f"fit of the microbenchmarks of {args.fit} ({model.link.method})"
-        if used.stall_ns > 0:
-            label += f" + {used.stall_ns / 1e6:.2f} ms stall an all-reduce"
-        return None, label
-    params, link = published_link(args, alpha_ns=alpha_ns)
-    return params, f"{link.name} ({link.per_direction_bytes_per_s / 1e9:.1f} GB/s, alpha assumed)"
+    """The request's link (a cluster or a published one: the measured compute kept, the link
+    swapped), else the link calibrated on the dataset (None) and its label."""
+    if resolved.link is not None:
+        return resolved.link, resolved.label or ""
+    used = applied(model, link=None, corrections=corrections)
+    label = f"fit of the microbenchmarks of {request.fit} ({model.link.method})"
+    if used.stall_ns > 0:
+        label += f" + {used.stall_ns / 1e6:.2f} ms stall an all-reduce"
+    return None, label
 
 
 def _fit_alpha_ns(model: StepModel) -> float:
@@ -117,50 +97,55 @@ def _fit_alpha_ns(model: StepModel) -> float:
 
 
 def assumptions(
-    args: argparse.Namespace,
+    request: EstimateRequest,
     model: StepModel,
+    resolved: ResolvedLink,
     label: str,
-    alpha_ns: float,
     batch_size: int | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> tuple[Assumption, ...]:
     """What the prediction assumed, each with its value and source: compute, tokens, link and
-    latency (the step simulator's path; ``estimate.serial_assumptions`` for the other).
+    latency (the step model's; ``estimate.idle_assumptions`` for the idle model's).
     ``batch_size``: the calibration cell's samples per rank, where the dataset has it."""
     cal = model.calibration
     cells = ", ".join(cal.cell_ids or (cal.cell_id,))
-    where = f"{args.fit}: cells {cells}"
-    if args.cluster:
-        source, latency = f"--cluster {args.cluster}", None
-        latency_source = f"--cluster {args.cluster} (its collective model)"
-    elif args.interconnect:
-        source = f"--interconnect {args.interconnect}" + (
-            f" (--interconnect-file {args.interconnect_file})" if args.interconnect_file else ""
+    where = f"{request.fit}: cells {cells}"
+    if resolved.link is not None:
+        source, latency, latency_source = (
+            resolved.source,
+            resolved.latency_ns,
+            resolved.latency_source,
         )
-        latency = alpha_ns
-        latency_source = "--alpha-us" if args.alpha_us is not None else "built-in default"
     else:
-        source, latency = f"fit from dataset {args.fit}", _fit_alpha_ns(model)
-        latency_source = f"fit from dataset {args.fit}"
-    return {
-        "compute": {
-            "value": (
+        source = latency_source = f"fit from dataset {request.fit}"
+        latency = _fit_alpha_ns(model)
+    return (
+        Assumption(
+            name="compute",
+            value=(
                 f"backward {cal.compute_work_ns / 1e6:.2f} ms of work, forward "
                 f"{cal.forward_ns / 1e6:.2f} ms, optimizer {cal.optimizer_ns / 1e6:.2f} ms"
             ),
-            "backward_work_ns": round(cal.compute_work_ns),
-            "forward_ns": round(cal.forward_ns),
-            "optimizer_ns": round(cal.optimizer_ns),
-            "source": f"timeline measured in {where}",
-        },
-        "tokens": {
-            "value": None if batch_size is None else f"batch size {batch_size} per rank",
-            "batch_size": batch_size,
-            "source": f"the calibration cells' batch, {where}",
-        },
-        "link": {"value": label, "source": source},
-        "latency": {"value_ns": None if latency is None else round(latency),
-                    "source": latency_source},
-    }  # fmt: skip
+            source=f"timeline measured in {where}",
+            details={
+                "backward_work_ns": round(cal.compute_work_ns),
+                "forward_ns": round(cal.forward_ns),
+                "optimizer_ns": round(cal.optimizer_ns),
+            },
+        ),
+        Assumption(
+            name="tokens",
+            value=None if batch_size is None else f"batch size {batch_size} per rank",
+            source=f"the calibration cells' batch, {where}",
+            details={"batch_size": batch_size},
+        ),
+        Assumption(name="link", value=label, source=source),
+        Assumption(
+            name="latency",
+            value=None if latency is None else round(latency),
+            source=latency_source,
+            unit="ns",
+        ),
+    )
 
 
 def in_sample(
@@ -225,51 +210,50 @@ def _batch_size(tables: dict[str, Any], cell_id: str) -> int | None:
     return int(sizes.iloc[-1]) if len(sizes) else None
 
 
-def run_step(
-    args: argparse.Namespace,
-    param_sizes: Sequence[ParamSize],
-    *,
-    cluster: ClusterLink | None,
-    alpha_ns: float,
-) -> int:
-    """``estimate --fit DIR``: print the simulator's prediction (table or JSON). ``cluster``:
-    ``--cluster``'s link (``estimate.check_cluster_flags``), which replaces the calibrated one;
-    ``alpha_ns``: the latency of ``--interconnect``'s published link."""
+def predict_step_mode(request: EstimateRequest, param_sizes: Sequence[ParamSize]) -> Prediction:
+    """``estimate --fit DIR``: the step model calibrated on the dataset, at the request's cap,
+    world size and link, beside the idle ring model; with ``--recommend-bucket-cap`` the cap
+    search (a validated request: ``EstimateRequest.validate``)."""
     from commprof.results import load
 
-    if not args.model and not args.cell:
-        raise ValueError("--fit DIR with --params-file needs --cell ID (the calibration cell)")
-    corrections = corrections_from_args(args)
-    tables = load(args.fit)
-    if args.cell:
+    world_size = request.world_size
+    assert world_size is not None  # validate() asks for it
+    resolved = resolve_link(request, world_size)  # before the dataset is read
+    corrections = request.corrections()
+    tables = load(str(request.fit))
+    if request.cell:
         ids = sorted(set(tables["cells"]["cell_id"].astype(str)))
-        found = [i for i in ids if i.startswith(args.cell)]
+        found = [i for i in ids if i.startswith(request.cell)]
         if len(found) != 1:
             what = "no cell" if not found else f"{len(found)} cells ({', '.join(found[:4])}...)"
             raise ValueError(
-                f"--cell {args.cell!r} matches {what} of {args.fit}; give a cell id of the "
+                f"--cell {request.cell!r} matches {what} of {request.fit}; give a cell id of the "
                 "dataset or a unique prefix of one"
             )
     model = load_step_model(
-        tables, args.model or "", world_size=args.world_size, param_sizes=param_sizes,
-        backend=args.fit_backend, cell_id=args.cell,
+        tables, request.model or "", world_size=world_size, param_sizes=param_sizes,
+        backend=request.fit_backend, cell_id=request.cell,
     )  # fmt: skip
     model = recalibrated_without(model, sorted(corrections.off), param_sizes)
-    link, label = _link(args, model, cluster, alpha_ns, corrections)
+    link, label = _link(request, model, resolved, corrections)
     what_if: dict[str, Any] = {
-        "link": link, "same_host": args.same_host, "corrections": corrections
+        "link": link, "same_host": request.same_host, "corrections": corrections
     }  # fmt: skip
     main = predict_cap(
-        model, param_sizes, bucket_cap_mb=args.bucket_cap_mb, world_size=args.world_size, **what_if
+        model,
+        param_sizes,
+        bucket_cap_mb=request.bucket_cap_mb,
+        world_size=world_size,
+        **what_if,
     )
     idle = predict_cap(
-        model, param_sizes, bucket_cap_mb=args.bucket_cap_mb, world_size=args.world_size,
-        link=link, same_host=args.same_host, corrections=IDLE,
+        model, param_sizes, bucket_cap_mb=request.bucket_cap_mb, world_size=world_size,
+        link=link, same_host=request.same_host, corrections=IDLE,
     )  # fmt: skip
     cal = model.calibration
     own = in_sample_layout(
-        model, param_sizes, bucket_cap_mb=args.bucket_cap_mb,
-        world_size=args.world_size or cal.world_size,
+        model, param_sizes, bucket_cap_mb=request.bucket_cap_mb,
+        world_size=world_size or cal.world_size,
     )  # fmt: skip
     fitted = applied(model, link=link, corrections=corrections)
     used = applied(model, link=link, corrections=corrections, in_sample=own)
@@ -294,33 +278,29 @@ def run_step(
             ),
             "measured_step_ns": round(cal.measured_step_ns),
         },
-        "assumptions": assumptions(args, model, label, alpha_ns, _batch_size(tables, cal.cell_id)),
         "in_sample": in_sample(model, param_sizes, corrections),
         "extrapolation": extrapolation(model, param_sizes, main.num_buckets),
         "spec": spec_doc(model, used, corrections, calibrated_link=link is None),
-        "world_size": args.world_size,
     }
     text = [
-        _table(main, idle, label, args.world_size, cal.cell_id),
-        assumptions_text(doc["assumptions"]),
         spec_text(doc["spec"]),
         in_sample_text(doc["in_sample"]),
     ]
     if isinstance(link, ClusterLink):  # the collective model's interval on each bucket
         sizes = [b.num_bytes for b in main.prediction.buckets]
         doc["communication_interval"] = comm_interval(
-            link, sizes, args.world_size or cal.world_size
+            link, sizes, request.world_size or cal.world_size
         )
         text.append(interval_line(doc["communication_interval"]))
     if doc["extrapolation"]:
         text.append(doc["extrapolation"]["text"])
-    if args.recommend_bucket_cap:
+    if request.recommend_bucket_cap:
         # the baseline: the cap asked for, else the dataset's cap in use (the report's too)
-        given = getattr(args, "bucket_cap_mb_given", True)
-        in_use_mb = args.bucket_cap_mb if given else cal.bucket_cap_mb
+        given = request.bucket_cap_mb_given
+        in_use_mb = request.bucket_cap_mb if given else cal.bucket_cap_mb
         baseline = baseline_label(in_use_mb, dataset=not given)
         advice = recommend_cap(
-            model, param_sizes, world_size=args.world_size, in_use_mb=in_use_mb, **what_if
+            model, param_sizes, world_size=world_size, in_use_mb=in_use_mb, **what_if
         )
         verdict = advice.verdict(baseline=baseline)
         most = max(c.num_buckets for c in advice.curve)
@@ -358,20 +338,24 @@ def run_step(
         if unseen:
             text.append(unseen["text"])
         text.append(verdict)
-    print(json.dumps(doc) if args.json else "\n".join(text))
-    return 0
-
-
-def assumptions_text(doc: dict[str, dict[str, Any]]) -> str:
-    """The ``assumptions`` document as lines: ``assumed <name>: <value> (<source>)``."""
-    lines = []
-    for name, item in doc.items():
-        value = item.get("value", item.get("value_ns"))
-        if name == "latency" and value is not None:
-            value = f"{value / 1e3:.1f} us"
-        shown = "" if value is None else f"{value} "
-        lines.append(f"assumed {name}: {shown}({item['source']})")
-    return "\n".join(lines)
+    interval = Interval(
+        quantity="step_ns",
+        low_ns=main.step_ns_range[0],
+        high_ns=main.step_ns_range[1],
+        basis="the calibration's uncertainty: the link at the ends of its interval, the "
+        "interference factors at their quartiles",
+        title="step range",
+    )
+    return Prediction(
+        mode="step",
+        link=label,
+        world_size=world_size,
+        interval=interval,
+        assumptions=assumptions(request, model, resolved, label, _batch_size(tables, cal.cell_id)),
+        body=doc,
+        lines=(_table(main, idle, label, world_size, cal.cell_id),),
+        notes=tuple(text),
+    )
 
 
 def in_sample_text(doc: dict[str, Any]) -> str:
@@ -420,41 +404,3 @@ def _table(main: CapPrediction, idle: CapPrediction, label: str, ws: int, cell: 
         f"{idle.exposed_ns / 1e6:.2f} ms"
     )
     return "\n".join(lines)
-
-
-STEP_ONLY_FLAGS = ("--same-host", "--no-interference", "--without")
-"""Flags of the step simulator alone (``--fit DIR``)."""
-
-
-def add_step_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the step simulator path."""
-    parser.add_argument(
-        "--same-host",
-        action="store_true",
-        help="with --fit DIR and another --world-size: the ranks share the calibration's CPU "
-        "host, so compute and gloo's transfers slow by the core share",
-    )
-    parser.add_argument(
-        "--no-interference",
-        action="store_true",
-        help="with --fit DIR: leave the measured interference factors out (--without "
-        "interference; the other corrections stay)",
-    )
-    parser.add_argument(
-        "--without",
-        action="append",
-        choices=CORRECTION_NAMES,
-        metavar="CORRECTION",
-        help="with --fit DIR: switch one correction of the step model off (repeatable): "
-        + ", ".join(f"{c.name} ({c.scope.short})" for c in CORRECTIONS),
-    )
-
-
-def step_flags_given(args: argparse.Namespace) -> list[str]:
-    """The flags of :data:`STEP_ONLY_FLAGS` the user gave."""
-    given = {
-        "--same-host": bool(args.same_host),
-        "--no-interference": bool(args.no_interference),
-        "--without": bool(args.without),
-    }
-    return [flag for flag, present in given.items() if present]

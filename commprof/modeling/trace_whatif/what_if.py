@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from commprof.modeling.collective.link import Link
+from commprof.modeling.prediction import Assumption
 from commprof.modeling.trace_whatif.buckets import (
     OwnBuckets,
     fit_bucket_cost,
@@ -246,35 +247,58 @@ def replay_report(
                 totals["own_layout_exposed_ns"], totals["trace_exposed_ns"]
             ),
         }  # fmt: skip
-    doc["assumptions"] = assumptions(scenario, cap)
     return doc
 
 
-def assumptions(scenario: WhatIf | None, cap: CapWhatIf | None = None) -> list[str]:
-    """What the replay and the what-ifs assume, one line each (printed and in the JSON)."""
-    lines = [
-        f"replay rules: {SOURCE}; compute keeps its measured kernels and gaps, collectives their "
-        "launch point relative to compute and their stream order",
+def assumptions(scenario: WhatIf | None, cap: CapWhatIf | None = None) -> tuple[Assumption, ...]:
+    """What the replay and the what-ifs assume, each with its source (printed and in the JSON)."""
+    out = [
+        Assumption(
+            name="replay",
+            value="compute keeps its measured kernels and gaps, collectives their launch point "
+            "relative to compute and their stream order",
+            source=f"replay rules: {SOURCE}",
+        ),
     ]
     if scenario is not None:
-        lines += [
-            f"what-if link: {scenario.label}; {scenario.world_size} ranks",
-            "each all-reduce of known size takes the model's predicted time directly (the trace "
-            "names no fabric to scale from); a measured kernel also holds waits for peers",
-            "compute is the trace's own: a new world size changes the collectives only",
-        ]
+        out += [
+            Assumption(
+                name="link", value=f"{scenario.label}; {scenario.world_size} ranks",
+                source="the what-if (--cluster or --interconnect, --world-size)",
+            ),
+            Assumption(
+                name="collective time",
+                value="each all-reduce of known size takes the model's predicted time directly "
+                "(the trace names no fabric to scale from); a measured kernel also holds waits "
+                "for peers",
+                source="the link's model",
+            ),
+            Assumption(
+                name="compute", value="the trace's own: a new world size changes the "
+                "collectives only", source="the trace",
+            ),
+        ]  # fmt: skip
     if cap is not None:
-        lines += [
-            "new buckets: DDP's greedy over the trace's gradients in the order it wrote them "
-            "(a bucket closes once it holds the cap; the first holds the first-bucket cap), "
-            "each ready when its last gradient was on the device, launched in order, "
-            f"{cap.launch_delay_ns / 1e3:.0f} us after ready (the trace's median), on the "
-            "trace's bucket streams",
-            f"new buckets' all-reduce time: {cap.cost_label}",
-            "compute is the trace's own: a new cap changes the buckets only (no change to "
-            "the time the backward spends in DDP's hooks)",
-        ]
-    return lines
+        out += [
+            Assumption(
+                name="new buckets",
+                value="DDP's greedy over the trace's gradients in the order it wrote them (a "
+                "bucket closes once it holds the cap; the first holds the first-bucket cap), "
+                "each ready when its last gradient was on the device, launched in order, "
+                f"{cap.launch_delay_ns / 1e3:.0f} us after ready (the trace's median), on the "
+                "trace's bucket streams",
+                source="--bucket-cap-mb",
+            ),
+            Assumption(
+                name="new buckets' all-reduce time", value=cap.cost_label,
+                source="the what-if's link, else a fit on the trace's own all-reduces",
+            ),
+            Assumption(
+                name="hooks", value="the trace's own: a new cap changes the buckets only (no "
+                "change to the time the backward spends in DDP's hooks)", source="the trace",
+            ),
+        ]  # fmt: skip
+    return tuple(out)
 
 
 def report_text(doc: dict[str, Any], trace: str) -> str:
@@ -340,7 +364,6 @@ def report_text(doc: dict[str, Any], trace: str) -> str:
                 f"  {w['num_kept_measured']} collective(s) keep their measured time (no size, "
                 f"or a type the model does not predict: {', '.join(w['kept_types'])})"
             )
-    lines += ["", "assumptions:"] + [f"  {a}" for a in doc["assumptions"]]
     return "\n".join(lines)
 
 
