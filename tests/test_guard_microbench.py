@@ -27,12 +27,19 @@ dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 # time, nor start-up's file-backed pages that a loaded host dropped and the run faults back in
 small = MicrobenchConfig(sizes_bytes=(2**20,), warmup_iters=1, timed_iters=2)
 run_allreduce_bench(small, rank=0, world_size=1, device="cpu")
-# the resident size now, not the high-water mark: start-up may have peaked above it
-before = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+# the resident size now, not the high-water mark: start-up may have peaked above it; and the
+# file-backed part of it (statm's "shared"), since pages of code and libraries that a loaded host
+# dropped and the run faults back in count in the high-water mark but are no buffer
+page = os.sysconf("SC_PAGE_SIZE")
+def resident():
+    fields = open("/proc/self/statm").read().split()
+    return int(fields[1]) * page, int(fields[2]) * page
+before, file_before = resident()
 config = MicrobenchConfig(sizes_bytes=(int(sys.argv[1]),), warmup_iters=1, timed_iters=2)
 run_allreduce_bench(config, rank=0, world_size=1, device="cpu")
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"peak_bytes": after - before}))
+refaulted = max(0, resident()[1] - file_before)
+print(json.dumps({"peak_bytes": after - before - refaulted, "refaulted_bytes": refaulted}))
 dist.destroy_process_group()
 """
 
