@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         help="local processes parsing traces (default: one per trace, at most one per CPU)",
     )
     analyze.add_argument(
-        "--ray", action="store_true", help="parse the traces as Ray tasks (RAY_ADDRESS or local)"
+        "--ray",
+        action="store_true",
+        help="parse the traces as Ray tasks, on the cluster a sweep would use (RAY_ADDRESS, or "
+        "the one `ray start` recorded here), else on a Ray of its own",
     )
     analyze.add_argument(
         "--address", help="Ray cluster to parse on (implies --ray; files readable there)"
