@@ -34,6 +34,7 @@ def test_group_errors_single_rank() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_every_rank_failing_gives_one_group() -> None:
     # device='cuda' raises in every rank before it joins the group: both report the same text.

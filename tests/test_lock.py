@@ -146,6 +146,7 @@ def _racer(
             lock.release()
 
 
+@pytest.mark.slow  # six processes, 140 trials
 @pytest.mark.parametrize("kind", ["plain", "dawdling"])
 def test_racing_takeovers_of_a_dead_owner_leave_one_holder(tmp_path: Path, kind: str) -> None:
     import multiprocessing
