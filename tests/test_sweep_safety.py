@@ -48,6 +48,11 @@ HANG_S = 3 * MAX_ATTEMPTS * CELL_TIMEOUT_S
 driver itself allows that cell (every attempt to its limit) hangs: only a guard, never what a
 test asserts."""
 
+STRAY_TOKEN = {"RAY_AUTH_TOKEN": "0123456789abcdef" * 4}
+"""A token at hand where the cluster wants none (as on any machine where an embedded Ray once
+wrote ``~/.ray/auth_token``): a driver that turned token authentication on for it had its
+actors destroyed by the cluster, which took the driver for dead."""
+
 CLUSTER_OWNER = """
 import sys
 import ray
@@ -184,7 +189,7 @@ def test_a_busy_cluster_makes_cells_wait_and_a_second_owner_is_refused(
     address, _ = cluster
     m = _matrix(tmp_path, "busy", caps="[0.5, 1]", steps=12)
     other = _matrix(tmp_path, "waits", caps="[2, 4]")
-    first = _driver(m, tmp_path / "a", ray_address=address)
+    first = _driver(m, tmp_path / "a", ray_address=address, **STRAY_TOKEN)
     _wait_committed(tmp_path / "a", first)
     # same cluster, same folder: refused by the folder's owner, nothing of it touched
     before = _statuses(tmp_path / "a")
@@ -207,7 +212,7 @@ def test_a_lost_cluster_stops_the_sweep_and_a_rerun_resumes(
     address, owner = cluster
     m = _matrix(tmp_path, "lost", caps="[0.5, 1, 2, 4, 8]", steps=12)
     out = tmp_path / "out"
-    proc = _driver(m, out, ray_address=address)
+    proc = _driver(m, out, ray_address=address, **STRAY_TOKEN)
     _wait_committed(out, proc)
     _take_away(owner)
     rc, _, err = _finish(proc, limit_s=300)
