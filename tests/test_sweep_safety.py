@@ -48,6 +48,9 @@ HANG_S = 3 * MAX_ATTEMPTS * CELL_TIMEOUT_S
 driver itself allows that cell (every attempt to its limit) hangs: only a guard, never what a
 test asserts."""
 
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""Ray's authentication settings; an embedded Ray of this session sets ``RAY_AUTH_MODE`` in the
+test process's environment, so a cluster test names its own."""
 STRAY_TOKEN = {"RAY_AUTH_TOKEN": "0123456789abcdef" * 4}
 """A token at hand where the cluster wants none (as on any machine where an embedded Ray once
 wrote ``~/.ray/auth_token``): a driver that turned token authentication on for it had its
@@ -79,10 +82,20 @@ def _matrix(tmp_path: Path, name: str, caps: str, steps: int = 4) -> matrix.Matr
 
 
 def _driver(
-    m: matrix.Matrix, out: Path, ray_address: str | None, **extra_env: str
+    m: matrix.Matrix,
+    out: Path,
+    ray_address: str | None,
+    *,
+    stray_token: bool = False,
+    **extra_env: str,
 ) -> subprocess.Popen[str]:
-    """The driver as a user starts it; ``None``: no address (it starts its own Ray)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | extra_env
+    """The driver as a user starts it; ``None``: no address (it starts its own Ray).
+    ``stray_token``: no authentication settings but :data:`STRAY_TOKEN` (for the ``cluster``
+    fixture's cluster, which has no authentication)."""
+    drop = {"RAY_ADDRESS", *(AUTH_VARIABLES if stray_token else ())}
+    env = {k: v for k, v in os.environ.items() if k not in drop} | extra_env
+    if stray_token:
+        env |= STRAY_TOKEN
     if ray_address is not None:
         env["RAY_ADDRESS"] = ray_address
     command = [sys.executable, str(REPO / "sweeps" / "run_matrix.py"), "--matrix", m.source]
@@ -130,9 +143,11 @@ def _all_ok_once(out: Path, m: matrix.Matrix) -> None:
 
 @pytest.fixture
 def cluster() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """A one-node Ray cluster with 2 CPUs, owned by another process; yields (address, owner)."""
+    """A one-node Ray cluster with 2 CPUs and no authentication, owned by another process;
+    yields (address, owner)."""
     owner = subprocess.Popen(
         [sys.executable, "-c", CLUSTER_OWNER, "2"],
+        env={k: v for k, v in os.environ.items() if k not in AUTH_VARIABLES},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -189,16 +204,17 @@ def test_a_busy_cluster_makes_cells_wait_and_a_second_owner_is_refused(
     address, _ = cluster
     m = _matrix(tmp_path, "busy", caps="[0.5, 1]", steps=12)
     other = _matrix(tmp_path, "waits", caps="[2, 4]")
-    first = _driver(m, tmp_path / "a", ray_address=address, **STRAY_TOKEN)
+    first = _driver(m, tmp_path / "a", ray_address=address, stray_token=True)
     _wait_committed(tmp_path / "a", first)
     # same cluster, same folder: refused by the folder's owner, nothing of it touched
     before = _statuses(tmp_path / "a")
-    rc, _, err = _finish(_driver(m, tmp_path / "a", ray_address=address), limit_s=120)
+    second = _driver(m, tmp_path / "a", ray_address=address, stray_token=True)
+    rc, _, err = _finish(second, limit_s=120)
     assert rc == 3, err[-2000:]
     assert set(before) <= set(_statuses(tmp_path / "a"))
     # same cluster, another folder: the 2-CPU cluster is full with the first driver's gang,
     # so these cells wait for it instead of being recorded as "cannot be placed"
-    rc, _, err = _finish(_driver(other, tmp_path / "b", ray_address=address))
+    rc, _, err = _finish(_driver(other, tmp_path / "b", ray_address=address, stray_token=True))
     assert rc == 0, err[-3000:]
     rc, _, err = _finish(first)
     assert rc == 0, err[-3000:]
@@ -212,7 +228,7 @@ def test_a_lost_cluster_stops_the_sweep_and_a_rerun_resumes(
     address, owner = cluster
     m = _matrix(tmp_path, "lost", caps="[0.5, 1, 2, 4, 8]", steps=12)
     out = tmp_path / "out"
-    proc = _driver(m, out, ray_address=address, **STRAY_TOKEN)
+    proc = _driver(m, out, ray_address=address, stray_token=True)
     _wait_committed(out, proc)
     _take_away(owner)
     rc, _, err = _finish(proc, limit_s=300)
