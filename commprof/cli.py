@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         help="local processes parsing traces (default: one per trace, at most one per CPU)",
     )
     analyze.add_argument(
-        "--ray", action="store_true", help="parse the traces as Ray tasks (RAY_ADDRESS or local)"
+        "--ray",
+        action="store_true",
+        help="parse the traces as Ray tasks, on the cluster a sweep would use (RAY_ADDRESS, or "
+        "the one `ray start` recorded here), else on a Ray of its own",
     )
     analyze.add_argument(
         "--address", help="Ray cluster to parse on (implies --ray; files readable there)"
@@ -351,13 +354,12 @@ def _ray_resources() -> tuple[str | None, dict[str, float] | None, list[dict[str
     """The cluster a sweep would attach to, in words; its resources and the GPUs Ray sees on
     each alive node where it answers. Never starts a cluster; a probe bounds the wait
     (``commprof.ray_address.probe``) where ``ray.init`` would retry for 20 s or more."""
-    from commprof.ray_address import NEEDS_TOKEN, cluster_address, probe, use_token_auth
+    from commprof.ray_address import NEEDS_TOKEN, cluster_address, negotiate
 
     address = cluster_address()  # the driver's rule: never another driver's embedded Ray
     if address is None:
         return "none found (sweeps start an embedded one)", None, []
-    use_token_auth()  # as the driver does
-    answer = probe(address)
+    answer = negotiate(address)  # token authentication as the driver turns it on
     if answer == "unreachable":
         return (
             f"{address}: not reachable (a sweep fails to connect: start the cluster, or unset "

@@ -88,7 +88,10 @@ def use_token_auth() -> bool:
 
     What Ray itself does for ``ray.init()`` of a cluster it finds on this machine, but not for an
     address given by argument or ``RAY_ADDRESS`` (Ray 2.60): without it a driver that holds the
-    token still fails with ``InvalidAuthToken``. A ``RAY_AUTH_MODE`` the user set is kept.
+    token still fails with ``InvalidAuthToken``. A ``RAY_AUTH_MODE`` the user set is kept. Only
+    for a cluster that asks for a token (:func:`negotiate`): a driver with token authentication
+    on refuses its cluster's calls where the cluster has none, and the cluster then takes the
+    driver for dead and destroys its actors.
     """
     mode = os.environ.get(AUTH_MODE_ENV)
     if mode is not None:
@@ -122,7 +125,8 @@ def probe(address: str) -> Answer:
     cannot be reached; within about :data:`PROBE_TIMEOUT_S` (``ray.init`` retries for 20 to
     40 s before it says either).
 
-    Call after :func:`use_token_auth`, as the connection will be made.
+    Probes as this process would connect now (:func:`negotiate` turns token authentication on
+    where the cluster asks for it).
     """
     if not reachable(address):
         return "unreachable"
@@ -142,17 +146,30 @@ def probe(address: str) -> Answer:
     return "answers"
 
 
+def negotiate(address: str) -> Answer:
+    """Probe the GCS at ``address`` and make this process connect to it as it asks: token
+    authentication turned on (:func:`use_token_auth`) only where the cluster refuses a driver
+    without a token and one is at hand; a ``RAY_AUTH_MODE`` the user set stands as set.
+
+    Returns:
+        What the last probe found (:func:`probe`).
+    """
+    answer = probe(address)
+    if answer == "needs a token" and AUTH_MODE_ENV not in os.environ and use_token_auth():
+        answer = probe(address)
+    return answer
+
+
 def attach(address: str) -> None:
-    """Make ready to ``ray.init(address=address)``: token authentication on where a token is at
-    hand (:func:`use_token_auth`), and a one-line error before Ray's own retries where the
-    cluster cannot be used.
+    """Make ready to ``ray.init(address=address)``: token authentication as the cluster asks
+    (:func:`negotiate`), and a one-line error before Ray's own retries where the cluster cannot
+    be used.
 
     Raises:
         ConnectionError: nothing answers at ``address``, or it wants a token this machine lacks;
             the message says what to set.
     """
-    use_token_auth()
-    answer = probe(address)
+    answer = negotiate(address)
     if answer == "needs a token":
         raise ConnectionError(f"Ray cluster {address}: {NEEDS_TOKEN}")
     if answer == "unreachable":

@@ -4,7 +4,6 @@ the logic the 2-rank gloo runs of tests/test_attach_safety.py exercise, in a sec
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -67,15 +66,13 @@ def test_a_rank_past_the_others_end_is_found_by_its_own_watcher(tmp_path: Path) 
     counts = [Counts(steps=6, buckets=6), Counts(steps=6, buckets=7)]  # rank 1: one bucket more
     boards = _boards(tmp_path, counts)
     boards[1].start()  # rank 1 is still training (stuck in that bucket's all-reduce)
-    started = time.monotonic()
     try:
+        # rank 1's watcher's verdict: rank 0 waiting out its limit would say instead that
+        # rank 1 "did not end its block within" WAIT_S
         with pytest.raises(RanksDisagree, match="rank 1 went on past the end of rank 0"):
             boards[0].agree(counts[0], wait_s=WAIT_S)
     finally:
         boards[1].stop()
-    # found by rank 1's watcher (its period and a poll: about a second), not by waiting out
-    # rank 0's limit; a quarter of it leaves room for any load
-    assert time.monotonic() - started < WAIT_S / 4
     assert boards[1].verdict is not None  # rank 1 knows it too, without the store
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ import pytest
 
 from commprof.traces.analyze import analyze, run
 from commprof.traces.rank_pool import analyze_files
-from tests.trace_events import OFFSET_US, rank_trace
+from tests.trace_events import OFFSET_US, write_job
 
 GOLDEN = Path(__file__).parent / "data" / "golden_gloo2"
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,12 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def job_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic 4-rank job of tests/trace_events.py written as rank files."""
-    folder = tmp_path_factory.mktemp("job")
-    for rank in range(len(OFFSET_US)):
-        with gzip.open(folder / f"rank{rank}.json.gz", "wt") as fh:
-            json.dump(rank_trace(rank), fh)
-    (folder / "notes.json").write_text('{"not": "a trace"}')
-    return folder
+    return write_job(tmp_path_factory.mktemp("job"))
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
@@ -48,11 +43,40 @@ def test_processes_give_the_serial_tables(job_dir: Path) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_tasks_give_the_serial_tables(job_dir: Path, ray_cluster: str) -> None:
     serial = analyze(job_dir, workers=1)
     on_ray = analyze(job_dir, use_ray=True)
     for name, table in serial.tables().items():
         _same(table, on_ray.tables()[name])
+
+
+def _cli_json(job: Path, *flags: str, env: dict[str, str]) -> object:
+    done = subprocess.run(
+        [sys.executable, "-m", "commprof", "analyze", str(job), "--json", *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang is the failure; an embedded Ray starts in seconds
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_cli_on_ray_with_no_cluster_starts_its_own(job_dir: Path, tmp_path: Path) -> None:
+    """``commprof analyze --ray`` where no cluster runs: an embedded Ray of the command, which
+    gives the serial tables (the CLI's own path: no Ray of the test process runs the tasks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    ray_tmp = tempfile.mkdtemp(prefix="cp-ray-", dir="/tmp")  # no cluster recorded there
+    env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path), RAY_TMPDIR=ray_tmp)
+    try:
+        on_ray = _cli_json(job_dir, "--ray", env=env)
+        assert list(Path(ray_tmp).glob("ray/session_*")), "no embedded Ray started"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert on_ray == _cli_json(job_dir, "--workers", "1", env=env)
 
 
 def test_every_failed_trace_is_named(tmp_path: Path) -> None:

@@ -125,6 +125,7 @@ def _model_bytes(params: list[tuple[str, int]]) -> int:
     return sum(numel * 4 for _, numel in params)
 
 
+@pytest.mark.slow
 def test_against_real_ddp_buckets() -> None:
     results = spawn_ranks(_ddp_worker, 2, limit_s=600)[0]
     for res in results:

@@ -225,7 +225,8 @@ def _worker(rank: int, world_size: int, store_path: str) -> dict[str, Any]:  # p
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict[str, Any]]:
-    """What each of the two ranks returned, by scenario."""
+    """What each of the two ranks returned, by scenario (a real 2-rank run: its tests are in the
+    slow tier)."""
     per_rank = spawn_ranks(_worker, WORLD_SIZE, limit_s=600)
     return [_convert(r, np.ndarray, torch.from_numpy) for r in per_rank]
 
@@ -247,6 +248,7 @@ def _assert_all_equal(got: list[list[torch.Tensor]], want: list[list[torch.Tenso
             )
 
 
+@pytest.mark.slow
 def test_timed_allreduce_gradients_equal_unhooked_exactly(ranks: list[dict[str, Any]]) -> None:
     per_rank = [r["grads"] for r in _scenario(ranks, "gradients")]
     for grads in per_rank:
@@ -263,6 +265,7 @@ def test_timed_allreduce_gradients_equal_unhooked_exactly(ranks: list[dict[str, 
     _assert_all_equal(per_rank[0]["timed"], want)
 
 
+@pytest.mark.slow
 def test_allreduce_unwrapped_gives_the_mean_as_a_list_and_either_wrapper_form_is_exact(
     ranks: list[dict[str, Any]],
 ) -> None:
@@ -274,6 +277,7 @@ def test_allreduce_unwrapped_gives_the_mean_as_a_list_and_either_wrapper_form_is
         _assert_all_equal(out["grads"]["timed_as_is"], out["grads"]["plain"])
 
 
+@pytest.mark.slow
 def test_timed_fp16_gradients_equal_plain_fp16_hook_exactly(ranks: list[dict[str, Any]]) -> None:
     per_rank = [r["grads"] for r in _scenario(ranks, "gradients")]
     for grads in per_rank:
@@ -297,6 +301,7 @@ def _sizes(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
+@pytest.mark.slow
 def test_step0_has_one_bucket_then_ddp_rebuilt_layout(ranks: list[dict[str, Any]]) -> None:
     num_buckets = []
     for cap_mb in CAPS_MB:
@@ -330,6 +335,7 @@ def test_step0_has_one_bucket_then_ddp_rebuilt_layout(ranks: list[dict[str, Any]
     assert num_buckets[-1] == 1
 
 
+@pytest.mark.slow
 def test_composition_covers_every_parameter_once(ranks: list[dict[str, Any]]) -> None:
     for result in _scenario(ranks, "buckets"):
         for cap_mb in CAPS_MB:
@@ -354,6 +360,7 @@ def test_composition_covers_every_parameter_once(ranks: list[dict[str, Any]]) ->
                 assert sum(p.num_bytes for p in in_bucket) == rows[b]["num_bytes"]
 
 
+@pytest.mark.slow
 def test_timestamps_latency_transfer_and_exposed(ranks: list[dict[str, Any]]) -> None:
     for result in _scenario(ranks, "buckets"):
         for cap_mb in CAPS_MB:
@@ -393,6 +400,7 @@ def test_derived_times_in_closed_form() -> None:
     assert exposed == (0, 0, 0, 30 - 20)
 
 
+@pytest.mark.slow
 def test_resolve_forgets_raw_records(ranks: list[dict[str, Any]]) -> None:
     for result in _scenario(ranks, "buckets"):
         for cap_mb in CAPS_MB:
@@ -400,6 +408,7 @@ def test_resolve_forgets_raw_records(ranks: list[dict[str, Any]]) -> None:
             assert result[cap_mb]["resolve_again"] == []
 
 
+@pytest.mark.slow
 def test_resolve_before_completion_raises_and_keeps_records(
     ranks: list[dict[str, Any]],
 ) -> None:

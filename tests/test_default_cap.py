@@ -62,6 +62,7 @@ def test_a_matrix_can_leave_the_cap_unset(tmp_path: Path) -> None:
         Cell(model="srn-1m", world_size=2, bucket_cap_mb=0)
 
 
+@pytest.mark.slow
 def test_ddp_runs_its_default_cap(dataset: tuple[Path, list[dict[str, Any]]]) -> None:
     _, per_rank = dataset
     sizes = parameter_sizes(CELL.model)
@@ -72,6 +73,7 @@ def test_ddp_runs_its_default_cap(dataset: tuple[Path, list[dict[str, Any]]]) ->
         assert sorted(b["num_bytes"] for b in rebuilt) == sorted(predicted)
 
 
+@pytest.mark.slow
 def test_unset_cap_stays_visible_in_analysis_and_report(
     dataset: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # a fresh interpreter per umask
 WRITE = """
 import os, sys
 from pathlib import Path

@@ -42,6 +42,7 @@ def test_a_full_disk_at_commit_names_the_path(tmp_path: Path) -> None:
     assert committed == [], said  # no commit record and no temporary file left behind
 
 
+@pytest.mark.slow
 @needs(tool="unshare")
 def test_report_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     data = tmp_path / "ds"

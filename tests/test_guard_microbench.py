@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from commprof.modeling import memory
 from commprof.training.trainer import CALIBRATION_SIZES_BYTES
 
@@ -44,6 +46,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_guard_term_covers_the_microbenchmark_peak() -> None:
     done = subprocess.run(
         [sys.executable, "-c", MEASURE, str(SIZE_BYTES)],

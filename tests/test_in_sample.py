@@ -9,15 +9,14 @@ one-cell `commprof run` (`test_step_model`), each through :func:`assert_reproduc
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from commprof import results
+from commprof import cli, results
 from commprof.analysis.breakdown import step_breakdown
 from commprof.modeling.step.corrections import CORRECTION_NAMES
 from commprof.modeling.step.model import load_step_model, param_sizes_for
@@ -28,14 +27,13 @@ IN_SAMPLE_TOLERANCE = 0.05
 
 
 def estimate(*args: str) -> str:
-    """``commprof estimate ARGS`` in a fresh interpreter (this checkout's code); its stdout."""
-    done = subprocess.run(
-        [sys.executable, "-m", "commprof", "estimate", *args],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+    """``commprof estimate ARGS`` through its command line, in this process (an interpreter per
+    call cost seconds of imports each); its stdout."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(["estimate", *args])
+    assert status == 0, err.getvalue()[-2000:]
+    return out.getvalue()
 
 
 def assert_in_sample(doc: dict) -> None:

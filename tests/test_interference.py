@@ -18,6 +18,7 @@ def _worker(rank: int, world_size: int, store_path: str) -> list[dict[str, objec
         return run_interference_bench(SIZES, iters=ITERS, device="cpu")
 
 
+@pytest.mark.slow
 def test_two_rank_arms() -> None:
     r0, r1 = spawn_ranks(_worker, 2)
     assert [(r["arm"], r["num_bytes"]) for r in r0] == [(a, n) for n in SIZES for a in ARMS]

@@ -34,6 +34,7 @@ def test_group_errors_single_rank() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_every_rank_failing_gives_one_group() -> None:
     # device='cuda' raises in every rank before it joins the group: both report the same text.
@@ -55,12 +56,10 @@ def _dies_or_hangs(rank: int, world_size: int, store_path: str) -> None:  # prag
 
 @pytest.mark.slow
 def test_rank_dying_silently_stops_the_others_after_the_grace() -> None:
-    limit_s = 300.0
-    started = time.monotonic()
+    # The hanging rank is stopped ERROR_GRACE_S after the death is seen. Left to limit_s (past
+    # its 600 s sleep) it would end by itself with a result, and rank 1 would not be "stopped".
     with pytest.raises(RankFailure) as info:
-        spawn_ranks(_dies_or_hangs, 2, limit_s=limit_s)
-    # The hanging rank is stopped ERROR_GRACE_S after the death is seen, not at limit_s.
-    assert time.monotonic() - started < limit_s / 3
+        spawn_ranks(_dies_or_hangs, 2, limit_s=1200.0)
     assert info.value.errors == {
         0: "process exited with code 3",
         1: "gave no result in time; stopped",

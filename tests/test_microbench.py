@@ -52,6 +52,7 @@ def test_two_rank_records() -> None:
         assert rec["busbw_gbps"] == pytest.approx(rec["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 
+@pytest.mark.slow
 def test_passes_pool_iterations_and_large_sizes_run_fewer() -> None:
     r0, r1 = spawn_ranks(_worker, 2, args=(PASSES_CONFIG,))
     assert r0 == r1

@@ -63,3 +63,18 @@ def test_a_closed_port_is_unreachable_and_attach_says_what_to_do(no_token: Path)
             ConnectionError, match=r"no Ray cluster answers at 127\.0\.0\.1:.*RAY_ADDRESS"
         ):
             ray_address.attach(address)
+
+
+def test_a_token_at_hand_stays_unused_for_a_cluster_that_asks_for_none(
+    no_token: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    # a token at hand, as on any machine where an embedded Ray once ran; the cluster did not ask
+    # for it (here: nothing answers), so the process keeps Ray's authentication off: on, it
+    # refuses the calls of a cluster without authentication, which then destroys its actors
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert ray_address.negotiate(f"127.0.0.1:{s.getsockname()[1]}") == "unreachable"
+    assert "RAY_AUTH_MODE" not in os.environ

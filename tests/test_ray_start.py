@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import random
 import shlex
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 
 from commprof import results
+from commprof.ray_address import NEEDS_TOKEN
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -254,4 +256,56 @@ def test_the_readme_cluster_block_runs_and_resumes_after_a_lost_node(tmp_path: P
     finally:
         if driver is not None and driver.poll() is None:
             driver.kill()
+        machine.stop()
+
+
+def _analyze(machine: Machine, job: Path, *flags: str, **env: str) -> tuple[int, int, str, str]:
+    """``commprof analyze JOB --json FLAGS`` as a user runs it: (pid, exit code, stdout, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commprof", "analyze", str(job), "--json", *flags],
+        env={**machine.env, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=300)  # a hang is the failure
+    return proc.pid, proc.returncode, out, err
+
+
+def test_analyze_on_ray_attaches_to_a_ray_start_cluster_as_a_sweep_does(tmp_path: Path) -> None:
+    from tests.trace_events import write_job
+
+    machine = Machine(tmp_path)
+    job = write_job(tmp_path / "job")
+    plain = dict(machine.env)  # the driver's: no RAY_AUTH_MODE, the token in its HOME
+    machine.env["RAY_AUTH_MODE"] = "token"  # the README's, for the `ray` commands
+    address = f"{machine.head}:{machine.port}"
+    head_port = _port_block(3)
+    try:
+        generate = machine.run(machine.line("ray get-auth-token"), stdout=subprocess.DEVNULL)
+        assert generate.wait(timeout=120) == 0
+        head = machine.start_node(
+            machine.line("ray start --head"),
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--dashboard-port={head_port}",
+            f"--ray-client-server-port={head_port + 1}",
+        )
+        machine.env = plain
+        pid, rc, out, err = _analyze(machine, job, "--ray", RAY_ADDRESS=address)
+        assert rc == 0, err[-3000:]
+        # the command was a driver of that cluster (its log lies in the head's session), and
+        # its tasks gave the tables the serial parse gives
+        driver_logs = (head / "session_latest" / "logs").glob(f"python-core-driver-*_{pid}.log")
+        assert list(driver_logs), f"commprof analyze --ray did not run on {address}"
+        _, rc, serial, err = _analyze(machine, job, "--workers", "1")
+        assert rc == 0, err[-3000:]
+        assert json.loads(out) == json.loads(serial)
+        # a machine without the token: one line saying what to set, before Ray's own retries
+        lacking = str(tmp_path / "no-token")
+        _, rc, out, err = _analyze(machine, job, "--address", address, RAY_AUTH_TOKEN_PATH=lacking)
+        assert rc == 2 and not out, err[-3000:]
+        said = f"commprof analyze: Ray cluster {address}: {NEEDS_TOKEN}"
+        assert err.strip().splitlines() == [said]
+    finally:
         machine.stop()

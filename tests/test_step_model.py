@@ -54,7 +54,7 @@ from commprof.modeling.step.model import (
 )
 from commprof.modeling.step.simulator import NO_INTERFERENCE, Interference, simulate_step
 from commprof.query import ok_attempts
-from tests.test_in_sample import assert_in_sample, assert_reproduces
+from tests.test_in_sample import assert_in_sample, assert_reproduces, estimate
 
 CELL = "0123456789ab"
 
@@ -392,11 +392,11 @@ def test_estimate_says_where_the_overlap_is_the_models_not_measured() -> None:
     # srn-1m's 25 MiB cells are one bucket, all-reduced after backward: a cap of several buckets
     # overlaps backward by the model alone; its own cap, or a calibration at 0.25 MiB, does not
     data = Path(__file__).parent / "data" / "results_smoke"
-    common = ["estimate", "--model", "srn-1m", "--fit", str(data), "--world-size", "2"]
-    own = json.loads(_commprof(*common, "--bucket-cap-mb", "25", "--json"))
+    common = ["--model", "srn-1m", "--fit", str(data), "--world-size", "2"]
+    own = json.loads(estimate(*common, "--bucket-cap-mb", "25", "--json"))
     assert own["extrapolation"] is None
     small = json.loads(
-        _commprof(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap", "--json")
+        estimate(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap", "--json")
     )
     nine = len(assign_buckets(parameter_sizes("srn-1m"), bucket_cap_mb=0.25))
     assert nine > 1
@@ -404,7 +404,7 @@ def test_estimate_says_where_the_overlap_is_the_models_not_measured() -> None:
     assert small["extrapolation"]["buckets"] == small["prediction"]["num_buckets"] == nine
     rec = small["recommendation"]
     assert rec["extrapolation"]["buckets"] == max(c["num_buckets"] for c in rec["curve"])
-    text = _commprof(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap")
+    text = estimate(*common, "--bucket-cap-mb", "0.25", "--recommend-bucket-cap")
     assert f"how {nine} buckets overlap backward" in text
     assert "how the caps here with several buckets overlap backward" in text
     assert rec["basis"] == "model"
@@ -414,7 +414,7 @@ def test_estimate_says_where_the_overlap_is_the_models_not_measured() -> None:
         & (cells["status"] == "ok")
     ]  # fmt: skip
     measured = json.loads(
-        _commprof(*common, "--cell", str(at["cell_id"].iloc[0]), "--bucket-cap-mb", "1",
+        estimate(*common, "--cell", str(at["cell_id"].iloc[0]), "--bucket-cap-mb", "1",
                   "--recommend-bucket-cap", "--json")
     )  # fmt: skip
     assert measured["extrapolation"] is None

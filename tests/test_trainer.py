@@ -15,6 +15,8 @@ from commprof.outcomes import merge_rank_records
 from commprof.training.launcher import run_local
 from commprof.training.models import build_model, count_parameters
 
+pytestmark = pytest.mark.slow  # a real 2-rank run (process start and torch import: seconds)
+
 MODEL_BYTES = count_parameters("srn-100k") * 4  # float32
 NUM_PARAMS = len(list(build_model("srn-100k").parameters()))  # 18 tensors
 CELL = Cell(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,6 +58,17 @@ def rank_trace(
         "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": len(OFFSET_US)},
         "traceEvents": events,
     }
+
+
+def write_job(folder: Path) -> Path:
+    """The 4-rank job of :func:`rank_trace` as gzipped rank files in ``folder``, with a JSON file
+    that is no trace beside them (skipped, and said so); returns ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(len(OFFSET_US)):
+        with gzip.open(folder / f"rank{rank}.json.gz", "wt") as fh:
+            json.dump(rank_trace(rank), fh)
+    (folder / "notes.json").write_text('{"not": "a trace"}')
+    return folder
 
 
 # A ROCm-like training rank whose GPU runs LAG_US behind its CPU (more than a step): each step

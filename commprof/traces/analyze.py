@@ -350,7 +350,8 @@ def run(
             the shipped one; None reads the file ``COMMPROF_RULES`` names, if set.
 
     Returns:
-        0 on success, 2 when the traces cannot be analysed (message on stderr).
+        0 on success, 2 when the traces cannot be analysed or the Ray cluster of ``use_ray``
+        cannot be used (message on stderr).
     """
     import json
 
@@ -387,6 +388,9 @@ def run(
             print(f"commprof analyze: {exc}", file=sys.stderr)
             failed += 1
             continue
+        except ConnectionError as exc:  # the Ray cluster of --ray: no cell can be parsed there
+            print(f"commprof analyze: {exc}", file=sys.stderr)
+            return 2
         if out is not None:
             for path in write_parquet(analysis.tables(), Path(out) / cell if cell else Path(out)):
                 print(f"wrote {path}", file=sys.stderr)

@@ -204,19 +204,27 @@ def _on_processes(paths: list[str], options: Mapping[str, Any], workers: int) ->
 
 
 def _on_ray(paths: list[str], options: Mapping[str, Any], address: str | None) -> list[Outcome]:
+    """One Ray task per trace: on the Ray this process already runs, else on the cluster the
+    sweep driver would attach to (``commprof.ray_address.cluster_address``, its token found by
+    ``attach``), else on an embedded Ray of this process.
+
+    Raises:
+        ConnectionError: the cluster named or recorded cannot be used (``attach``'s one line).
+    """
     from commprof.extras import require
-    from commprof.ray_address import cluster_address, init_local
+    from commprof.ray_address import attach, cluster_address, init_local
 
     ray = require("ray", needed_by="commprof analyze --ray")  # only on this path
 
     started = not ray.is_initialized()
     if started:  # a cluster the user named or `ray start` recorded, else a Ray of our own
         found = cluster_address(address)
-        options = {"include_dashboard": False, "logging_level": logging.WARNING}
+        quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
         if found is None:
-            init_local(**options)  # an embedded Ray listens on loopback only
+            init_local(include_dashboard=False, **quiet)  # listens on loopback only
         else:
-            ray.init(address=found, **options)
+            attach(found)  # as a sweep does: the token as Ray's CLI finds it, or one line
+            ray.init(address=found, **quiet)
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
         refs = [task.remote(p, dict(options)) for p in paths]
@@ -252,6 +260,8 @@ def analyze_files(
     Raises:
         ValueError: If ``workers`` < 1, or any trace cannot be parsed (every failed file
             is named in one message).
+        ConnectionError: The Ray cluster named or recorded cannot be used (the message says
+            what to set).
     """
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
