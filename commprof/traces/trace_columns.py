@@ -111,8 +111,13 @@ dict trace's events between conversions of their ts/dur to ns (``_flush``), the 
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_PID_TID = attrgetter("pid", "tid")
+_ARGS_CORR = attrgetter("args.correlation")
 _IS_X = "X".__eq__
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
+_DROP, _KEEP, _LAUNCH, _BY_NAME = 0, 1, 2, 3
+"""What becomes of the events of a category: dropped, kept, kept as launches, kept where
+their name is needed."""
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -268,6 +273,13 @@ class ColumnBuilder:
         ]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.tagged: _TaggedTypes | None = None
+        self.type_index: dict[type, int] = {}
+        """Struct type of a tagged decode -> its index in the three lists below."""
+        self.type_cat: list[str] = []
+        self.type_kind: list[int] = []
+        """Per struct type: its category, and what becomes of its events (``_kind``)."""
+        self.type_cat_code: list[int] = []
+        """Per struct type: its category's code in ``cats`` (-1 until an event is kept)."""
         """Decoder by category (decided with ``relevant``); None: the untagged struct only."""
         self.num_untagged = 0
         """Chunks that the tagged decoder could not take (events without a category)."""
@@ -281,6 +293,8 @@ class ColumnBuilder:
         self.pids: dict[Any, int] = {}
         self.tids: dict[Any, int] = {}
         """pid and tid -> their codes, in order of first appearance (``pair_code``)."""
+        self.pairs: dict[tuple[Any, Any], int] = {}
+        """(pid, tid) -> its pair code, for the pairs met in decoded chunks."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
@@ -322,22 +336,31 @@ class ColumnBuilder:
     ) -> npt.NDArray[np.int64]:
         """Codes of the events' ``field`` values in ``table``, adding the new ones (in order of
         first appearance)."""
-        values = list(map(_GET[field], events))
+        get = _GET[field]
         try:
-            codes = np.fromiter(map(table.get, values, _MISSING), np.int64, len(values))
+            codes = np.fromiter(map(table.get, map(get, events), _MISSING), np.int64, len(events))
         except TypeError:  # an unhashable key (a list where a string belongs): one at a time
-            return np.array([self._new_code(table, v, bits) for v in values], np.int64)
-        new = np.flatnonzero(codes < 0)
-        for i in new.tolist():  # new values, coded in order of first appearance
-            codes[i] = self._code(table, values[i], bits)
+            return np.array([self._new_code(table, get(e), bits) for e in events], np.int64)
+        for i in np.flatnonzero(codes < 0).tolist():  # new values, in order of first appearance
+            codes[i] = self._code(table, get(events[i]), bits)
         return codes
 
     def _pair_codes(self, events: list[Any]) -> bytes:
-        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes."""
-        pids = self._codes(self.pids, events, "pid", None)
-        pids <<= 32
-        pids |= self._codes(self.tids, events, "tid", None)
-        return pids.tobytes()
+        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes:
+        one lookup of the pair a event, the pid and tid coded apart only for a new pair."""
+        pairs = list(map(_PID_TID, events))
+        try:
+            codes = np.fromiter(map(self.pairs.get, pairs, _MISSING), np.int64, len(pairs))
+        except TypeError:  # an unhashable pid or tid: coded apart (a list or dict is refused)
+            pids = self._codes(self.pids, events, "pid", None)
+            pids <<= 32
+            pids |= self._codes(self.tids, events, "tid", None)
+            return pids.tobytes()
+        for i in np.flatnonzero(codes < 0).tolist():
+            codes[i] = self.pairs.get(pairs[i], -1)
+            if codes[i] < 0:
+                codes[i] = self.pairs[pairs[i]] = self._pair(*pairs[i])
+        return codes.tobytes()
 
     def _pair(self, pid: Any, tid: Any) -> int:
         """The code of one (pid, tid) pair."""
@@ -363,6 +386,56 @@ class ColumnBuilder:
         kept = list(compress(chunk, in_rel.tolist()))
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
+    def _type_codes(self, chunk: list[Any]) -> npt.NDArray[np.intp]:
+        """Index of each event's struct type (tagged by category) in the type tables."""
+        index = self.type_index
+        try:
+            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+        except KeyError:  # a type not met before: its category decides what it is
+            for struct in dict.fromkeys(map(type, chunk)):
+                if struct not in index:
+                    index[struct] = len(self.type_cat)
+                    self.type_cat.append(struct.cat)
+                    self.type_kind.append(self._kind(struct.cat))
+                    self.type_cat_code.append(-1)
+            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+
+    def _kind(self, cat: str) -> int:
+        """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
+        if self.relevant is None or cat in self.relevant:
+            return _LAUNCH if self.launch_only and cat in LAUNCH_CATS else _KEEP
+        # A skipped category's struct is a bare tag (no ph): never a complete event.
+        return _DROP if cat in self.skip_cats else _BY_NAME
+
+    def _kept_tagged(self, chunk: list[Any]) -> tuple[list[Any], npt.NDArray[np.intp]]:
+        """``_kept`` of a chunk of structs tagged by category, and the kept events' type
+        indices: the category read once per struct type, not once per event."""
+        types = self._type_codes(chunk)
+        kind = np.asarray(self.type_kind, np.int8)[types]
+        keep = (kind == _KEEP) | (kind == _LAUNCH)
+        others = np.flatnonzero(kind == _BY_NAME)
+        if others.size:
+            names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
+            for name in set(names).difference(self.name_needed):  # TypeError: unhashable
+                self.name_needed[name] = self._name_needed(name)
+            keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+        where = np.flatnonzero(keep)
+        kept = list(compress(chunk, keep.tolist()))
+        is_x = np.fromiter(map(_IS_X, map(_GET["ph"], kept)), bool, len(kept))
+        return list(compress(kept, is_x.tolist())), types[where[is_x]]
+
+    def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+        """Category codes of events by their struct type index, new categories coded in order
+        of first appearance (as ``_codes`` does)."""
+        codes = np.asarray(self.type_cat_code, np.int64)[types]
+        new = types[codes < 0]
+        if new.size:
+            _, first = np.unique(new, return_index=True)
+            for t in new[np.sort(first)].tolist():
+                self.type_cat_code[t] = self._code(self.cats, self.type_cat[t], self.cat_bits)
+            codes = np.asarray(self.type_cat_code, np.int64)[types]
+        return codes
+
     def add_chunk(self, chunk: list[Any]) -> int:
         """Take one decoded chunk of ``traceEvents``; returns its number of items."""
         if isinstance(chunk, _PlainChunk):
@@ -373,29 +446,35 @@ class ColumnBuilder:
         # appends, no per-event Python function call.
         if not self.decided:
             self._decide()
+        types: npt.NDArray[np.intp] | None = None
         try:
-            xs = self._kept(chunk)
+            if self.tagged is not None and chunk and type(chunk[0]) is not self.event_type:
+                xs, types = self._kept_tagged(chunk)
+            else:
+                xs = self._kept(chunk)
         except TypeError:  # an unhashable category or name: take the events one by one
             for e in chunk:
                 self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
             return len(chunk)
         if self.launch_only:  # launches into the launch columns only
-            is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
+            if types is None:
+                is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
+            else:
+                launch = np.asarray(self.type_kind, np.int8)[types] == _LAUNCH
+                is_launch, types = launch.tolist(), types[~launch]
             launches = list(compress(xs, is_launch))
             if launches:
-                corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
-                self._append_corr(self.launch_corr, corr)
-                self.launch_ts_us.fromlist(list(map(_GET["ts"], launches)))
-                self.launch_pair.frombytes(self._pair_codes(launches))
-                names = self._codes(self.names, launches, "name", self.name_bits)
-                self.launch_name.frombytes(names.astype(np.int32).tobytes())
+                self._add_launches(launches)
                 xs = list(compress(xs, map(not_, is_launch)))
         if not xs:
             return len(chunk)
         base = len(self)
-        self.ts_us.fromlist(list(map(_GET["ts"], xs)))
-        self.dur_us.fromlist(list(map(_GET["dur"], xs)))
-        cc = self._codes(self.cats, xs, "cat", self.cat_bits)
+        self.ts_us.frombytes(np.fromiter(map(_GET["ts"], xs), np.float64, len(xs)).tobytes())
+        self.dur_us.frombytes(np.fromiter(map(_GET["dur"], xs), np.float64, len(xs)).tobytes())
+        if types is None:
+            cc = self._codes(self.cats, xs, "cat", self.cat_bits)
+        else:
+            cc = self._type_cat_codes(types)
         nc = self._codes(self.names, xs, "name", self.name_bits)
         self.cat_code.frombytes(cc.astype(np.int32).tobytes())
         self.name_code.frombytes(nc.astype(np.int32).tobytes())
@@ -415,12 +494,25 @@ class ColumnBuilder:
             values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
             if values.count(UNSET) == num_keys:
                 continue
-            kept = {k: v for k, v in zip(keys, values, strict=True) if v is not UNSET}
+            kept = dict(compress(zip(keys, values), map(is_not, values, repeat(UNSET))))
             for key in raw.intersection(kept):
                 kept[key] = _value(kept[key])
             self.args[base + i] = kept
         self._flush()
         return len(chunk)
+
+    def _add_launches(self, launches: list[Any]) -> None:
+        """Append a chunk's launches to the launch columns (``launch_only``)."""
+        try:
+            corr = list(map(_ARGS_CORR, launches))
+        except AttributeError:  # a launch without args
+            corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
+        self._append_corr(self.launch_corr, corr)
+        ts = np.fromiter(map(_GET["ts"], launches), np.float64, len(launches))
+        self.launch_ts_us.frombytes(ts.tobytes())
+        self.launch_pair.frombytes(self._pair_codes(launches))
+        names = self._codes(self.names, launches, "name", self.name_bits)
+        self.launch_name.frombytes(names.astype(np.int32).tobytes())
 
     def _decide(self) -> None:
         """Which categories to keep, from the tables that the top-level keys leave."""

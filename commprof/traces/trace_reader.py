@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
-CHUNK_BYTES = 1 << 22
+CHUNK_BYTES = 1 << 18
 """Bytes of JSON text decoded per chunk (4 MiB): larger chunks cost memory, smaller ones time."""
 _CUT = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*\{")
 """What must follow an element's closing ``}`` for a cut there."""
