@@ -494,7 +494,8 @@ class ColumnBuilder:
             values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
             if values.count(UNSET) == num_keys:
                 continue
-            kept = dict(compress(zip(keys, values), map(is_not, values, repeat(UNSET))))
+            present = map(is_not, values, repeat(UNSET))
+            kept = dict(compress(zip(keys, values, strict=True), present))
             for key in raw.intersection(kept):
                 kept[key] = _value(kept[key])
             self.args[base + i] = kept

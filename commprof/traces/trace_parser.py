@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import contains
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
