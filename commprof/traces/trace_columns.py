@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from msgspec.structs import astuple
+from msgspec import to_builtins
 
 from commprof.traces.trace_reader import (
     CHUNK_BYTES,
@@ -105,8 +105,8 @@ class TraceColumns:
 
 UNSET = msgspec.UNSET
 BLOCK_EVENTS = 1 << 16
-"""Events taken at a time where a whole-trace temporary would cost several bytes an event: a
-dict trace's events between conversions of their ts/dur to ns (``_flush``), the blocks of
+"""Events taken at a time where a whole-trace temporary would cost several bytes an event: the
+events between conversions of their ts/dur to ns (``_flush``), the blocks of
 :func:`code_mask` and of ``trace_parser``'s launch search."""
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
@@ -407,9 +407,10 @@ class ColumnBuilder:
         # A skipped category's struct is a bare tag (no ph): never a complete event.
         return _DROP if cat in self.skip_cats else _BY_NAME
 
-    def _kept_tagged(self, chunk: list[Any]) -> tuple[list[Any], npt.NDArray[np.intp]]:
-        """``_kept`` of a chunk of structs tagged by category, and the kept events' type
-        indices: the category read once per struct type, not once per event."""
+    def _kept_tagged(self, chunk: list[Any]) -> tuple[list[Any], list[Any], npt.NDArray[np.intp]]:
+        """``_kept`` of a chunk of structs tagged by category, split into the launches kept
+        apart (``launch_only``) and the other events, with the latter's type indices: the
+        category read once per struct type, not once per event."""
         types = self._type_codes(chunk)
         kind = np.asarray(self.type_kind, np.int8)[types]
         keep = (kind == _KEEP) | (kind == _LAUNCH)
@@ -422,7 +423,10 @@ class ColumnBuilder:
         where = np.flatnonzero(keep)
         kept = list(compress(chunk, keep.tolist()))
         is_x = np.fromiter(map(_IS_X, map(_GET["ph"], kept)), bool, len(kept))
-        return list(compress(kept, is_x.tolist())), types[where[is_x]]
+        launch = kind[where] == _LAUNCH
+        events = is_x & ~launch
+        launches = list(compress(kept, (is_x & launch).tolist())) if launch.any() else []
+        return launches, list(compress(kept, events.tolist())), types[where[events]]
 
     def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """Category codes of events by their struct type index, new categories coded in order
@@ -447,25 +451,23 @@ class ColumnBuilder:
         if not self.decided:
             self._decide()
         types: npt.NDArray[np.intp] | None = None
+        launches: list[Any] = []
         try:
             if self.tagged is not None and chunk and type(chunk[0]) is not self.event_type:
-                xs, types = self._kept_tagged(chunk)
+                launches, xs, types = self._kept_tagged(chunk)
             else:
                 xs = self._kept(chunk)
         except TypeError:  # an unhashable category or name: take the events one by one
             for e in chunk:
                 self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
             return len(chunk)
-        if self.launch_only:  # launches into the launch columns only
-            if types is None:
-                is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
-            else:
-                launch = np.asarray(self.type_kind, np.int8)[types] == _LAUNCH
-                is_launch, types = launch.tolist(), types[~launch]
+        if self.launch_only and types is None:  # launches into the launch columns only
+            is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
             launches = list(compress(xs, is_launch))
             if launches:
-                self._add_launches(launches)
                 xs = list(compress(xs, map(not_, is_launch)))
+        if launches:
+            self._add_launches(launches)
         if not xs:
             return len(chunk)
         base = len(self)
@@ -486,20 +488,17 @@ class ColumnBuilder:
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
-        keys, num_keys, raw = self.struct_keys, len(self.struct_keys), RAW_ARG_KEYS
         for i in sorted(keep):
             a = args[i]
             if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
                 continue
-            values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
-            if values.count(UNSET) == num_keys:
-                continue
-            present = map(is_not, values, repeat(UNSET))
-            kept = dict(compress(zip(keys, values, strict=True), present))
-            for key in raw.intersection(kept):
-                kept[key] = _value(kept[key])
-            self.args[base + i] = kept
-        self._flush()
+            # The kept keys (UNSET ones left out), undecoded JSON (RAW_ARG_KEYS) decoded now.
+            kept = to_builtins(a, enc_hook=_value)
+            del kept["correlation"]
+            if kept:
+                self.args[base + i] = kept
+        if len(self.ts_us) >= BLOCK_EVENTS:
+            self._flush()
         return len(chunk)
 
     def _add_launches(self, launches: list[Any]) -> None:
@@ -654,8 +653,8 @@ class ColumnBuilder:
     def _flush(self) -> None:
         """Convert the pending float ts/dur to int64 ns starts and ends, and check them.
 
-        Done per chunk (or per ``BLOCK_EVENTS`` events of a dict), so no float column of the
-        whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
+        Done per ``BLOCK_EVENTS`` events or more (chunks or dict events), so no float column
+        of the whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
         the first one's details kept for ``finish``'s message, and stored as 0.
         """
         if not self.ts_us:
