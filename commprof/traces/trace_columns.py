@@ -111,7 +111,7 @@ events between conversions of their ts/dur to ns (``_flush``), the blocks of
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
-_PID_TID = attrgetter("pid", "tid")
+_NAME_PID_TID = attrgetter("name", "pid", "tid")
 _ARGS_CORR = attrgetter("args.correlation")
 _IS_X = "X".__eq__
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
@@ -293,8 +293,10 @@ class ColumnBuilder:
         self.pids: dict[Any, int] = {}
         self.tids: dict[Any, int] = {}
         """pid and tid -> their codes, in order of first appearance (``pair_code``)."""
-        self.pairs: dict[tuple[Any, Any], int] = {}
-        """(pid, tid) -> its pair code, for the pairs met in decoded chunks."""
+        self.triples: dict[tuple[Any, Any, Any], int] = {}
+        """(name, pid, tid) met in decoded chunks -> its index in the two columns below."""
+        self.triple_name, self.triple_pair = array("q"), array("q")
+        """Per (name, pid, tid): its name code and its (pid, tid) pair code."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
@@ -345,22 +347,33 @@ class ColumnBuilder:
             codes[i] = self._code(table, get(events[i]), bits)
         return codes
 
-    def _pair_codes(self, events: list[Any]) -> bytes:
-        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes:
-        one lookup of the pair a event, the pid and tid coded apart only for a new pair."""
-        pairs = list(map(_PID_TID, events))
+    def _name_pair_codes(
+        self, events: list[Any]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Name codes and (pid, tid) pair codes (pid code << 32 | tid code) of the events: one
+        lookup of the (name, pid, tid) triple an event, each part coded only for a new one
+        (names in order of first appearance, as ``_codes`` codes them)."""
+        keys = list(map(_NAME_PID_TID, events))
         try:
-            codes = np.fromiter(map(self.pairs.get, pairs, _MISSING), np.int64, len(pairs))
-        except TypeError:  # an unhashable pid or tid: coded apart (a list or dict is refused)
-            pids = self._codes(self.pids, events, "pid", None)
-            pids <<= 32
-            pids |= self._codes(self.tids, events, "tid", None)
-            return pids.tobytes()
-        for i in np.flatnonzero(codes < 0).tolist():
-            codes[i] = self.pairs.get(pairs[i], -1)
-            if codes[i] < 0:
-                codes[i] = self.pairs[pairs[i]] = self._pair(*pairs[i])
-        return codes.tobytes()
+            idx = np.fromiter(map(self.triples.get, keys, _MISSING), np.int64, len(keys))
+        except TypeError:  # an unhashable name, pid or tid: each coded apart
+            names = self._codes(self.names, events, "name", self.name_bits)
+            pairs = self._codes(self.pids, events, "pid", None)
+            pairs <<= 32
+            pairs |= self._codes(self.tids, events, "tid", None)
+            return names, pairs
+        for i in np.flatnonzero(idx < 0).tolist():
+            j = self.triples.get(keys[i], -1)
+            if j < 0:
+                name, pid, tid = keys[i]
+                j = self.triples[keys[i]] = len(self.triple_name)
+                self.triple_name.append(self._code(self.names, name, self.name_bits))
+                self.triple_pair.append(self._pair(pid, tid))
+            idx[i] = j
+        return (
+            np.frombuffer(self.triple_name, np.int64)[idx],
+            np.frombuffer(self.triple_pair, np.int64)[idx],
+        )
 
     def _pair(self, pid: Any, tid: Any) -> int:
         """The code of one (pid, tid) pair."""
@@ -477,10 +490,10 @@ class ColumnBuilder:
             cc = self._codes(self.cats, xs, "cat", self.cat_bits)
         else:
             cc = self._type_cat_codes(types)
-        nc = self._codes(self.names, xs, "name", self.name_bits)
+        nc, pairs = self._name_pair_codes(xs)
         self.cat_code.frombytes(cc.astype(np.int32).tobytes())
         self.name_code.frombytes(nc.astype(np.int32).tobytes())
-        self.pair_code.frombytes(self._pair_codes(xs))
+        self.pair_code.frombytes(pairs.tobytes())
         args = list(map(_GET["args"], xs))
         self._append_corr(self.correlation, list(map(getattr, args, _CORR, _NO_CORR)))
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
@@ -510,8 +523,8 @@ class ColumnBuilder:
         self._append_corr(self.launch_corr, corr)
         ts = np.fromiter(map(_GET["ts"], launches), np.float64, len(launches))
         self.launch_ts_us.frombytes(ts.tobytes())
-        self.launch_pair.frombytes(self._pair_codes(launches))
-        names = self._codes(self.names, launches, "name", self.name_bits)
+        names, pairs = self._name_pair_codes(launches)
+        self.launch_pair.frombytes(pairs.tobytes())
         self.launch_name.frombytes(names.astype(np.int32).tobytes())
 
     def _decide(self) -> None:
