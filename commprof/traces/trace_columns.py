@@ -18,6 +18,11 @@ and ``needed_names``: the tables' categories, and events of any category named l
 communication-thread marker or, while the regime is to be detected, a comm kernel); where
 ``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
 correlation ids.
+
+A chunk is taken a column at a time, each pass iterated in C (``map``, ``compress``,
+``np.fromiter``): of structs tagged by category, the category is read once per struct type (what
+becomes of a type's events, its category code), not once per event; an event's name and (pid,
+tid) pair are coded by one dict lookup of the (name, pid, tid) triple.
 """
 
 from __future__ import annotations
