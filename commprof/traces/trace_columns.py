@@ -412,9 +412,10 @@ class ColumnBuilder:
         except KeyError:  # a type not met before: its category decides what it is
             for struct in dict.fromkeys(map(type, chunk)):
                 if struct not in index:
+                    cat: str = getattr(struct, "cat")  # noqa: B009  # the tag, a class attribute
                     index[struct] = len(self.type_cat)
-                    self.type_cat.append(struct.cat)
-                    self.type_kind.append(self._kind(struct.cat))
+                    self.type_cat.append(cat)
+                    self.type_kind.append(self._kind(cat))
                     self.type_cat_code.append(-1)
             return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
 
