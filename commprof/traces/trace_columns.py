@@ -18,6 +18,11 @@ and ``needed_names``: the tables' categories, and events of any category named l
 communication-thread marker or, while the regime is to be detected, a comm kernel); where
 ``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
 correlation ids.
+
+A chunk is taken a column at a time, each pass iterated in C (``map``, ``compress``,
+``np.fromiter``): of structs tagged by category, the category is read once per struct type (what
+becomes of a type's events, its category code), not once per event; an event's name and (pid,
+tid) pair are coded by one dict lookup of the (name, pid, tid) triple.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from msgspec.structs import astuple
+from msgspec import to_builtins
 
 from commprof.traces.trace_reader import (
     CHUNK_BYTES,
@@ -105,14 +110,19 @@ class TraceColumns:
 
 UNSET = msgspec.UNSET
 BLOCK_EVENTS = 1 << 16
-"""Events taken at a time where a whole-trace temporary would cost several bytes an event: a
-dict trace's events between conversions of their ts/dur to ns (``_flush``), the blocks of
+"""Events taken at a time where a whole-trace temporary would cost several bytes an event: the
+events between conversions of their ts/dur to ns (``_flush``), the blocks of
 :func:`code_mask` and of ``trace_parser``'s launch search."""
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_NAME_PID_TID = attrgetter("name", "pid", "tid")
+_ARGS_CORR = attrgetter("args.correlation")
 _IS_X = "X".__eq__
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
+_DROP, _KEEP, _LAUNCH, _BY_NAME = 0, 1, 2, 3
+"""What becomes of the events of a category: dropped, kept, kept as launches, kept where
+their name is needed."""
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -268,6 +278,13 @@ class ColumnBuilder:
         ]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.tagged: _TaggedTypes | None = None
+        self.type_index: dict[type, int] = {}
+        """Struct type of a tagged decode -> its index in the three lists below."""
+        self.type_cat: list[str] = []
+        self.type_kind: list[int] = []
+        """Per struct type: its category, and what becomes of its events (``_kind``)."""
+        self.type_cat_code: list[int] = []
+        """Per struct type: its category's code in ``cats`` (-1 until an event is kept)."""
         """Decoder by category (decided with ``relevant``); None: the untagged struct only."""
         self.num_untagged = 0
         """Chunks that the tagged decoder could not take (events without a category)."""
@@ -281,6 +298,10 @@ class ColumnBuilder:
         self.pids: dict[Any, int] = {}
         self.tids: dict[Any, int] = {}
         """pid and tid -> their codes, in order of first appearance (``pair_code``)."""
+        self.triples: dict[tuple[Any, Any, Any], int] = {}
+        """(name, pid, tid) met in decoded chunks -> its index in the two columns below."""
+        self.triple_name, self.triple_pair = array("q"), array("q")
+        """Per (name, pid, tid): its name code and its (pid, tid) pair code."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args: dict[int, dict[str, Any]] = {}
@@ -322,22 +343,42 @@ class ColumnBuilder:
     ) -> npt.NDArray[np.int64]:
         """Codes of the events' ``field`` values in ``table``, adding the new ones (in order of
         first appearance)."""
-        values = list(map(_GET[field], events))
+        get = _GET[field]
         try:
-            codes = np.fromiter(map(table.get, values, _MISSING), np.int64, len(values))
+            codes = np.fromiter(map(table.get, map(get, events), _MISSING), np.int64, len(events))
         except TypeError:  # an unhashable key (a list where a string belongs): one at a time
-            return np.array([self._new_code(table, v, bits) for v in values], np.int64)
-        new = np.flatnonzero(codes < 0)
-        for i in new.tolist():  # new values, coded in order of first appearance
-            codes[i] = self._code(table, values[i], bits)
+            return np.array([self._new_code(table, get(e), bits) for e in events], np.int64)
+        for i in np.flatnonzero(codes < 0).tolist():  # new values, in order of first appearance
+            codes[i] = self._code(table, get(events[i]), bits)
         return codes
 
-    def _pair_codes(self, events: list[Any]) -> bytes:
-        """Codes of the events' (pid, tid) pairs (pid code << 32 | tid code), as int64 bytes."""
-        pids = self._codes(self.pids, events, "pid", None)
-        pids <<= 32
-        pids |= self._codes(self.tids, events, "tid", None)
-        return pids.tobytes()
+    def _name_pair_codes(
+        self, events: list[Any]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Name codes and (pid, tid) pair codes (pid code << 32 | tid code) of the events: one
+        lookup of the (name, pid, tid) triple an event, each part coded only for a new one
+        (names in order of first appearance, as ``_codes`` codes them)."""
+        keys = list(map(_NAME_PID_TID, events))
+        try:
+            idx = np.fromiter(map(self.triples.get, keys, _MISSING), np.int64, len(keys))
+        except TypeError:  # an unhashable name, pid or tid: each coded apart
+            names = self._codes(self.names, events, "name", self.name_bits)
+            pairs = self._codes(self.pids, events, "pid", None)
+            pairs <<= 32
+            pairs |= self._codes(self.tids, events, "tid", None)
+            return names, pairs
+        for i in np.flatnonzero(idx < 0).tolist():
+            j = self.triples.get(keys[i], -1)
+            if j < 0:
+                name, pid, tid = keys[i]
+                j = self.triples[keys[i]] = len(self.triple_name)
+                self.triple_name.append(self._code(self.names, name, self.name_bits))
+                self.triple_pair.append(self._pair(pid, tid))
+            idx[i] = j
+        return (
+            np.frombuffer(self.triple_name, np.int64)[idx],
+            np.frombuffer(self.triple_pair, np.int64)[idx],
+        )
 
     def _pair(self, pid: Any, tid: Any) -> int:
         """The code of one (pid, tid) pair."""
@@ -363,6 +404,61 @@ class ColumnBuilder:
         kept = list(compress(chunk, in_rel.tolist()))
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
+    def _type_codes(self, chunk: list[Any]) -> npt.NDArray[np.intp]:
+        """Index of each event's struct type (tagged by category) in the type tables."""
+        index = self.type_index
+        try:
+            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+        except KeyError:  # a type not met before: its category decides what it is
+            for struct in dict.fromkeys(map(type, chunk)):
+                if struct not in index:
+                    cat: str = getattr(struct, "cat")  # noqa: B009  # the tag, a class attribute
+                    index[struct] = len(self.type_cat)
+                    self.type_cat.append(cat)
+                    self.type_kind.append(self._kind(cat))
+                    self.type_cat_code.append(-1)
+            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+
+    def _kind(self, cat: str) -> int:
+        """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
+        if self.relevant is None or cat in self.relevant:
+            return _LAUNCH if self.launch_only and cat in LAUNCH_CATS else _KEEP
+        # A skipped category's struct is a bare tag (no ph): never a complete event.
+        return _DROP if cat in self.skip_cats else _BY_NAME
+
+    def _kept_tagged(self, chunk: list[Any]) -> tuple[list[Any], list[Any], npt.NDArray[np.intp]]:
+        """``_kept`` of a chunk of structs tagged by category, split into the launches kept
+        apart (``launch_only``) and the other events, with the latter's type indices: the
+        category read once per struct type, not once per event."""
+        types = self._type_codes(chunk)
+        kind = np.asarray(self.type_kind, np.int8)[types]
+        keep = (kind == _KEEP) | (kind == _LAUNCH)
+        others = np.flatnonzero(kind == _BY_NAME)
+        if others.size:
+            names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
+            for name in set(names).difference(self.name_needed):  # TypeError: unhashable
+                self.name_needed[name] = self._name_needed(name)
+            keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+        where = np.flatnonzero(keep)
+        kept = list(compress(chunk, keep.tolist()))
+        is_x = np.fromiter(map(_IS_X, map(_GET["ph"], kept)), bool, len(kept))
+        launch = kind[where] == _LAUNCH
+        events = is_x & ~launch
+        launches = list(compress(kept, (is_x & launch).tolist())) if launch.any() else []
+        return launches, list(compress(kept, events.tolist())), types[where[events]]
+
+    def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+        """Category codes of events by their struct type index, new categories coded in order
+        of first appearance (as ``_codes`` does)."""
+        codes = np.asarray(self.type_cat_code, np.int64)[types]
+        new = types[codes < 0]
+        if new.size:
+            _, first = np.unique(new, return_index=True)
+            for t in new[np.sort(first)].tolist():
+                self.type_cat_code[t] = self._code(self.cats, self.type_cat[t], self.cat_bits)
+            codes = np.asarray(self.type_cat_code, np.int64)[types]
+        return codes
+
     def add_chunk(self, chunk: list[Any]) -> int:
         """Take one decoded chunk of ``traceEvents``; returns its number of items."""
         if isinstance(chunk, _PlainChunk):
@@ -373,33 +469,37 @@ class ColumnBuilder:
         # appends, no per-event Python function call.
         if not self.decided:
             self._decide()
+        types: npt.NDArray[np.intp] | None = None
+        launches: list[Any] = []
         try:
-            xs = self._kept(chunk)
+            if self.tagged is not None and chunk and type(chunk[0]) is not self.event_type:
+                launches, xs, types = self._kept_tagged(chunk)
+            else:
+                xs = self._kept(chunk)
         except TypeError:  # an unhashable category or name: take the events one by one
             for e in chunk:
                 self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
             return len(chunk)
-        if self.launch_only:  # launches into the launch columns only
+        if self.launch_only and types is None:  # launches into the launch columns only
             is_launch = list(map(LAUNCH_CATS.__contains__, map(_GET["cat"], xs)))
             launches = list(compress(xs, is_launch))
             if launches:
-                corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
-                self._append_corr(self.launch_corr, corr)
-                self.launch_ts_us.fromlist(list(map(_GET["ts"], launches)))
-                self.launch_pair.frombytes(self._pair_codes(launches))
-                names = self._codes(self.names, launches, "name", self.name_bits)
-                self.launch_name.frombytes(names.astype(np.int32).tobytes())
                 xs = list(compress(xs, map(not_, is_launch)))
+        if launches:
+            self._add_launches(launches)
         if not xs:
             return len(chunk)
         base = len(self)
-        self.ts_us.fromlist(list(map(_GET["ts"], xs)))
-        self.dur_us.fromlist(list(map(_GET["dur"], xs)))
-        cc = self._codes(self.cats, xs, "cat", self.cat_bits)
-        nc = self._codes(self.names, xs, "name", self.name_bits)
+        self.ts_us.frombytes(np.fromiter(map(_GET["ts"], xs), np.float64, len(xs)).tobytes())
+        self.dur_us.frombytes(np.fromiter(map(_GET["dur"], xs), np.float64, len(xs)).tobytes())
+        if types is None:
+            cc = self._codes(self.cats, xs, "cat", self.cat_bits)
+        else:
+            cc = self._type_cat_codes(types)
+        nc, pairs = self._name_pair_codes(xs)
         self.cat_code.frombytes(cc.astype(np.int32).tobytes())
         self.name_code.frombytes(nc.astype(np.int32).tobytes())
-        self.pair_code.frombytes(self._pair_codes(xs))
+        self.pair_code.frombytes(pairs.tobytes())
         args = list(map(_GET["args"], xs))
         self._append_corr(self.correlation, list(map(getattr, args, _CORR, _NO_CORR)))
         bits = np.asarray(self.cat_bits, np.int64)[cc] & np.asarray(self.name_bits, np.int64)[nc]
@@ -407,20 +507,31 @@ class ColumnBuilder:
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
-        keys, num_keys, raw = self.struct_keys, len(self.struct_keys), RAW_ARG_KEYS
         for i in sorted(keep):
             a = args[i]
             if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
                 continue
-            values = astuple(a)[1:]  # the kept keys' values, UNSET where absent
-            if values.count(UNSET) == num_keys:
-                continue
-            kept = {k: v for k, v in zip(keys, values, strict=True) if v is not UNSET}
-            for key in raw.intersection(kept):
-                kept[key] = _value(kept[key])
-            self.args[base + i] = kept
-        self._flush()
+            # The kept keys (UNSET ones left out), undecoded JSON (RAW_ARG_KEYS) decoded now.
+            kept = to_builtins(a, enc_hook=_value)
+            del kept["correlation"]
+            if kept:
+                self.args[base + i] = kept
+        if len(self.ts_us) >= BLOCK_EVENTS:
+            self._flush()
         return len(chunk)
+
+    def _add_launches(self, launches: list[Any]) -> None:
+        """Append a chunk's launches to the launch columns (``launch_only``)."""
+        try:
+            corr = list(map(_ARGS_CORR, launches))
+        except AttributeError:  # a launch without args
+            corr = list(map(getattr, map(_GET["args"], launches), _CORR, _NO_CORR))
+        self._append_corr(self.launch_corr, corr)
+        ts = np.fromiter(map(_GET["ts"], launches), np.float64, len(launches))
+        self.launch_ts_us.frombytes(ts.tobytes())
+        names, pairs = self._name_pair_codes(launches)
+        self.launch_pair.frombytes(pairs.tobytes())
+        self.launch_name.frombytes(names.astype(np.int32).tobytes())
 
     def _decide(self) -> None:
         """Which categories to keep, from the tables that the top-level keys leave."""
@@ -561,8 +672,8 @@ class ColumnBuilder:
     def _flush(self) -> None:
         """Convert the pending float ts/dur to int64 ns starts and ends, and check them.
 
-        Done per chunk (or per ``BLOCK_EVENTS`` events of a dict), so no float column of the
-        whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
+        Done per ``BLOCK_EVENTS`` events or more (chunks or dict events), so no float column
+        of the whole trace, nor its conversion temporaries, is ever alive. Bad values are counted,
         the first one's details kept for ``finish``'s message, and stored as 0.
         """
         if not self.ts_us:

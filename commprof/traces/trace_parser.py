@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import contains
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,11 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
     return None
 
 
+def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[Any]:
+    """``a.get(key, default)`` of each kept args dict, iterated in C."""
+    return list(map(dict.get, args, repeat(key), repeat(default)))
+
+
 def _category(values: list[str]) -> pd.Categorical:
     """A column of few distinct strings, from their codes: one string object per distinct
     value (a string column of a million collectives costs a pyarrow string each)."""
@@ -217,13 +224,21 @@ def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
 def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionArray:
     """The num_bytes column (:func:`_message_bytes` of each row): ``In msg nelems`` times the
     size of ``dtype`` at once where both are known, each other row on its own."""
-    nelems = [a.get("In msg nelems") for a in merged]
-    dtypes = [a.get("dtype") for a in merged]
+    nelems = _values(merged, "In msg nelems")
+    dtypes = _values(merged, "dtype")
     try:
         size_of = {d: _dtype_bytes(d) for d in set(dtypes)}
     except TypeError:  # an unhashable dtype
         return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
     sizes = list(map(size_of.__getitem__, dtypes))
+    if set(map(type, nelems)) == {int} and None not in size_of.values():
+        # the usual case, at once in numpy: every row an integer count of a known dtype
+        try:
+            n = np.array(nelems, np.int64)
+        except OverflowError:
+            n = None
+        if n is not None and ((n > -(2**40)) & (n < 2**40)).all():
+            return pd.arrays.IntegerArray(n * np.array(sizes, np.int64), np.zeros(n.size, bool))
     ok = [
         type(n) is int and z is not None and abs(n) < 2**40
         for n, z in zip(nelems, sizes, strict=True)
@@ -267,7 +282,8 @@ class _Events:
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
         # Over the few events whose args were kept, not over every candidate in idx.
         held = np.zeros(len(self), bool)
-        held[[i for i, kept in self.cols.args.items() if key in kept]] = True
+        args = self.cols.args
+        held[list(compress(args, map(contains, args.values(), repeat(key))))] = True
         return held[idx]
 
     def launch_of(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
@@ -434,8 +450,8 @@ def _collectives(
         step = np.where(by_launch >= 0, cpu[0][np.maximum(by_launch, 0)], step)
     known = inside | (by_launch >= 0)
     kept = evs.cols.args
-    own = [kept.get(i, _NO_ARGS) for i in idx.tolist()]
-    ops = [kept.get(i, _NO_ARGS) if i >= 0 else _NO_ARGS for i in with_args.tolist()]
+    own = list(map(kept.get, idx.tolist(), repeat(_NO_ARGS)))
+    ops = list(map(kept.get, with_args.tolist(), repeat(_NO_ARGS)))  # -1 (none): no key
     event_code = evs.name_code[idx]
     op_code = np.where(with_name >= 0, evs.name_code[np.maximum(with_name, 0)], -1)
     claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
@@ -451,16 +467,24 @@ def _collectives(
         "name": typed["name"], "collective_type": typed["collective_type"],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
-        "seq": _int_column([a.get("Seq", a.get("seq_num")) for a in merged]),
+        "seq": _int_column(_seq(merged)),
         "num_bytes": _bytes_column(merged),
-        "process_group": _category([str(a.get("Process Group Name", "")) for a in merged]),
+        "process_group": _category(list(map(str, _values(merged, "Process Group Name", "")))),
         "thread": evs.thread[idx],
-        "group_size": _int_column([a.get("Group size") for a in merged]),
+        "group_size": _int_column(_values(merged, "Group size")),
         "type_source": typed["type_source"],
         "library": typed["library"], "point_to_point": typed["point_to_point"],
     })  # fmt: skip
     frame.loc[~known, "step"] = pd.NA
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def _seq(merged: list[dict[str, Any]]) -> list[Any]:
+    """``Seq`` of each row, else its ``seq_num`` (older PyTorch)."""
+    seq = _values(merged, "Seq")
+    for i in [i for i, v in enumerate(seq) if v is None]:
+        seq[i] = merged[i].get("Seq", merged[i].get("seq_num"))
+    return seq
 
 
 _Typed = tuple[Any, Any, str, str, bool]
@@ -490,8 +514,20 @@ def _type_one(
 
 def _factorized(values: list[Any]) -> npt.NDArray[np.int64]:
     """Codes of hashable values in order of first appearance (TypeError if one is not)."""
-    table: dict[Any, int] = {}
-    return np.fromiter((table.setdefault(v, len(table)) for v in values), np.int64, len(values))
+    code = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    return np.fromiter(map(code.__getitem__, values), np.int64, len(values))
+
+
+def _combined(columns: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """One int64 key per row, equal where the rows are equal in every column (the columns'
+    codes combined one column at a time, each product below rows squared)."""
+    key = np.zeros(columns[0].size, np.int64)
+    for col in columns:
+        _, code = np.unique(col, return_inverse=True)
+        key = key * (int(code.max(initial=0)) + 1) + code.reshape(-1)
+        _, key = np.unique(key, return_inverse=True)
+        key = key.reshape(-1).astype(np.int64)
+    return key
 
 
 def _from_combos(values: list[Any], inverse: npt.NDArray[np.intp]) -> pd.Categorical:
@@ -516,17 +552,17 @@ def _typed(
     (kernel name, launching op name, the two ``Collective name`` values; a trace of many
     collectives holds few), then spread to the rows with numpy."""
     missing = object()
-    own_cn = [a.get("Collective name", missing) for a in own]
-    op_cn = [o.get("Collective name", missing) for o in ops]
+    own_cn = _values(own, "Collective name", missing)
+    op_cn = _values(ops, "Collective name", missing)
     try:
-        keys = np.stack([event_code.astype(np.int64), op_code, _factorized(own_cn),
-                         _factorized(op_cn)], axis=1)  # fmt: skip
+        keys = _combined([event_code.astype(np.int64), op_code, _factorized(own_cn),
+                          _factorized(op_cn)])  # fmt: skip
     except TypeError:  # an unhashable Collective name (a list): every collective on its own
-        keys = np.arange(len(own), dtype=np.int64)[:, None]
+        keys = np.arange(len(own), dtype=np.int64)
     if not len(own):
         combos, inverse = np.empty(0, np.intp), np.empty(0, np.intp)
     else:
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")  # combinations in order of first appearance
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)

@@ -33,8 +33,9 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
-CHUNK_BYTES = 1 << 22
-"""Bytes of JSON text decoded per chunk (4 MiB): larger chunks cost memory, smaller ones time."""
+CHUNK_BYTES = 1 << 18
+"""Bytes of JSON text decoded per chunk (256 KiB): a chunk's structs stay in the CPU's cache
+through the reader's passes over them; smaller chunks cost a fixed time each."""
 _CUT = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*\{")
 """What must follow an element's closing ``}`` for a cut there."""
 _WS = re.compile(rb"[ \t\n\r]*")
