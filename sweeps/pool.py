@@ -44,6 +44,11 @@ class Reservation:
     """The gang spawned in the placed group, its actors still starting."""
     spawned: float = 0.0
     """When the gang was spawned (``time.monotonic``)."""
+    patience_s: float = 0.0
+    """How long its actors may take to start, from ``spawned``: ``ready_timeout_s``, doubled
+    at each warning while none of them died (``GANG_START_TRIES`` periods at most)."""
+    slow_warnings: int = 0
+    """Warnings given that its actors are still starting."""
     since: float = field(default_factory=time.monotonic)
     last_warned: float = field(default_factory=time.monotonic)
 
@@ -52,7 +57,8 @@ class GangPool:
     """Every gang the driver holds; a gang is busy while it runs a cell.
 
     Args:
-        ready_timeout_s: how long a placed gang's actors may take to start; also how long a
+        ready_timeout_s: how long a placed gang's actors may take to start before a warning
+            (the wait then doubles while none died: ``_still_starting``); also how long a
             reservation waits before idle gangs are dropped in case they fragment it, and how
             often a waiting reservation is logged.
         env: the matrix's ``env`` section, set in every rank actor.
@@ -195,13 +201,15 @@ class GangPool:
         if reservation.gang is None:
             reservation.gang = spawn_gang(shape, reservation.group, env=self.env)
             reservation.spawned = time.monotonic()
+            reservation.patience_s = self.ready_timeout_s
         gang = reservation.gang
         started, _ = ray.wait(gang.where, num_returns=len(gang.where), timeout=0)
         try:
+            if len(started) < len(gang.where) and not self._still_starting(reservation, started):
+                waited = time.monotonic() - reservation.spawned
+                raise GetTimeoutError(f"actors did not start within {waited:.0f} s")
             if len(started) < len(gang.where):
-                if time.monotonic() - reservation.spawned <= self.ready_timeout_s:
-                    return None
-                raise GetTimeoutError(f"actors did not start within {self.ready_timeout_s} s")
+                return None
             gang.locate()  # resolved: returns at once, or raises for an actor that died
         except (RayActorError, GetTimeoutError) as err:
             self._start_failed(reservation, err)
@@ -211,6 +219,35 @@ class GangPool:
         self.gangs.append(gang)
         self.created += 1
         return gang
+
+    def _still_starting(self, reservation: Reservation, started: list[Any]) -> bool:
+        """Whether to wait on for a gang whose actors have not all started.
+
+        An actor that died raises here (``RayActorError``). Past its patience, none having
+        died, the patience doubles, with a warning, up to ``GANG_START_TRIES`` periods: a
+        loaded host starts a fresh actor slowly, and killing it to spawn another would only
+        start over (on a 2-core host under a 2x CPU hog two rank actors took over 60 s).
+        """
+        if started:  # raises for an actor that died: the rest need not be awaited
+            ray.get(started, timeout=0)
+        waited = time.monotonic() - reservation.spawned
+        if waited <= reservation.patience_s:
+            return True
+        if reservation.slow_warnings + 1 >= GANG_START_TRIES:
+            return False
+        reservation.slow_warnings += 1
+        reservation.patience_s += self.ready_timeout_s * 2**reservation.slow_warnings
+        assert reservation.gang is not None
+        log.warning(
+            "a gang of shape %s: %d of %d actors started in %.0f s (a loaded host starts them "
+            "slowly); waiting up to %.0f s in all",
+            reservation.shape,
+            len(started),
+            len(reservation.gang.where),
+            waited,
+            reservation.patience_s,
+        )
+        return True
 
     def _start_failed(self, reservation: Reservation, err: Exception) -> None:
         shape = reservation.shape
