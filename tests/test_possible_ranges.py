@@ -93,6 +93,28 @@ def test_only_one_of_two_ranges_over_a_counted_kernel_is_listed() -> None:
     ]
 
 
+@pytest.mark.parametrize("counted", [False, True])
+def test_a_framework_range_is_accounted_for_by_counted_collectives_of_its_type(
+    counted: bool,
+) -> None:
+    """TorchRec's waits and preparation around an all-to-all launched elsewhere: accounted for
+    where the trace counts all-to-alls; a library's range (DeepEP) only by a kernel under it."""
+    t = trace()
+    t["traceEvents"].append(x("## all2all_data:recat_values ##", "user_annotation", 800.0, 40.0))
+    if counted:  # an all-to-all launched at 850, outside every range, running [900, 950)
+        t["traceEvents"] += [
+            x("cudaLaunchKernel", "cuda_runtime", 850.0, 4.0, correlation=4),
+            _kernel(NCCL, 900.0, 50.0, 4, **{"Collective name": "all_to_all"}),
+        ]
+    p = parse_trace(t)
+    assert p.possible_ranges is not None
+    listed = dict(zip(p.possible_ranges["name"], p.possible_ranges["host_ns"], strict=True))
+    expected = (
+        {RANGE: 80_000} if counted else {RANGE: 80_000, "## all2all_data:recat_values ##": 40_000}
+    )
+    assert listed == expected
+
+
 @pytest.mark.parametrize(
     ("name", "listed"),
     [

@@ -29,6 +29,8 @@ from commprof.traces.trace_rules import (
     DEVICE_CATS,
     HOST_COMM_PATTERN,
     HOST_RANGE_PATTERN,
+    RANGE_LIBRARY_PATTERN,
+    collective_type,
 )
 
 if TYPE_CHECKING:
@@ -174,20 +176,30 @@ def _device(cols: TraceColumns) -> npt.NDArray[np.bool_]:
 
 
 def possible_ranges(
-    cols: TraceColumns, targets: npt.NDArray[np.int8], launch: npt.NDArray[np.intp]
+    cols: TraceColumns,
+    targets: npt.NDArray[np.int8],
+    launch: npt.NDArray[np.intp],
+    counted_types: frozenset[str] = frozenset(),
 ) -> pd.DataFrame:
     """The host ranges that may be communication and that nothing counted accounts for.
 
     A ``user_annotation`` event whose name HOST_RANGE_PATTERN matches (the names are matched
     once each, not per event), that no rule counts, and that no counted communication kernel
-    lies under: none was launched inside it (on its thread) and, of those whose launch is not
-    in the trace, none ran while it was open.
+    accounts for: none was launched inside it (on its thread) and none ran while it was open
+    (a wait on a collective launched earlier, the preparation of one that runs meanwhile).
+    A range that names a collective type but no library outside PyTorch's process groups
+    (TorchRec's ``## all2all_data:recat_values ##`` around its all-to-alls, ``nccl:all_to_all``
+    of a grouped call whose kernel the group's last op launched) is accounted for where the
+    trace counts collectives of that type: its communication is counted, wherever it was
+    launched. A range that names such a library (RANGE_LIBRARY_PATTERN: DeepEP, NVSHMEM, pplx,
+    ...) is not: only a kernel launched in or running during it accounts for it.
 
     Args:
         cols: The trace's columns.
         targets: Each event's class index in CLASSES (-1: none).
         launch: Each event's index in the launch columns (-1: none), as for
             :func:`possible_comm`.
+        counted_types: The collective types of the trace's counted collectives.
 
     Returns:
         One row per range name (RANGE_COLUMNS), most host time first: its ranges and their
@@ -195,7 +207,12 @@ def possible_ranges(
     """
     comm = CLASSES.index("communication")
     rx = re.compile(HOST_RANGE_PATTERN)
-    ranged = [rx.match(str(n)) is not None for n in cols.names]
+    library = re.compile(RANGE_LIBRARY_PATTERN)
+    ranged = [
+        rx.match(n) is not None
+        and (library.search(n) is not None or collective_type(n) not in counted_types)
+        for n in map(str, cols.names)
+    ]
     is_range = code_mask(cols.cat_code, [c == "user_annotation" for c in cols.cats])
     cand = np.flatnonzero(is_range & code_mask(cols.name_code, ranged) & (targets != comm))
     if not cand.size:
@@ -211,8 +228,7 @@ def possible_ranges(
             times = np.sort(at[thread == t])
             lo = np.searchsorted(times, start[sel], side="left")
             covered[sel] = np.searchsorted(times, end[sel], side="right") > lo
-    orphan = counted[pos < 0]
-    spans = IntervalSet.from_arrays(cols.start_ns[orphan], cols.end_ns[orphan])
+    spans = IntervalSet.from_arrays(cols.start_ns[counted], cols.end_ns[counted])
     if len(spans):  # merged and sorted: the last span opening before a range's end ends last
         last = np.searchsorted(spans.starts, end, side="left") - 1
         covered |= (last >= 0) & (spans.ends[np.maximum(last, 0)] > start)

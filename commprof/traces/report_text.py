@@ -134,8 +134,8 @@ def ranges_text(ranges: pd.DataFrame) -> list[str]:
     shown = ranges.assign(name=ranges["name"].map(_short))
     return [
         "\nPossible communication (host ranges), not counted (ranges named like communication "
-        "that no counted communication kernel lies under; host_ms: CPU time summed over the "
-        "ranges, not kernel time):",
+        "that no counted communication kernel was launched in or ran during; host_ms: CPU "
+        "time summed over the ranges, not kernel time):",
         _table(shown[["rank", "name", "num_ranges", "host_ns"]]),
     ]
 

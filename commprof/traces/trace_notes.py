@@ -82,8 +82,9 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
         out.append(
             f"{int(ranges['num_ranges'].sum())} host ranges of {len(ranges)} names "
             f"({_ms(ranges['host_ns'].sum())} of CPU time) are named like communication but no "
-            "counted communication kernel lies under them (see 'Possible communication (host "
-            "ranges), not counted'): their kernels, if any, count as compute or were not traced"
+            "counted communication kernel was launched in or ran during them (see 'Possible "
+            "communication (host ranges), not counted'): their kernels, if any, count as compute "
+            "or were not traced"
         )
     lag = parsed.gpu_lag_ns
     if parsed.step_source == LAUNCH_SOURCE and lag is not None and lag >= LAG_NOTE_NS:

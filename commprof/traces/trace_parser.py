@@ -716,7 +716,11 @@ def parse_trace(
     graph = [GRAPH_LAUNCH_PATTERN.match(str(n)) is not None for n in names]
     info = meta.get("distributedInfo") or {}
     world_size = int(info["world_size"]) if isinstance(info.get("world_size"), int) else None
-    possible = _possible(evs, targets, rules.comm)
+    collectives = _collectives(
+        evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
+    )
+    types = frozenset(map(str, collectives["collective_type"].unique()))
+    possible = _possible(evs, targets, rules.comm, types)
     return ParsedTrace(
         source=source,
         rank=_rank_of(meta, source),
@@ -727,9 +731,7 @@ def parse_trace(
         step_end_ns=ends.astype(np.int64),
         step_source=label,
         classes=classes,
-        collectives=_collectives(
-            evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
-        ),
+        collectives=collectives,
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
         unlaunched_ns=summed(orphan),
@@ -749,15 +751,16 @@ def parse_trace(
 
 
 def _possible(
-    evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules | None
+    evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules | None, types: frozenset[str]
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """The possible communication not counted, kernels and host ranges
-    (:mod:`commprof.traces.possible_comm`); None where the rules have no communication rules."""
+    (:mod:`commprof.traces.possible_comm`; ``types``: the counted collectives' types); None
+    where the rules have no communication rules."""
     if comm is None:
         return None, None
     launch = np.full(len(evs), -1, np.intp)
     kernels = np.flatnonzero(evs.cat_mask(frozenset({"kernel"})))
     launch[kernels] = evs.launch_of(kernels)
     return possible_comm(evs.cols, targets, comm, launch), possible_ranges(
-        evs.cols, targets, launch
+        evs.cols, targets, launch, types
     )

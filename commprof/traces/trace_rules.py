@@ -58,9 +58,12 @@ LIBRARY_RANGE_PATTERN = (
 )
 """Host ranges (``record_function``, any category) named after a communication library or an
 expert-parallel exchange: kept in every category, for the possible-communication check."""
+RANGE_LIBRARY_PATTERN = r"(?i:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp|userbuffers|symm_?mem)"
+"""The communication libraries of the rule file, outside PyTorch's process groups, as host
+ranges name them (``re.search``)."""
 HOST_RANGE_PATTERN = (
     r"(?!(?:_?c10d\w*|aten|record_param_comms)(?:::|$))"
-    r".*?(?:(?i:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp|userbuffers|symm_?mem|nccl|rccl|gloo)"
+    rf".*?(?:{RANGE_LIBRARY_PATTERN}|(?i:nccl|rccl|gloo)"
     r"|(?<![a-z])(?:[aA]ll_?(?:[rR]educe|[gG]ather|[tT]o_?[aA]ll|2_?[aA]ll)|[rR]educe_?[sS]catter"
     r"|i?[sS]end|i?[rR]ecv|[bB]roadcast)(?![a-z])|(?i:(?:moe|ep)_?(?:dispatch|combine)))"
 )
