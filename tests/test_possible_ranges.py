@@ -1,9 +1,9 @@
 """Host ranges named like communication that nothing counted accounts for: listed apart.
 
 A ``user_annotation`` range (``record_function``, NVTX-style) named after a communication
-library or collective, under which no counted communication kernel lies, is listed with its host
-(CPU) time as "possible communication (host ranges), not counted", never added to the kernel
-time of ``possible_comm_ns``. Synthetic traces built with tests/trace_events.py.
+library or collective, in which no counted communication kernel was launched or ran, is listed
+with its host (CPU) time as "possible communication (host ranges), not counted", never added
+to the kernel time of ``possible_comm_ns``. Synthetic traces built with tests/trace_events.py.
 """
 
 from __future__ import annotations
