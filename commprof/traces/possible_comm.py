@@ -7,6 +7,10 @@ send, recv, notify, barrier, ...) outside the namespaces of known compute librar
 launch lies inside a host op of a communication library (``record_param_comms``, ``c10d::``,
 ``nccl:``, a ``record_function`` range named after DeepEP, pplx, NVSHMEM, ...). Listing counts
 nothing: the step figures stay those of the rules, and the list says what they may be missing.
+
+Host ranges are listed apart (:func:`possible_ranges`): a ``user_annotation`` range named like
+communication (``trace_rules.HOST_RANGE_PATTERN``) that no rule counts and that no counted
+communication kernel accounts for, with its host (CPU) time, never added to kernel time.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ import pandas as pd
 
 from commprof.traces.intervals import IntervalSet
 from commprof.traces.trace_columns import code_mask
-from commprof.traces.trace_rules import CLASSES, DEVICE_CATS, HOST_COMM_PATTERN
+from commprof.traces.trace_rules import (
+    CLASSES,
+    DEVICE_CATS,
+    HOST_COMM_PATTERN,
+    HOST_RANGE_PATTERN,
+    RANGE_LIBRARY_PATTERN,
+    collective_type,
+)
 
 if TYPE_CHECKING:
     from commprof.traces.comm_rules import CommRules
@@ -49,6 +60,8 @@ COMPUTE_NAMESPACES = re.compile(
 Triton, FlashAttention, GEMMs, MoE routing helpers): their kernels are compute whatever
 their names say."""
 COLUMNS = ("name", "num_events", "time_ns", "why", "rule_line")
+RANGE_COLUMNS = ("name", "num_ranges", "host_ns")
+"""Columns of :func:`possible_ranges`: a range name, its ranges, their summed host time."""
 
 
 def looks_like_comm(kernel_name: str) -> bool:
@@ -160,3 +173,75 @@ def possible_comm(
 
 def _device(cols: TraceColumns) -> npt.NDArray[np.bool_]:
     return code_mask(cols.cat_code, [c in DEVICE_CATS for c in cols.cats])
+
+
+def possible_ranges(
+    cols: TraceColumns,
+    targets: npt.NDArray[np.int8],
+    launch: npt.NDArray[np.intp],
+    counted_types: frozenset[str] = frozenset(),
+) -> pd.DataFrame:
+    """The host ranges that may be communication and that nothing counted accounts for.
+
+    A ``user_annotation`` event whose name HOST_RANGE_PATTERN matches (the names are matched
+    once each, not per event), that no rule counts, and that no counted communication kernel
+    accounts for: none was launched inside it (on its thread) and none ran while it was open
+    (a wait on a collective launched earlier, the preparation of one that runs meanwhile).
+    A range that names a collective type but no library outside PyTorch's process groups
+    (TorchRec's ``## all2all_data:recat_values ##`` around its all-to-alls, ``nccl:all_to_all``
+    of a grouped call whose kernel the group's last op launched) is accounted for where the
+    trace counts collectives of that type: its communication is counted, wherever it was
+    launched. A range that names such a library (RANGE_LIBRARY_PATTERN: DeepEP, NVSHMEM, pplx,
+    ...) is not: only a kernel launched in or running during it accounts for it.
+
+    Args:
+        cols: The trace's columns.
+        targets: Each event's class index in CLASSES (-1: none).
+        launch: Each event's index in the launch columns (-1: none), as for
+            :func:`possible_comm`.
+        counted_types: The collective types of the trace's counted collectives.
+
+    Returns:
+        One row per range name (RANGE_COLUMNS), most host time first: its ranges and their
+        summed host time (ns; CPU time, apart from any kernel time).
+    """
+    comm = CLASSES.index("communication")
+    rx = re.compile(HOST_RANGE_PATTERN)
+    library = re.compile(RANGE_LIBRARY_PATTERN)
+    ranged = [
+        rx.match(n) is not None
+        and (library.search(n) is not None or collective_type(n) not in counted_types)
+        for n in map(str, cols.names)
+    ]
+    is_range = code_mask(cols.cat_code, [c == "user_annotation" for c in cols.cats])
+    cand = np.flatnonzero(is_range & code_mask(cols.name_code, ranged) & (targets != comm))
+    if not cand.size:
+        return pd.DataFrame(columns=list(RANGE_COLUMNS))
+    counted = np.flatnonzero(_device(cols) & (targets == comm))
+    start, end = cols.start_ns[cand], cols.end_ns[cand]
+    covered = np.zeros(cand.size, bool)
+    pos = launch[counted]
+    if (pos >= 0).any():
+        at, thread = cols.launch_start_ns[pos[pos >= 0]], cols.launch_thread[pos[pos >= 0]]
+        for t in np.unique(cols.thread[cand]):
+            sel = np.flatnonzero(cols.thread[cand] == t)
+            times = np.sort(at[thread == t])
+            lo = np.searchsorted(times, start[sel], side="left")
+            covered[sel] = np.searchsorted(times, end[sel], side="right") > lo
+    spans = IntervalSet.from_arrays(cols.start_ns[counted], cols.end_ns[counted])
+    if len(spans):  # merged and sorted: the last span opening before a range's end ends last
+        last = np.searchsorted(spans.starts, end, side="left") - 1
+        covered |= (last >= 0) & (spans.ends[np.maximum(last, 0)] > start)
+    idx = cand[~covered]
+    if not idx.size:
+        return pd.DataFrame(columns=list(RANGE_COLUMNS))
+    frame = pd.DataFrame(
+        {"code": cols.name_code[idx], "host_ns": cols.end_ns[idx] - cols.start_ns[idx]}
+    )
+    out = frame.groupby("code", sort=False)["host_ns"].agg(["size", "sum"]).reset_index()
+    names = [str(cols.names[int(c)]) for c in out["code"]]
+    rows = pd.DataFrame({
+        "name": names, "num_ranges": out["size"].astype(np.int64),
+        "host_ns": out["sum"].astype(np.int64),
+    })  # fmt: skip
+    return rows.sort_values("host_ns", ascending=False, kind="stable").reset_index(drop=True)

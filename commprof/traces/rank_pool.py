@@ -28,13 +28,14 @@ import pandas as pd
 from commprof.traces.crossrank import rank_collectives
 from commprof.traces.metrics import collective_type_metrics, step_metrics, type_totals
 from commprof.traces.possible_comm import COLUMNS as POSSIBLE_COLUMNS
+from commprof.traces.possible_comm import RANGE_COLUMNS
 from commprof.traces.trace_notes import trace_notes
 from commprof.traces.trace_parser import ParsedTrace, parse_trace
 
 
 def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
     """One row of the ``traces`` table: what is said of a trace as a whole."""
-    possible = parsed.possible_comm
+    possible, ranges = parsed.possible_comm, parsed.possible_ranges
     return {
         "rank": parsed.rank,
         "source": parsed.source,
@@ -56,6 +57,8 @@ def trace_row(parsed: ParsedTrace) -> dict[str, Any]:
         "training": parsed.has_backward,
         "num_possible_comm": 0 if possible is None else int(possible["num_events"].sum()),
         "possible_comm_ns": 0 if possible is None else int(possible["time_ns"].sum()),
+        "num_possible_ranges": 0 if ranges is None else int(ranges["num_ranges"].sum()),
+        "possible_range_host_ns": 0 if ranges is None else int(ranges["host_ns"].sum()),
     }
 
 
@@ -76,6 +79,13 @@ def _possible_comm(parsed: ParsedTrace) -> pd.DataFrame:
     return possible.assign(rank=parsed.rank)[["rank", *possible.columns]]
 
 
+def _possible_ranges(parsed: ParsedTrace) -> pd.DataFrame:
+    ranges = parsed.possible_ranges
+    if ranges is None:
+        ranges = pd.DataFrame(columns=list(RANGE_COLUMNS))
+    return ranges.assign(rank=parsed.rank)[["rank", *ranges.columns]]
+
+
 RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "steps": step_metrics,
     "collectives": _collectives,
@@ -83,6 +93,7 @@ RANK_TABLES: dict[str, Callable[[ParsedTrace], pd.DataFrame]] = {
     "type_totals": type_totals,
     "counted": _counted,
     "possible_comm": _possible_comm,
+    "possible_ranges": _possible_ranges,
 }
 """Per-rank tables computed where the trace is parsed; the analysis concatenates each by name
 ("steps": :func:`commprof.traces.metrics.step_metrics`, "collectives": the collectives
@@ -91,7 +102,8 @@ with rank and matching group, :func:`commprof.traces.crossrank.rank_collectives`
 :func:`commprof.traces.metrics.collective_type_metrics`, "type_totals": how those add up to
 the step table, :func:`commprof.traces.metrics.type_totals`, "counted": the names with the
 most time in each class, ``ParsedTrace.counted``, "possible_comm": kernels counted as compute
-that may be communication, ``ParsedTrace.possible_comm``)."""
+that may be communication, ``ParsedTrace.possible_comm``, "possible_ranges": host ranges
+named like communication that nothing counted accounts for, ``ParsedTrace.possible_ranges``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -73,12 +73,12 @@ def cross_text(cross: CrossRank) -> list[str]:
 
 
 BASIC_TABLES = ("steps", "ranks", "traces", "collectives", "collective_types", "type_totals",
-                "counted", "possible_comm")  # fmt: skip
+                "counted", "possible_comm", "possible_ranges")  # fmt: skip
 """Tables printed in their own places; any other per-rank table prints after them."""
 TRACE_COLUMNS = (
     "rank", "world_size", "regime", "window_source", "num_collectives", "num_outside",
     "outside_comm_ns", "num_duplicates", "num_unlaunched", "unlaunched_ns", "num_possible_comm",
-    "possible_comm_ns",
+    "possible_comm_ns", "num_possible_ranges", "possible_range_host_ns",
 )  # fmt: skip
 """Columns of the printed traces table (``--json`` and ``--out`` hold every column)."""
 MAX_COUNTED_RANKS = 8
@@ -124,6 +124,20 @@ def possible_text(possible: pd.DataFrame) -> list[str]:
         *(f"  {line}" for line in dict.fromkeys(possible["rule_line"])),
     ]
     return lines
+
+
+def ranges_text(ranges: pd.DataFrame) -> list[str]:
+    """The "possible communication (host ranges), not counted" section: host ranges named like
+    communication that no counted kernel accounts for, with their host (CPU) time."""
+    if ranges.empty:
+        return []
+    shown = ranges.assign(name=ranges["name"].map(_short))
+    return [
+        "\nPossible communication (host ranges), not counted (ranges named like communication "
+        "that no counted communication kernel was launched in or ran during; host_ms: CPU "
+        "time summed over the ranges, not kernel time):",
+        _table(shown[["rank", "name", "num_ranges", "host_ns"]]),
+    ]
 
 
 def types_text(types: pd.DataFrame, totals: pd.DataFrame) -> list[str]:
@@ -176,6 +190,7 @@ def analysis_text(analysis: Analysis, step_columns: list[str]) -> str:
         _table(traces),
         *counted_text(analysis.per_rank.get("counted", empty)),
         *possible_text(analysis.per_rank.get("possible_comm", empty)),
+        *ranges_text(analysis.per_rank.get("possible_ranges", empty)),
         *types_text(
             analysis.per_rank.get("collective_types", empty),
             analysis.per_rank.get("type_totals", empty),
@@ -205,7 +220,7 @@ def analysis_json(analysis: Analysis, step_records: list[dict[str, Any]]) -> dic
             "clock_offsets": json_rows(c.offsets),
             "stragglers": json_rows(c.stragglers),
         }
-    shown = ("collective_types", "type_totals", "counted", "possible_comm")
+    shown = ("collective_types", "type_totals", "counted", "possible_comm", "possible_ranges")
     return {
         "steps": step_records,
         "ranks": json_rows(analysis.ranks),

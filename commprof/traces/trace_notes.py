@@ -77,6 +77,15 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
             "counted as compute (see 'Possible communication, not counted'; add the line "
             "shown there to a rule file and pass it with --rules to count them)"
         )
+    ranges = parsed.possible_ranges
+    if ranges is not None and len(ranges):
+        out.append(
+            f"{int(ranges['num_ranges'].sum())} host ranges of {len(ranges)} names "
+            f"({_ms(ranges['host_ns'].sum())} of CPU time) are named like communication but no "
+            "counted communication kernel was launched in or ran during them (see 'Possible "
+            "communication (host ranges), not counted'): their kernels, if any, count as compute "
+            "or were not traced"
+        )
     lag = parsed.gpu_lag_ns
     if parsed.step_source == LAUNCH_SOURCE and lag is not None and lag >= LAG_NOTE_NS:
         out.append(

@@ -32,7 +32,7 @@ import pandas as pd
 
 from commprof.traces.comm_rules import CommRule, CommRules
 from commprof.traces.intervals import Int64Array, IntervalSet, difference
-from commprof.traces.possible_comm import possible_comm
+from commprof.traces.possible_comm import possible_comm, possible_ranges
 from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
 from commprof.traces.trace_rules import (
@@ -146,6 +146,10 @@ class ParsedTrace:
     """Kernels counted as compute that may be communication (no rule claims them; name,
     num_events, time_ns, why, rule_line: :func:`commprof.traces.possible_comm.possible_comm`);
     None in the regimes whose communication is not kernels."""
+    possible_ranges: pd.DataFrame | None = field(default=None, repr=False)
+    """Host ranges named like communication that nothing counted accounts for (name,
+    num_ranges, host_ns: CPU time, never kernel time;
+    :func:`commprof.traces.possible_comm.possible_ranges`); None where ``possible_comm`` is."""
 
     @property
     def outside(self) -> pd.DataFrame:
@@ -712,6 +716,11 @@ def parse_trace(
     graph = [GRAPH_LAUNCH_PATTERN.match(str(n)) is not None for n in names]
     info = meta.get("distributedInfo") or {}
     world_size = int(info["world_size"]) if isinstance(info.get("world_size"), int) else None
+    collectives = _collectives(
+        evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
+    )
+    types = frozenset(map(str, collectives["collective_type"].unique()))
+    possible = _possible(evs, targets, rules.comm, types)
     return ParsedTrace(
         source=source,
         rank=_rank_of(meta, source),
@@ -722,9 +731,7 @@ def parse_trace(
         step_end_ns=ends.astype(np.int64),
         step_source=label,
         classes=classes,
-        collectives=_collectives(
-            evs, np.flatnonzero(collective), (ids, starts, ends), cpu, rules.comm
-        ),
+        collectives=collectives,
         unlaunched_rule=unlaunched,
         num_unlaunched=int(orphan.sum()),
         unlaunched_ns=summed(orphan),
@@ -738,13 +745,22 @@ def parse_trace(
         gpu_lag_ns=int(np.median(lag)) if lag.size else None,
         has_backward=any(TRAINING_NAMES.match(str(n)) for n in names),
         counted=counted_names(evs, targets),
-        possible_comm=None if rules.comm is None else _possible(evs, targets, rules.comm),
+        possible_comm=possible[0],
+        possible_ranges=possible[1],
     )
 
 
-def _possible(evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules) -> pd.DataFrame:
-    """The possible communication not counted (:mod:`commprof.traces.possible_comm`)."""
+def _possible(
+    evs: _Events, targets: npt.NDArray[np.int8], comm: CommRules | None, types: frozenset[str]
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The possible communication not counted, kernels and host ranges
+    (:mod:`commprof.traces.possible_comm`; ``types``: the counted collectives' types); None
+    where the rules have no communication rules."""
+    if comm is None:
+        return None, None
     launch = np.full(len(evs), -1, np.intp)
     kernels = np.flatnonzero(evs.cat_mask(frozenset({"kernel"})))
     launch[kernels] = evs.launch_of(kernels)
-    return possible_comm(evs.cols, targets, comm, launch)
+    return possible_comm(evs.cols, targets, comm, launch), possible_ranges(
+        evs.cols, targets, launch, types
+    )

@@ -58,6 +58,23 @@ LIBRARY_RANGE_PATTERN = (
 )
 """Host ranges (``record_function``, any category) named after a communication library or an
 expert-parallel exchange: kept in every category, for the possible-communication check."""
+RANGE_LIBRARY_PATTERN = r"(?i:deep_?ep|dpsk::ep|pplx|nvshmem|mscclpp|userbuffers|symm_?mem)"
+"""The communication libraries of the rule file, outside PyTorch's process groups, as host
+ranges name them (``re.search``)."""
+HOST_RANGE_PATTERN = (
+    r"(?!(?:_?c10d\w*|aten|record_param_comms)(?:::|$))"
+    rf".*?(?:{RANGE_LIBRARY_PATTERN}|(?i:nccl|rccl|gloo)"
+    r"|(?<![a-z])(?:[aA]ll_?(?:[rR]educe|[gG]ather|[tT]o_?[aA]ll|2_?[aA]ll)|[rR]educe_?[sS]catter"
+    r"|i?[sS]end|i?[rR]ecv|[bB]roadcast)(?![a-z])|(?i:(?:moe|ep)_?(?:dispatch|combine)))"
+)
+"""Host ranges (``user_annotation``: ``record_function`` and NVTX-style ranges) whose name
+reads like communication (``re.match``): a library of the rule file (DeepEP, pplx, NVSHMEM,
+MSCCL++, userbuffers, symmetric memory, NCCL, RCCL, gloo) or a collective type of its vocabulary
+(all-reduce, all-gather, reduce-scatter, all-to-all, send, recv, broadcast, an expert-parallel
+dispatch or combine). The dispatcher's ops (``c10d::``, ``aten::``, ``record_param_comms``) are
+left out: they are ``cpu_op`` events, not ranges, and keeping them would cost a kept event per
+collective. Kept in every category (a few names); the ranges that no counted communication
+kernel accounts for are listed (:func:`commprof.traces.possible_comm.possible_ranges`)."""
 HOST_COMM_PATTERN = rf"record_param_comms|c10d::|nccl:|rccl:|{LIBRARY_RANGE_PATTERN}"
 """Host ops whose time is a communication library's: a kernel launched inside one is
 communication or its preparation (``re.match``; :mod:`commprof.traces.possible_comm`). The
@@ -270,7 +287,7 @@ def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
     names = [t.comm_thread_marker for t in tables if t.comm_thread_marker is not None]
     names += [COMM_OP_PATTERN, STEP_NAME_PATTERN]
     if any(t.comm is not None for t in tables):  # possible communication (possible_comm)
-        names.append(LIBRARY_RANGE_PATTERN)
+        names += [LIBRARY_RANGE_PATTERN, HOST_RANGE_PATTERN]
     if len(tables) > 1:
         names += [t.comm.comm_pattern() for t in tables if t.comm is not None]
     return re.compile("|".join(f"(?:{n})" for n in names))
