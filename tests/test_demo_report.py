@@ -36,7 +36,8 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"}
 
 
-def _run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, cwd: Path, timeout: int = 3600) -> subprocess.CompletedProcess[str]:
+    # a hang guard: under a 2x CPU hog the demo sweep committed 4 of its 8 cells in 600 s
     return subprocess.run(
         list(args), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
     )
