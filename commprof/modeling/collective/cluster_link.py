@@ -2,9 +2,10 @@
 
 :class:`ClusterLink` has the call shape of the ring fits (``RingFit.predict_ns(num_bytes,
 world_size)`` in ``ring_fit``), so anything that takes a fit takes a cluster: each all-reduce of
-``num_bytes`` on ``world_size`` ranks costs what :func:`collectives.predict` says NCCL would take
+``num_bytes`` on ``world_size`` ranks costs what :func:`calibration.predict` says NCCL would take
 on that cluster (its algorithm and protocol chosen by size and scale, hierarchical across
-nodes), optionally calibrated on the cluster's own nccl-tests logs. :func:`allreduce_time_ns` is
+nodes; past two nodes the network's loss at scale), optionally calibrated on the cluster's own
+nccl-tests logs. :func:`allreduce_time_ns` is
 the same as one function.
 
 Ranks fill whole nodes of the cluster (``Cluster.nodes_for``); one rank costs nothing (no
