@@ -116,6 +116,28 @@ def test_errors_that_repeat_are_not_retried(text: str, kind: str) -> None:
     assert classify_error_texts([text]) == kind
 
 
+def test_a_trace_the_profiler_wrote_broken_fails_the_attempt_as_transient(tmp_path: Path) -> None:
+    """A CI sweep's profiled cell failed for good on a trace of its own rank that the reader
+    refused ('invalid character' 2.2 MB in): the profiler's fault, which running again clears.
+    The rank's error is a transient one, so the cell runs again; it names the file and the
+    byte."""
+    import gzip
+    import traceback
+
+    from commprof.outcomes import classify_error_texts
+    from commprof.training.trainer import UnreadableTrace, trace_records
+
+    (tmp_path / "rank0_steps2-7.json.gz").write_bytes(
+        gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "op", "ts": 1, "dur": nan}]}')
+    )
+    with pytest.raises(UnreadableTrace, match=r"rank0_steps2-7\.json\.gz: not valid JSON") as info:
+        trace_records(tmp_path, [])
+    text = "".join(traceback.format_exception_only(info.value)).strip()
+    assert text.startswith("commprof.training.trainer.UnreadableTrace: torch.profiler wrote")
+    assert classify_error_texts([text]) == "transient"
+    assert classify_error_texts([f"ValueError: {info.value.__cause__}"]) == "deterministic"
+
+
 @pytest.mark.slow
 def test_run_retries_a_transient_failure_and_not_a_deterministic_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -670,3 +670,48 @@ def test_unfinished_events_as_the_profiler_writes_them_are_dropped_counted_and_n
     only = [step(0, 5, 100), {**ops[2], "name": "only"}]
     with pytest.raises(ValueError, match=r"every complete .* event is unfinished"):
         parse_trace(trace([{**only[0], "dur": -1.0}, only[1]]), regime="cpu-gloo")
+
+
+@pytest.mark.parametrize("chunk_bytes", [64, 1 << 18])
+def test_raw_control_characters_in_names_are_read_leniently_and_noted(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    # JSON forbids a raw control character inside a string; a profiler writes one in a garbled
+    # name (a CI sweep's own trace failed at 'invalid character' 2.2 MB in). Those chunks are
+    # read as json.loads(strict=False) reads them, and noted; the same byte outside a string,
+    # a NaN or a broken row is still an error naming the byte.
+    ops = [x(f"op{i}", "cpu_op", 10 + i, 1) for i in range(8)]
+    coll = [x("gloo:all_reduce", "user_annotation", 30 + 5 * i, 4, tid=2, Seq=i) for i in range(3)]
+    text = json.dumps(trace([step(0, 5, 100), *ops, *coll]))
+    garbled = text.replace('"op3"', '"op\\u0001\\u0007\\n3"').replace(
+        "\\u0001\\u0007\\n", "\x01\x07\n"
+    )
+    assert "\x01" in garbled and "\\u0001" not in garbled
+    path = tmp_path / "garbled.json"
+    path.write_text(garbled)
+    p = parse_trace(path, regime="cpu-gloo", chunk_bytes=chunk_bytes)
+    clean = parse_trace(trace([step(0, 5, 100), *ops, *coll]), regime="cpu-gloo")
+    assert p.collectives["seq"].tolist() == clean.collectives["seq"].tolist() == [0, 1, 2]
+    assert len(p.control_chars_at) == 1
+    assert garbled.encode()[p.control_chars_at[0]] == 1  # the offset names the very byte
+    names = read_columns(path, RULES.values(), chunk_bytes=chunk_bytes).names
+    assert "op\x01\x07\n3" in names
+    assert any("raw control characters inside strings in 1 stretch" in n for n in trace_notes(p))
+    # Each error names the byte where the text goes wrong, whichever decoder saw it first.
+    for bad, marker in (
+        (text.replace('"ph": "X", "name": "op3"', '"ph": "X",\x01 "name": "op3"'), "\x01"),
+        (
+            text.replace(
+                '"dur": 1, "args": {}}, {"ph": "X", "name": "op4"',
+                '"dur": NaN, "args": {}}, {"ph": "X", "name": "op4"',
+            ),
+            "NaN",
+        ),
+        (garbled.replace('"op7"', '"op7" "extra"'), ' "extra"'),
+    ):
+        assert marker in bad
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=r"not valid JSON.* at byte (\d+)\)$") as info:
+            parse_trace(path, regime="cpu-gloo", chunk_bytes=chunk_bytes)
+        at = int(str(info.value).rpartition("at byte ")[2].rstrip(")"))
+        assert bad.encode().index(marker.encode()) <= at <= bad.encode().index(marker.encode()) + 1

@@ -106,6 +106,10 @@ class TraceColumns:
     """Events dropped as unfinished: the profiler marks an op it saw start but not end with
     ``dur`` -1 (PyTorch 2.7 on), and one it saw end but not start with ``ts`` 0 and a
     ``dur`` that is the end's epoch time (:func:`unfinished_events`)."""
+    control_chars_at: tuple[int, ...] = ()
+    """Byte offsets (in the JSON text) of raw control characters inside strings, which JSON
+    forbids and a profiler writes for a garbled name: each chunk holding them was read as the
+    stdlib's non-strict decoder reads it."""
 
 
 UNSET = msgspec.UNSET
@@ -248,6 +252,8 @@ class ColumnBuilder:
         self.source = source
         self.tables = tuple(tables)
         self.meta: dict[str, Any] = {}
+        self.control_chars_at: list[int] = []
+        """Byte offsets of raw control characters in strings, read leniently (the reader's)."""
         """Top-level keys of the trace, filled by the reader before the events it precedes."""
         self.relevant: frozenset[str] | None = None
         """Categories of the events kept (None: all), decided at the first chunk."""
@@ -765,6 +771,8 @@ class ColumnBuilder:
         if unfinished.any():
             cols = _drop(cols, unfinished, np.zeros(cols.launch_correlation.size, bool))
             cols = dataclasses.replace(cols, num_unfinished=int(unfinished.sum()))
+        if self.control_chars_at:
+            cols = dataclasses.replace(cols, control_chars_at=tuple(self.control_chars_at))
         return drop_duplicates(cols)
 
     def _thread(self, pair_code: array[int]) -> npt.NDArray[np.int64]:
@@ -982,6 +990,7 @@ def read_columns(
         chunk_bytes=chunk_bytes,
         has_ph=_has_ph,
         meta=builder.meta,
+        control_chars_at=builder.control_chars_at,
     )
     return builder.finish(meta)
 

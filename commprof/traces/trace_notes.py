@@ -41,6 +41,12 @@ def trace_notes(parsed: ParsedTrace) -> list[str]:
             f"{parsed.num_unfinished} unfinished events dropped (the profiler saw the op start "
             "or end, not both: dur -1, or ts 0 with an epoch time for dur)"
         )
+    if parsed.control_chars_at:
+        out.append(
+            f"raw control characters inside strings in {len(parsed.control_chars_at)} "
+            f"stretch(es) of the JSON (first at byte {parsed.control_chars_at[0]}): invalid JSON, "
+            "as a profiler writes a garbled name; read as Python's non-strict decoder reads it"
+        )
     outside = parsed.outside
     if len(outside):
         out.append(

@@ -126,6 +126,9 @@ class ParsedTrace:
     """Events dropped as exact duplicates of another (same category, name, start, end, thread)."""
     num_unfinished: int = 0
     """Events dropped as unfinished (the profiler saw an op's start or end, not both)."""
+    control_chars_at: tuple[int, ...] = ()
+    """Where the JSON held raw control characters inside strings, read leniently (byte offsets;
+    ``TraceColumns.control_chars_at``)."""
     num_launch_calls: int = 0
     """Runtime calls that launch device work (``cudaLaunchKernel``, ``cudaGraphLaunch``, ...)."""
     num_graph_launches: int = 0
@@ -738,6 +741,7 @@ def parse_trace(
         unlaunched_comm_ns=summed(comm_orphans),
         num_duplicates=cols.num_duplicates,
         num_unfinished=cols.num_unfinished,
+        control_chars_at=cols.control_chars_at,
         num_launch_calls=int(code_mask(cols.launch_name_code, call).sum()),
         num_graph_launches=int(code_mask(cols.launch_name_code, graph).sum()),
         num_device_events=int(device.size),

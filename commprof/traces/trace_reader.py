@@ -53,12 +53,18 @@ T = TypeVar("T")
 _GENERIC = msgspec.json.Decoder()
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 class _ByteStream:
     """A window of the file's bytes with a read position; reads on where a value crosses it."""
 
     def __init__(self, fh: BinaryIO, source: str, chunk_bytes: int, is_gzip: bool) -> None:
         self.fh, self.source, self.chunk_bytes, self.is_gzip = fh, source, chunk_bytes, is_gzip
         self.buf, self.pos, self.base, self.eof = b"", 0, 0, False
+        self.control_chars_at: list[int] = []
+        """Where a chunk read leniently held its first raw control character (byte offsets)."""
 
     def fill(self, num_bytes: int | None = None) -> None:
         """Append the next ``num_bytes`` (default one chunk) to the unread rest of the buffer."""
@@ -131,13 +137,31 @@ class _ByteStream:
 
     def _decode(self, lo: int, hi: int, decode: Callable[[bytes], T]) -> T | None:
         """``decode`` of ``[`` + buf[lo:hi] + ``]``; None where the cut (hi) was wrong."""
+        text = b"".join((b"[", memoryview(self.buf)[lo:hi], b"]"))
         try:
-            return decode(b"".join((b"[", memoryview(self.buf)[lo:hi], b"]")))
+            return decode(text)
         except msgspec.DecodeError as exc:
             match = _ERROR_BYTE.search(str(exc))
-            if match is None or int(match.group(1)) >= hi - lo + 1:
+            if match is None or int(match.group(1)) >= len(text) - 1:
                 return None  # failed at the wrapper's ']' or ran out: the cut is wrong
-            raise self.invalid(str(exc), lo - 1 + int(match.group(1))) from exc
+            at = lo - 1 + int(match.group(1))
+            if self.buf[at] >= 0x20:
+                raise self.invalid(str(exc), at) from exc
+            # A raw control character: invalid JSON anywhere, but inside a string it is what a
+            # profiler writes for a garbled name. The stdlib's non-strict decoder reads those.
+            try:
+                chars = text.decode()
+                values = json.loads(chars, strict=False, parse_constant=_no_constant)
+            except json.JSONDecodeError as lenient:
+                if lenient.pos >= len(chars) - 1:
+                    return None  # the cut is wrong
+                raise self.invalid(
+                    lenient.msg, lo - 1 + len(chars[: lenient.pos].encode())
+                ) from exc
+            except ValueError as other:  # not UTF-8, or NaN / Infinity
+                raise self.invalid(f"{other}", at) from exc
+            self.control_chars_at.append(self.base + at)
+            return decode(msgspec.json.encode(values))
 
     def _cut_chunk(self, decode: Callable[[bytes], T]) -> T | None:
         """Decode whole elements up to the last cut that works; None if none works."""
@@ -221,6 +245,7 @@ def stream_chunks(
     chunk_bytes: int = CHUNK_BYTES,
     has_ph: Callable[[T], bool] | None = None,
     meta: dict[str, Any] | None = None,
+    control_chars_at: list[int] | None = None,
 ) -> dict[str, Any]:
     """Read a Chrome trace, feeding the ``traceEvents`` array to ``on_chunk`` in chunks.
 
@@ -233,6 +258,10 @@ def stream_chunks(
             chunk's first items carry 'ph' fields (else the file is not a trace).
         meta: Dict to fill with the other top-level keys as they are read (those before
             ``traceEvents`` are there when the first chunk arrives).
+        control_chars_at: List to fill with the byte offset of the first raw control
+            character in each chunk that held them inside strings (invalid JSON that a
+            profiler writes for a garbled name); those chunks are read as the stdlib's
+            non-strict decoder reads them.
 
     Returns:
         The other top-level keys of the trace (empty for a bare JSON array of events).
@@ -244,7 +273,7 @@ def stream_chunks(
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     p = Path(path)
     try:
-        return _stream(p, decode, on_chunk, chunk_bytes, has_ph, meta)
+        return _stream(p, decode, on_chunk, chunk_bytes, has_ph, meta, control_chars_at)
     except RecursionError:  # a value nested past the decoders' depth (json's, msgspec's)
         raise ValueError(
             f"{p}: JSON nested too deep to decode (past about {sys.getrecursionlimit()} "
@@ -259,11 +288,14 @@ def _stream(
     chunk_bytes: int,
     has_ph: Callable[[T], bool] | None,
     meta: dict[str, Any] | None,
+    control_chars_at: list[int] | None,
 ) -> dict[str, Any]:
     """:func:`stream_chunks` of an opened path (see there)."""
     fh, is_gzip = _open_bytes(p)
     with fh:
         st = _ByteStream(fh, str(p), chunk_bytes, is_gzip)
+        if control_chars_at is not None:
+            st.control_chars_at = control_chars_at
         first = st.peek()
         if not first:
             raise ValueError(f"{p}: empty file, not a trace")

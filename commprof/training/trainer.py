@@ -217,6 +217,11 @@ def _harness(trace_dir: Path | None, rank: int, *, first: int, last: int) -> Ite
         yield harness
 
 
+class UnreadableTrace(RuntimeError):
+    """The profiler wrote a trace the reader refuses: a transient fault (``commprof.outcomes``
+    retries a cell whose rank raised it), not the configuration's."""
+
+
 def trace_records(
     trace_dir: Path, buckets: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
@@ -228,7 +233,13 @@ def trace_records(
     traces: dict[str, bytes] = {}
     hook = pd.DataFrame(buckets)
     for path in sorted(trace_dir.glob("*.json.gz")):
-        parsed = parse_trace(path)
+        try:
+            parsed = parse_trace(path)
+        except ValueError as exc:
+            raise UnreadableTrace(
+                f"torch.profiler wrote a trace the reader refuses, so the cell runs again "
+                f"(a transient fault of the profiler's): {exc}"
+            ) from exc
         metrics = step_metrics(parsed)
         with warnings.catch_warnings():
             # Step 1 also holds DDP's bucket-rebuild collectives; matching by size skips them.
