@@ -4,7 +4,7 @@ One run, on this machine (gloo over loopback, ranks spawned locally, no Ray):
 
 1. Measure calibration cells at three caps (1, 4 and DDP's default 25 MiB): training steps
    with the timing hook, and (at 25 MiB) the all-reduce microbenchmark over a size range.
-2. Fit the ring model twice (``ring_fit.fits_from_dataset``): to the microbenchmark (the
+2. Fit the ring model twice (``dataset_fits.fits_from_dataset``): to the microbenchmark (the
    link alone) and to the buckets' in-training service times (``--fit-source buckets``); take
    the backward timeline measured at the default cap (``timeline.parameter_ready_ns``).
 3. Recommend, with each fit, a cap by the step model's rule (``cap_advice.search``) on the
@@ -40,12 +40,11 @@ from bench_env import environment  # noqa: E402
 from commprof import results  # noqa: E402
 from commprof.catalog import parameter_sizes  # noqa: E402
 from commprof.matrix import Cell, geometric_sizes  # noqa: E402
+from commprof.modeling.collective.dataset_fits import FIT_SOURCES, fits_from_dataset  # noqa: E402
 from commprof.modeling.collective.ring_fit import (  # noqa: E402
-    FIT_SOURCES,
     CalibrationWarning,
     Fit,
     RingFit,
-    fits_from_dataset,
 )
 from commprof.modeling.step.cap_advice import CAP_GRID_MB, search  # noqa: E402
 from commprof.modeling.step.idle import Estimate, estimate  # noqa: E402

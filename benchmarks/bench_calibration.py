@@ -42,6 +42,8 @@ import torch.distributed as dist
 from bench_env import environment
 from torch import nn
 
+from commprof.modeling.collective.dataset_fits import fit_to_dict
+from commprof.modeling.collective.fit_scores import holdout_split, leave_one_out_errors, mape
 from commprof.modeling.collective.interconnects import get_interconnect
 from commprof.modeling.collective.ring_fit import (
     CalibrationWarning,
@@ -49,10 +51,6 @@ from commprof.modeling.collective.ring_fit import (
     fit_alpha_beta,
     fit_alpha_only,
     fit_piecewise,
-    fit_to_dict,
-    holdout_split,
-    leave_one_out_errors,
-    mape,
 )
 from commprof.profiling.comm_hooks import register_timing_hook
 from commprof.training.launcher import process_group, spawn_ranks

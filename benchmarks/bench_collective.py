@@ -47,7 +47,9 @@ from commprof.modeling.collective.collectives import (
     predict,
 )
 from commprof.modeling.collective.cost_model import LinkParams, ring_allreduce_ns
-from commprof.modeling.collective.nccl_log import NcclTestsLog, read_log, skipped_summary
+from commprof.modeling.collective.nccl_log import read_log
+from commprof.modeling.collective.nccl_log_collective import skipped_summary
+from commprof.modeling.collective.nccl_log_runs import NcclTestsLog
 from commprof.modeling.step.idle import DEFAULT_ALPHA_NS
 from commprof.yamlio import load_yaml, read_text
 

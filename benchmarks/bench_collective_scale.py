@@ -38,12 +38,9 @@ import numpy as np
 from commprof.modeling.collective import calibration as cal
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import CORRECTIONS, predict
-from commprof.modeling.collective.nccl_log import (
-    NcclTestsLog,
-    implied_world_size,
-    read_log,
-    skipped_summary,
-)
+from commprof.modeling.collective.nccl_log import read_log
+from commprof.modeling.collective.nccl_log_collective import implied_world_size, skipped_summary
+from commprof.modeling.collective.nccl_log_runs import NcclTestsLog
 from commprof.yamlio import load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +71,7 @@ def read(path: Path, collective: str, world_size: int) -> NcclTestsLog:
     ``#wrong`` are read and skipped, each counted); a file of several runs is narrowed to its one
     run of ``collective``. What was skipped is printed. A run without rank lines takes the
     split's ``world_size`` where its busbw / algbw ratio does not say another
-    (:func:`commprof.modeling.collective.nccl_log.implied_world_size`)."""
+    (:func:`commprof.modeling.collective.nccl_log_collective.implied_world_size`)."""
     log = read_log(path)
     runs = [r for r in log.runs if r.collective == collective]
     if len(log.runs) == 1 and log.runs[0].collective is None:

@@ -40,11 +40,8 @@ from step_model_split import SPLIT_FILE, ModelSplit, Split, WorldCell, load_spli
 
 from commprof import results
 from commprof.catalog import parameter_sizes
-from commprof.modeling.collective.ring_fit import (
-    CalibrationWarning,
-    bucket_latency_points,
-    fit_alpha_beta,
-)
+from commprof.modeling.collective.dataset_fits import bucket_latency_points
+from commprof.modeling.collective.ring_fit import CalibrationWarning, fit_alpha_beta
 from commprof.modeling.step.cap_advice import best_of
 from commprof.modeling.step.model import (
     ALL_CORRECTIONS,

@@ -17,7 +17,8 @@ from commprof.modeling.collective.calibration import predict as fitted_predict
 from commprof.modeling.collective.cluster_link import ClusterLink, allreduce_time_ns, cluster_link
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import predict
-from commprof.modeling.collective.ring_fit import fit_alpha_beta, save_fits
+from commprof.modeling.collective.dataset_fits import save_fits
+from commprof.modeling.collective.ring_fit import fit_alpha_beta
 
 DATA = Path(__file__).parent / "data"
 LOG = DATA / "nccl_tests" / "oci-bm-gpu4.8" / "all_reduce_p16_oke.txt"  # 2 nodes of 8 A100

@@ -13,7 +13,8 @@ from commprof.catalog import parameter_sizes
 from commprof.commands.estimate import add_arguments, load_param_sizes_file, run
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.collective.cost_model import LinkParams
-from commprof.modeling.collective.ring_fit import fit_alpha_beta, save_fits
+from commprof.modeling.collective.dataset_fits import save_fits
+from commprof.modeling.collective.ring_fit import fit_alpha_beta
 from commprof.modeling.step import cap_advice
 from commprof.modeling.step.cap_advice import CAP_GRID_MB, NONE_IN_USE, TIE_TOLERANCE, search
 from commprof.modeling.step.idle import Estimate, backward_ready_ns, estimate, simulate

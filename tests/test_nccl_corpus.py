@@ -20,14 +20,9 @@ from commprof.commands.collective import add_arguments as add_collective_argumen
 from commprof.commands.estimate import add_arguments as add_estimate_arguments
 from commprof.modeling.collective import nccl_log
 from commprof.modeling.collective.cluster_link import cluster_link
-from commprof.modeling.collective.nccl_log import (
-    Row,
-    implied_world_size,
-    parse_text,
-    read_log,
-    read_logs,
-    skipped_summary,
-)
+from commprof.modeling.collective.nccl_log import parse_text, read_log, read_logs
+from commprof.modeling.collective.nccl_log_collective import implied_world_size, skipped_summary
+from commprof.modeling.collective.nccl_log_runs import Row
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 

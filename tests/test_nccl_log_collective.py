@@ -17,7 +17,8 @@ import pytest
 from commprof.cli import main
 from commprof.modeling.collective.calibration import calibrate
 from commprof.modeling.collective.clusters import load_cluster
-from commprof.modeling.collective.nccl_log import parse_text, read_log, skipped_summary
+from commprof.modeling.collective.nccl_log import parse_text, read_log
+from commprof.modeling.collective.nccl_log_collective import skipped_summary
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 NAMING = re.compile(r"Collective test (?:starting|concluded)")

@@ -9,20 +9,20 @@ import pandas as pd
 import pytest
 
 from commprof import results
+from commprof.modeling.collective.dataset_fits import (
+    bucket_latency_points,
+    fit_table,
+    fits_from_dataset,
+    load_fits,
+    save_fits,
+)
+from commprof.modeling.collective.fit_scores import holdout_split, leave_one_out_errors, mape
 from commprof.modeling.collective.ring_fit import (
     CalibrationWarning,
     RingFit,
-    bucket_latency_points,
     fit_alpha_beta,
     fit_alpha_only,
     fit_piecewise,
-    fit_table,
-    fits_from_dataset,
-    holdout_split,
-    leave_one_out_errors,
-    load_fits,
-    mape,
-    save_fits,
 )
 from commprof.results import load
 

@@ -41,7 +41,7 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_readme_example_runs_under_torchrun_and_its_dataset_reads(tmp_path: Path) -> None:
-    from commprof.modeling.collective.ring_fit import fits_from_dataset
+    from commprof.modeling.collective.dataset_fits import fits_from_dataset
     from commprof.traces.analyze import analyze_dir
 
     code = readme_example()

@@ -1,9 +1,9 @@
 """Modelled columns beside measured ones, and the prediction error of the model per cell.
 
-Calibration (``commprof.modeling.collective.ring_fit.fit_table``, method ``alpha-beta``): the ring
-all-reduce model T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan 2009) is fitted
-per (backend, regime, world size) to the ``microbench`` table, the all-reduces measured alone
-after training (time p50 over iterations, max over ranks). The fit is then used out of sample:
+Calibration (``commprof.modeling.collective.dataset_fits.fit_table``, method ``alpha-beta``):
+the ring all-reduce model T(n, p) = 2(p-1) alpha + 2((p-1)/p) n beta (Patarasuk and Yuan 2009) is
+fitted per (backend, regime, world size) to the ``microbench`` table, the all-reduces measured
+alone after training (time p50 over iterations, max over ranks). The fit is then used out of sample:
 
 - per gradient bucket of every ok cell: modelled T(bucket bytes, p) beside the bucket's measured
   median service time during training, over measured steps and ranks: ``transfer_ns = done_ns -
@@ -34,11 +34,12 @@ from commprof.caps import cap_mb
 from commprof.catalog import parameter_sizes
 from commprof.modeling.buckets import assign_buckets
 from commprof.modeling.collective.cost_model import bus_bandwidth_factor
-from commprof.modeling.collective.ring_fit import CalibrationWarning, Fit, RingFit, fit_table
+from commprof.modeling.collective.dataset_fits import fit_table
+from commprof.modeling.collective.ring_fit import CalibrationWarning, Fit, RingFit
 from commprof.query import only_ok
 
 FitKey = tuple[str, str, int]
-"""(backend, regime, world_size), as ``ring_fit.GROUP_KEYS``."""
+"""(backend, regime, world_size), as ``dataset_fits.GROUP_KEYS``."""
 
 
 def _error_pct(modelled: pd.Series, measured: pd.Series) -> pd.Series:

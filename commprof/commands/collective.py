@@ -22,7 +22,8 @@ from commprof.modeling.collective.calibration import (
 )
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import COLLECTIVES
-from commprof.modeling.collective.nccl_log import read_logs, skipped_summary
+from commprof.modeling.collective.nccl_log import read_logs
+from commprof.modeling.collective.nccl_log_collective import skipped_summary
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64

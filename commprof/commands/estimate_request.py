@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from commprof import flags
 from commprof.modeling.collective.cost_model import ALGORITHMS
-from commprof.modeling.collective.ring_fit import FIT_SOURCES
+from commprof.modeling.collective.dataset_fits import FIT_SOURCES
 from commprof.modeling.step.corrections import CORRECTION_NAMES, CORRECTIONS, Corrections
 from commprof.modeling.step.idle import (
     DEFAULT_ALPHA_NS,

@@ -36,8 +36,8 @@ from commprof.commands.estimate_request import EstimateRequest
 from commprof.commands.links import ResolvedLink, resolve_link
 from commprof.modeling.buckets import MIB, ParamSize, assign_buckets
 from commprof.modeling.collective.cluster_link import ClusterLink, comm_interval, interval_line
+from commprof.modeling.collective.dataset_fits import fit_to_dict
 from commprof.modeling.collective.link import Link
-from commprof.modeling.collective.ring_fit import fit_to_dict
 from commprof.modeling.prediction import Assumption, Interval, Prediction
 from commprof.modeling.step.calibration import split_hook
 from commprof.modeling.step.cap_advice import baseline_label, recommend_cap, verdict_kind

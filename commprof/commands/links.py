@@ -16,9 +16,9 @@ from pathlib import Path
 from commprof.commands.estimate_request import EstimateRequest
 from commprof.modeling.collective.cluster_link import cluster_link
 from commprof.modeling.collective.cost_model import LinkParams
+from commprof.modeling.collective.dataset_fits import fits_from_dataset, load_fits
 from commprof.modeling.collective.interconnects import get_interconnect, load_interconnects
 from commprof.modeling.collective.link import Link
-from commprof.modeling.collective.ring_fit import fits_from_dataset, load_fits
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -61,8 +61,9 @@ from commprof.modeling.collective.collectives import (
     latency_parts,
     table,
 )
+from commprof.modeling.collective.nccl_log_collective import check_collective, log_world_size
+from commprof.modeling.collective.nccl_log_runs import NcclTestsLog
 from commprof.modeling.collective.nccl_search import search
-from commprof.modeling.collective.nccl_tests import NcclTestsLog, check_collective, log_world_size
 from commprof.yamlio import load_yaml
 
 CALIBRATED = Corrections(two_node_fill=False)

@@ -30,7 +30,8 @@ from commprof.modeling.collective.calibration import (
     predict,
 )
 from commprof.modeling.collective.clusters import Cluster, load_cluster
-from commprof.modeling.collective.nccl_log import check_collective, read_logs
+from commprof.modeling.collective.nccl_log import read_logs
+from commprof.modeling.collective.nccl_log_collective import check_collective
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,12 +9,16 @@ the model on these logs is :mod:`commprof.modeling.collective.calibration`.
 from __future__ import annotations
 
 from commprof.modeling.collective.nccl_log import (  # noqa: F401 -- re-exported
-    NcclTestsLog,
-    Row,
-    Run,
-    check_collective,
-    log_world_size,
     parse_text,
     read_log,
     read_logs,
+)
+from commprof.modeling.collective.nccl_log_collective import (  # noqa: F401 -- re-exported
+    check_collective,
+    log_world_size,
+)
+from commprof.modeling.collective.nccl_log_runs import (  # noqa: F401 -- re-exported
+    NcclTestsLog,
+    Row,
+    Run,
 )

@@ -52,8 +52,8 @@ from commprof.caps import cap_mb
 from commprof.matrix import WORKLOAD_FIELDS
 from commprof.modeling.buckets import ParamSize, assign_buckets
 from commprof.modeling.collective.cost_model import nonnegative_line
+from commprof.modeling.collective.dataset_fits import STEP_KEYS
 from commprof.modeling.collective.link import Link
-from commprof.modeling.collective.ring_fit import STEP_KEYS
 from commprof.modeling.step.simulator import (
     BACKEND_CHANNELS,
     NO_INTERFERENCE,

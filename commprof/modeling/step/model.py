@@ -28,8 +28,9 @@ import pandas as pd
 
 from commprof.matrix import INSTRUMENT_FIELDS, LINK_FIELDS, WORKLOAD_FIELDS
 from commprof.modeling.buckets import DEFAULT_BUCKET_CAP_MB, ParamSize, assign_buckets
+from commprof.modeling.collective.dataset_fits import fit_table
 from commprof.modeling.collective.link import Link
-from commprof.modeling.collective.ring_fit import MIN_POINTS, CalibrationWarning, Fit, fit_table
+from commprof.modeling.collective.ring_fit import MIN_POINTS, CalibrationWarning, Fit
 from commprof.modeling.step import corrections as step_corrections
 from commprof.modeling.step.calibration import (
     INTERFERENCE_STATISTIC,
