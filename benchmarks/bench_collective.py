@@ -37,7 +37,7 @@ import collective_baseline
 import ledger
 import numpy as np
 
-from commprof.modeling.collective import calibration
+from commprof.modeling.collective import fitted_model
 from commprof.modeling.collective.calibration import FIT_MIN_BYTES, calibrate
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import (
@@ -92,7 +92,7 @@ def _times(cluster, p: int, sizes: np.ndarray, **kwargs) -> np.ndarray:
 
 
 def _fitted(cluster, p: int, sizes: np.ndarray, fit, **kwargs) -> np.ndarray:
-    rows = calibration.predict(cluster, p, sizes.tolist(), fit=fit, **kwargs)
+    rows = fitted_model.predict(cluster, p, sizes.tolist(), fit=fit, **kwargs)
     return np.array([r.time_us for r in rows])
 
 

@@ -5,7 +5,7 @@ median absolute relative error of the out-of-place time over sizes >= 1 MiB:
 
 - in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %): its
   factors alone, and the answer between the log's sizes (each size left out and its residual
-  interpolated from the others, ``calibration.leave_one_out``; at a measured size the answer
+  interpolated from the others, ``calibration_fit.leave_one_out``; at a measured size the answer
   is the log's own time);
 - scale: calibrated on the system's ``calibrate`` world sizes, scored on each ``predict`` one,
   side by side: the published description alone, main's calibration before issue #41
@@ -36,6 +36,7 @@ import ledger
 import numpy as np
 
 from commprof.modeling.collective import calibration as cal
+from commprof.modeling.collective import calibration_fit, fitted_model, scale_rule
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import CORRECTIONS, predict
 from commprof.modeling.collective.nccl_log import read_log
@@ -99,8 +100,8 @@ def _err(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1.0)
 
 
-def _ours(cluster, p, sizes, collective, fit, rule=cal.RULE, **kw):
-    rows = cal.predict(cluster, p, sizes, collective, fit, rule=rule, **kw)
+def _ours(cluster, p, sizes, collective, fit, rule=scale_rule.RULE, **kw):
+    rows = fitted_model.predict(cluster, p, sizes, collective, fit, rule=rule, **kw)
     return (np.array([r.time_us for r in rows]), np.array([r.time_us_low for r in rows]),
             np.array([r.time_us_high for r in rows]))  # fmt: skip
 
@@ -120,7 +121,7 @@ def fit_system(system: dict, folder: Path) -> dict:
     }  # fmt: skip
 
 
-def score(fitted: dict, rule: cal.ScaleRule) -> dict:
+def score(fitted: dict, rule: scale_rule.ScaleRule) -> dict:
     """In-sample, scale and ablation figures of one system under ``rule``."""
     system, cluster, logs = fitted["system"], fitted["cluster"], fitted["logs"]
     col, fit = system["collective"], fitted["fit"]
@@ -133,7 +134,9 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
         pred, _, _ = _ours(cluster, p, sizes, col, replace(one, anchors=()), rule)
         anchor = one.anchor(p, col)
         assert anchor is not None
-        loo = cal.leave_one_out(anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES)
+        loo = calibration_fit.leave_one_out(
+            anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES
+        )
         out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
                                "leave_one_out": float(np.median(np.expm1(loo))),
                                "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
@@ -145,7 +148,7 @@ def score(fitted: dict, rule: cal.ScaleRule) -> dict:
     for p in system["predict"]:
         sizes, meas = _rows(logs[p])
         published = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
-        desc, _, _ = _ours(cluster, p, sizes, col, cal.DESCRIPTION, rule)
+        desc, _, _ = _ours(cluster, p, sizes, col, calibration_fit.DESCRIPTION, rule)
         main_rows = collective_baseline.predict(cluster, p, sizes, col, fitted["main"])
         main = np.array([r.time_us for r in main_rows])
         ours, low, high = _ours(cluster, p, sizes, col, fit, rule)
@@ -178,14 +181,14 @@ def fit_loss(fitted: list[dict]) -> float:
     dev = [f for f in fitted if f["system"]["role"] == "development"]
     best = (math.inf, 0.0)
     for c in LOSS_GRID:
-        rule = replace(cal.RULE, net_loss_per_doubling=c)
+        rule = replace(scale_rule.RULE, net_loss_per_doubling=c)
         errs = np.concatenate([np.abs(np.exp(np.array(s["log_error_ours"])) - 1.0)
                                for f in dev for s in score(f, rule)["scale"].values()])  # fmt: skip
         best = min(best, (float(np.median(errs)), c))
     return best[1]
 
 
-def fit_description_loss(fitted: list[dict], rule: cal.ScaleRule) -> float:
+def fit_description_loss(fitted: list[dict], rule: scale_rule.ScaleRule) -> float:
     """The description's loss per doubling (``ScaleRule.description_loss_per_doubling``) from
     development systems: the grid value with the least median error of the description alone
     over their scored points."""
@@ -198,20 +201,20 @@ def fit_description_loss(fitted: list[dict], rule: cal.ScaleRule) -> float:
             for p in f["system"]["predict"]:
                 sizes, meas = _rows(f["logs"][p])
                 t, _, _ = _ours(f["cluster"], p, sizes, f["system"]["collective"],
-                                cal.DESCRIPTION, trial)  # fmt: skip
+                                calibration_fit.DESCRIPTION, trial)  # fmt: skip
                 errs.append(_err(t, meas))
         best = min(best, (float(np.median(np.concatenate(errs))), c))
     return best[1]
 
 
-def fit_rule(results: list[dict], loss: float, description_loss: float) -> cal.ScaleRule:
+def fit_rule(results: list[dict], loss: float, description_loss: float) -> scale_rule.ScaleRule:
     """The interval rule from development systems: the description's 80th percentile of
     ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
     80 % of the development points on top of each fit's own in-sample spread."""
     dev = [r for r in results if r["role"] == "development"]
     desc = np.abs(np.concatenate([s["log_error_description"] for r in dev
                                   for s in r["scale"].values()]))  # fmt: skip
-    floor = cal.RULE.calibrated_floor_log
+    floor = scale_rule.RULE.calibrated_floor_log
     need = []
     for r in dev:
         for s in r["scale"].values():
@@ -219,7 +222,7 @@ def fit_rule(results: list[dict], loss: float, description_loss: float) -> cal.S
             for e in np.abs(s["log_error_ours"]):
                 need.append(max(0.0, e - base) / max(s["doublings"], 1.0))
     per = float(np.quantile(need, TARGET_COVERAGE)) if need else 0.0
-    return cal.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
+    return scale_rule.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
                          calibrated_floor_log=floor, per_doubling_log=per,
                          net_loss_per_doubling=loss,
                          description_loss_per_doubling=description_loss)  # fmt: skip
@@ -228,7 +231,7 @@ def fit_rule(results: list[dict], loss: float, description_loss: float) -> cal.S
 KEEP = {"all": lambda r: True, "no_broadcast": lambda r: r["collective"] != "broadcast"}
 
 
-def coverage(results: list[dict], rule: cal.ScaleRule, role: str, keep=KEEP["all"]) -> dict:
+def coverage(results: list[dict], rule: scale_rule.ScaleRule, role: str, keep=KEEP["all"]) -> dict:
     """Share of scored points inside the 80 % interval (``rule``), calibrated and description."""
     inside_c, inside_d, total = 0, 0, 0
     for r in (x for x in results if x["role"] == role and keep(x)):
@@ -292,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         fitted.append(fit_system(system, folder))
     loss = fit_loss(fitted)
-    desc_loss = fit_description_loss(fitted, cal.RULE)
-    chosen = replace(cal.RULE, net_loss_per_doubling=loss, description_loss_per_doubling=desc_loss)
+    desc_loss = fit_description_loss(fitted, scale_rule.RULE)
+    chosen = replace(
+        scale_rule.RULE, net_loss_per_doubling=loss, description_loss_per_doubling=desc_loss
+    )
     first = [score(f, chosen) for f in fitted]
     rule = fit_rule(first, loss, desc_loss)
     results = [score(f, rule) for f in fitted]

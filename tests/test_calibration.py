@@ -12,18 +12,12 @@ import pytest
 
 from commprof.cli import main
 from commprof.modeling.collective import collectives
-from commprof.modeling.collective.calibration import (
-    DESCRIPTION,
-    FIT_MIN_BYTES,
-    FITTED,
-    RULE,
-    Fit,
-    calibrate,
-    halfwidth_log,
-    predict,
-)
+from commprof.modeling.collective.calibration import FIT_MIN_BYTES, FITTED, calibrate
+from commprof.modeling.collective.calibration_fit import DESCRIPTION, Fit
 from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_tests import NcclTestsLog, Row, Run, read_log
+from commprof.modeling.collective.scale_rule import RULE, halfwidth_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 H100 = load_cluster("dgx-h100")

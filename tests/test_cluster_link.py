@@ -12,12 +12,12 @@ import pytest
 
 from commprof.cli import main
 from commprof.commands.estimate import add_arguments, run
-from commprof.modeling.collective.calibration import DESCRIPTION, Fit
-from commprof.modeling.collective.calibration import predict as fitted_predict
+from commprof.modeling.collective.calibration_fit import DESCRIPTION, Fit
 from commprof.modeling.collective.cluster_link import ClusterLink, allreduce_time_ns, cluster_link
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import predict
 from commprof.modeling.collective.dataset_fits import save_fits
+from commprof.modeling.collective.fitted_model import predict as fitted_predict
 from commprof.modeling.collective.ring_fit import fit_alpha_beta
 
 DATA = Path(__file__).parent / "data"

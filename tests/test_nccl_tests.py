@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from commprof.cli import main
-from commprof.modeling.collective.calibration import DESCRIPTION, calibrate, predict
+from commprof.modeling.collective.calibration import calibrate
+from commprof.modeling.collective.calibration_fit import DESCRIPTION
 from commprof.modeling.collective.clusters import load_cluster
+from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_tests import parse_text, read_log
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"

@@ -14,16 +14,14 @@ import json
 import re
 import sys
 
-from commprof.modeling.collective.calibration import (
-    DESCRIPTION,
-    calibrate,
-    interval_basis,
-    predict,
-)
+from commprof.modeling.collective.calibration import calibrate
+from commprof.modeling.collective.calibration_fit import DESCRIPTION
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import COLLECTIVES
+from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log import read_logs
 from commprof.modeling.collective.nccl_log_collective import skipped_summary
+from commprof.modeling.collective.scale_rule import interval_basis
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MAX_ROWS = 64

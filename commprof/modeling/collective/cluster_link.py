@@ -2,7 +2,7 @@
 
 :class:`ClusterLink` has the call shape of the ring fits (``RingFit.predict_ns(num_bytes,
 world_size)`` in ``ring_fit``), so anything that takes a fit takes a cluster: each all-reduce of
-``num_bytes`` on ``world_size`` ranks costs what :func:`calibration.predict` says NCCL would take
+``num_bytes`` on ``world_size`` ranks costs what :func:`fitted_model.predict` says NCCL would take
 on that cluster (its algorithm and protocol chosen by size and scale, hierarchical across
 nodes; past two nodes the network's loss at scale), optionally calibrated on the cluster's own
 nccl-tests logs. :func:`allreduce_time_ns` is
@@ -22,16 +22,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from commprof.modeling.collective.calibration import (
-    DESCRIPTION,
-    Fit,
-    calibrate,
-    interval_basis,
-    predict,
-)
+from commprof.modeling.collective.calibration import calibrate
+from commprof.modeling.collective.calibration_fit import DESCRIPTION, Fit
 from commprof.modeling.collective.clusters import Cluster, load_cluster
+from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log import read_logs
 from commprof.modeling.collective.nccl_log_collective import check_collective
+from commprof.modeling.collective.scale_rule import interval_basis
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,7 +54,7 @@ class ClusterLink:
             world_size: Ranks (>= 1; more than one node's GPUs must fill whole nodes).
 
         Returns:
-            ``1000 * calibration.predict(...).time_us`` per element (``time_us_low`` or
+            ``1000 * fitted_model.predict(...).time_us`` per element (``time_us_low`` or
             ``time_us_high`` at an :attr:`end`); 0 for one rank or 0 bytes.
         """
         return self.interval_ns(num_bytes, world_size)[0 if self.end is None else 1 + self.end]
@@ -65,7 +62,7 @@ class ClusterLink:
     def interval_ns(
         self, num_bytes: npt.ArrayLike, world_size: npt.ArrayLike
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Predicted time and its 80 % interval in ns (``calibration.predict``): (time, low,
+        """Predicted time and its 80 % interval in ns (``fitted_model.predict``): (time, low,
         high), each the broadcast shape of the inputs; 0 for one rank or 0 bytes."""
         sizes, ranks = np.broadcast_arrays(
             np.asarray(num_bytes, dtype=np.float64), np.asarray(world_size, dtype=np.int64)
@@ -113,7 +110,7 @@ class ClusterLink:
 
     def interval(self) -> tuple[ClusterLink, ClusterLink]:
         """The link at the low, then the high, end of the collective model's 80 % interval
-        (``calibration.predict``'s ``time_us_low`` and ``time_us_high``)."""
+        (``fitted_model.predict``'s ``time_us_low`` and ``time_us_high``)."""
         return replace(self, end=0), replace(self, end=1)
 
     @property

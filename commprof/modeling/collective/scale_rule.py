@@ -1,0 +1,90 @@
+"""The collective model's 80 % intervals and its scale correction: the rule development systems fix.
+
+:data:`RULE` is ``collective_scale.yaml``, written by ``benchmarks/bench_collective_scale.py``
+from the development systems only: how wide an interval is (:func:`halfwidth_log`, said in words
+by :func:`interval_basis`) and how much of the network's rate a larger fabric loses
+(:func:`net_loss`). :func:`commprof.modeling.collective.fitted_model.predict` applies both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from importlib import resources
+
+from commprof.modeling.collective.calibration_fit import Fit
+from commprof.yamlio import load_yaml
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScaleRule:
+    """What the development systems fix (``collective_scale.yaml``): how wide an 80 % interval
+    is, in ``|log(predicted / measured)|``, and the network's loss past the nodes fitted."""
+
+    description_log: float
+    """Half-width of the description alone (its 80th percentile on development systems)."""
+    calibrated_floor_log: float
+    """Least half-width of a calibrated prediction (added to nothing below its own in-sample
+    80th percentile)."""
+    per_doubling_log: float
+    """Added per doubling of nodes past the most nodes fitted."""
+    net_loss_per_doubling: float
+    """The scale correction: past ``max(2, calibrated_nodes)`` nodes a calibrated network side
+    (bandwidth and hop latency) runs at ``1 / (1 + c log2(N / max(2, calibrated_nodes)))`` of
+    its fitted rate, ``c`` this value (a larger fabric's congestion and adaptive routing, which
+    one or two nodes cannot show)."""
+    description_loss_per_doubling: float
+    """The same correction on the description alone, past two nodes: its published rates are
+    a fabric's best, which a larger fabric's traffic does not reach either."""
+
+
+def _load_rule() -> ScaleRule:
+    text = resources.files("commprof.modeling.collective").joinpath("collective_scale.yaml")
+    data = load_yaml(text.read_text("utf-8"), "collective_scale.yaml")
+    names = {f.name for f in fields(ScaleRule)}
+    if not isinstance(data, dict) or set(data) != names:
+        raise ValueError(f"collective_scale.yaml: needs exactly the keys {sorted(names)}")
+    return ScaleRule(**{k: float(v) for k, v in data.items()})
+
+
+RULE = _load_rule()
+"""The committed rule (fitted on development systems by benchmarks/bench_collective_scale.py)."""
+
+
+def halfwidth_log(fit: Fit, num_nodes: int, rule: ScaleRule = RULE) -> float:
+    """Half-width of the 80 % interval in log space at ``num_nodes``.
+
+    Description alone: ``rule.description_log``. Calibrated: the fit's own in-sample 80th
+    percentile (at least ``calibrated_floor_log``) plus ``per_doubling_log`` per doubling of nodes
+    past the most nodes fitted: the validation's spread grows with extrapolation distance.
+    """
+    if fit.calibrated_nodes == 0:
+        return rule.description_log
+    base = max(fit.residual_log_q80, rule.calibrated_floor_log)
+    return base + rule.per_doubling_log * max(0.0, math.log2(num_nodes / fit.calibrated_nodes))
+
+
+def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> str:
+    """Where a prediction and its interval come from, in words, for output."""
+    if fit.anchor(world_size, collective) is not None:
+        return (
+            f"the fitted log(s) measured {world_size} ranks: their own times, interpolated "
+            "between their sizes; the interval from leaving each size out"
+        )
+    if fit.calibrated_nodes == 0:
+        return "the description's spread on the development systems' nccl-tests logs"
+    return (
+        f"the calibration's residuals on its logs, widened for {nodes} node(s) past the "
+        f"{fit.calibrated_nodes} fitted (rule fitted on development systems)"
+    )
+
+
+def net_loss(fit: Fit, num_nodes: int, rule: ScaleRule) -> float:
+    """The scale correction's factor on the network side at ``num_nodes``: past the nodes fitted
+    (``ScaleRule.net_loss_per_doubling``), or past two nodes with no fit
+    (``ScaleRule.description_loss_per_doubling``); 1.0 within them."""
+    if fit.calibrated_nodes == 0:
+        c, reach = rule.description_loss_per_doubling, 2
+    else:
+        c, reach = rule.net_loss_per_doubling, max(2, fit.calibrated_nodes)
+    return 1.0 / (1.0 + c * max(0.0, math.log2(num_nodes / reach)))
