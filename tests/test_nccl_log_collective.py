@@ -151,20 +151,9 @@ def test_a_log_without_header_and_an_all_reduce_ratio_is_inferred_all_reduce() -
     )
 
 
-@pytest.mark.parametrize(
-    ("factor", "redop", "root", "named"),
-    [
-        (2 * 5 / 6, "sum", -1, "all_reduce"),
-        (5 / 6, "sum", -1, "reduce_scatter"),
-        (5 / 6, "none", -1, None),  # all_gather or alltoall
-        (1.0, "none", 0, "broadcast"),
-        (1.0, "sum", 0, "reduce"),
-        (1.0, "sum", -1, "sendrecv"),
-    ],
-)
-def test_each_signature_in_closed_form(factor: float, redop: str, root: int, named: str) -> None:
-    # a table printed as nccl-tests prints it for 6 ranks (rank lines listed): algbw = size /
-    # time, busbw = algbw x the test's factor, both to 0.01 GB/s
+def _formula_lines(factor: float, redop: str, root: int) -> list[str]:
+    """A table printed as nccl-tests prints it for 6 ranks (rank lines listed): algbw = size /
+    time, busbw = algbw x the test's factor, both to 0.01 GB/s."""
     ranks = [
         f"#  Rank {r} Group  0 Pid {100 + r} on node0 device  {r} [0x0f] GPU" for r in range(6)
     ]
@@ -179,6 +168,45 @@ def test_each_signature_in_closed_form(factor: float, redop: str, root: int, nam
             f"{size} {size // 4} float {redop} {root} {time_us:.1f} {algbw:.2f} "
             f"{algbw * factor:.2f} 0 {time_us:.1f} {algbw:.2f} {algbw * factor:.2f} 0"
         )
-    run = parse_text("\n".join(lines), "formula.txt").run
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("factor", "redop", "root", "named"),
+    [
+        (2 * 5 / 6, "sum", -1, "all_reduce"),
+        (5 / 6, "sum", -1, "reduce_scatter"),
+        (5 / 6, "none", -1, None),  # all_gather or alltoall
+        (1.0, "none", 0, "broadcast"),
+        (1.0, "sum", 0, "reduce"),
+        (1.0, "sum", -1, "sendrecv"),
+    ],
+)
+def test_each_signature_in_closed_form(factor: float, redop: str, root: int, named: str) -> None:
+    run = parse_text("\n".join(_formula_lines(factor, redop, root)), "formula.txt").run
     assert run.collective == named and run.inferred == (named is not None)
     assert run.evidence == (f"busbw/algbw {factor:.3f} at 6 ranks, redop {redop}, root {root}")
+
+
+def test_a_table_that_contradicts_its_header_is_said_aloud() -> None:
+    # the header names all_reduce; the table's busbw / algbw is (n-1)/n at its 6 listed ranks
+    # with a reduction: reduce_scatter's signature (or a world size other than the one listed).
+    # The header is taken, and the summary says what the table shows.
+    text = "\n".join(
+        ["# Collective test starting: all_reduce_perf", *_formula_lines(5 / 6, "sum", -1)]
+    )
+    log = parse_text(text, "contra.txt")
+    assert (log.run.collective, log.run.inferred, log.run.candidates) == (
+        "all_reduce",
+        False,
+        ("reduce_scatter",),
+    )
+    assert skipped_summary(log) == (
+        "contra.txt: run 1 skipped nothing; no footer; its header names all_reduce, but its "
+        "table fits reduce_scatter (busbw/algbw 0.833 at 6 ranks, redop sum, root -1): is that "
+        "the world size it ran at?"
+    )
+    agreeing = "\n".join(
+        ["# Collective test starting: all_reduce_perf", *_formula_lines(5 / 3, "sum", -1)]
+    )
+    assert "header names" not in (skipped_summary(parse_text(agreeing, "ok.txt")) or "")

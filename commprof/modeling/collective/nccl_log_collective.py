@@ -176,12 +176,17 @@ def log_world_size(log: NcclTestsLog, given: int | None = None) -> int:
 
 
 def skipped_summary(log: NcclTestsLog) -> str | None:
-    """What a log's runs did not keep, and a collective inferred from the table rather than
-    named, said aloud (``None`` where neither): ``file: run 1 skipped 3 rows (0 bytes: lines
-    10-12); ...``."""
+    """What a log's runs did not keep, a collective inferred from the table rather than named,
+    and a table that contradicts the collective its header names, said aloud (``None`` where
+    none of these): ``file: run 1 skipped 3 rows (0 bytes: lines 10-12); ...``."""
     parts = []
     for r in log.runs:
         said = f"{r.collective} inferred from the table ({r.evidence})" if r.inferred else ""
+        if r.collective is not None and r.candidates and r.collective not in r.candidates:
+            said = (
+                f"its header names {r.collective}, but its table fits "
+                f"{' or '.join(r.candidates)} ({r.evidence}): is that the world size it ran at?"
+            )
         if not r.skipped and r.complete:
             parts.extend([f"run {r.index}: {said}"] if said else [])
             continue
