@@ -9,6 +9,7 @@ names, tests/data/nccl_tests/SOURCES.md).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from commprof.cli import main
 from commprof.modeling.collective.calibration import calibrate
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.nccl_log import parse_text, read_log
-from commprof.modeling.collective.nccl_log_collective import skipped_summary
+from commprof.modeling.collective.nccl_log_collective import log_world_size, skipped_summary
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 NAMING = re.compile(r"Collective test (?:starting|concluded)")
@@ -210,3 +211,26 @@ def test_a_table_that_contradicts_its_header_is_said_aloud() -> None:
         ["# Collective test starting: all_reduce_perf", *_formula_lines(5 / 3, "sum", -1)]
     )
     assert "header names" not in (skipped_summary(parse_text(agreeing, "ok.txt")) or "")
+
+
+def test_a_log_without_rank_lines_takes_the_world_size_its_table_implies(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # aws-p5's published log cut its rank lines: busbw / algbw = 1.875 gives 16 ranks, which
+    # --fit takes (the summary says it was implied) and a predicted 16 is that log's own times.
+    # A table of ratio 1 (broadcast) implies none: refused, naming the file and the fix.
+    path = DATA / "aws-p5/all_reduce_p16.txt"
+    log = read_log(path)
+    assert (log.world_size, log_world_size(log), log_world_size(log, 16)) == (None, 16, 16)
+    argv = ["collective", "--cluster", "aws-p5", "--world-size", "16", "--fit", str(path)]
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "16 ranks (implied)" in err
+    rows = {r["bytes"]: r for r in json.loads(out)}
+    measured = {r.num_bytes: r.time_us for r in log.rows}
+    assert rows and set(rows) <= set(measured) and all(r["follows_log"] for r in rows.values())
+    assert all(r["time_us"] == pytest.approx(measured[s]) for s, r in rows.items())
+    lines = _formula_lines(1.0, "none", 0)
+    bare = parse_text("\n".join(line for line in lines if not RANK.search(line)), "bcast.txt")
+    with pytest.raises(ValueError, match=r"bcast.txt: lists no '#  Rank' lines, and its busbw"):
+        log_world_size(bare)

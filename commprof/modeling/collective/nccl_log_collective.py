@@ -162,14 +162,19 @@ def check_collective(log: NcclTestsLog, collective: str, choices: Sequence[str] 
 
 
 def log_world_size(log: NcclTestsLog, given: int | None = None) -> int:
-    """The log's world size: its rank lines, or ``given`` where it lists none."""
+    """The log's world size: its rank lines, else ``given``, else the one that every run's
+    busbw / algbw implies (:func:`implied_world_size`; the runs' evidence says it aloud)."""
     if log.world_size is None:
-        if given is None:
-            raise ValueError(
-                f"{log.source}: lists no '#  Rank' lines, so its world size is unknown; keep the "
-                "header of the log"
-            )
-        return given
+        if given is not None:
+            return given
+        implied = {implied_world_size(r) for r in log.runs}
+        if len(implied) == 1 and None not in implied:
+            return implied.pop()  # type: ignore[return-value]
+        raise ValueError(
+            f"{log.source}: lists no '#  Rank' lines, and its busbw / algbw implies no one world "
+            "size (a ratio of 1, or rows too slow for the printed rounding), so its world size "
+            "is unknown; keep the header of the log (its '#  Rank' lines)"
+        )
     if given is not None and given != log.world_size:
         raise ValueError(f"{log.source}: has {log.world_size} ranks, not {given}")
     return log.world_size
