@@ -63,5 +63,7 @@ def test_a_log_of_another_collective_is_refused() -> None:
     log = replace(log, runs=(replace(log.run, collective="broadcast"),))
     cluster = load_cluster("abci-a100")
     assert calibrate(cluster, [log], "broadcast").calibrated_nodes == 1
-    with pytest.raises(ValueError, match=r"broadcast_p8\.txt: is a broadcast log, not all_reduce"):
+    with pytest.raises(
+        ValueError, match=r"broadcast_p8\.txt: is a log of broadcast, not all_reduce"
+    ):
         calibrate(cluster, [log])

@@ -18,7 +18,7 @@ import pytest
 from commprof.cli import main
 from commprof.modeling.collective.calibration import calibrate
 from commprof.modeling.collective.clusters import load_cluster
-from commprof.modeling.collective.nccl_log import parse_text, read_log
+from commprof.modeling.collective.nccl_log import parse_text, read_log, read_logs
 from commprof.modeling.collective.nccl_log_collective import log_world_size, skipped_summary
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
@@ -103,8 +103,8 @@ def test_the_abci_broadcast_log_fitted_as_all_reduce_is_refused(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
-        f"error: {path}: is a broadcast log, not all_reduce (its header names no collective; its "
-        "table: busbw/algbw 1.000 at 8 ranks, no redop column, root 0); give --collective "
+        f"error: {path}: is a log of broadcast, not all_reduce (its header names no collective; "
+        "its table: busbw/algbw 1.000 at 8 ranks, no redop column, root 0); give --collective "
         "broadcast"
     )
     assert main([*argv, "--collective", "broadcast", "--json"]) == 0
@@ -234,3 +234,33 @@ def test_a_log_without_rank_lines_takes_the_world_size_its_table_implies(
     bare = parse_text("\n".join(line for line in lines if not RANK.search(line)), "bcast.txt")
     with pytest.raises(ValueError, match=r"bcast.txt: lists no '#  Rank' lines, and its busbw"):
         log_world_size(bare)
+
+
+def test_a_file_of_several_collectives_gives_the_one_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # h100-cluster01 printed five tests into one file: --collective all_gather fits its
+    # all_gather run, with or without --run all, and says which runs were set aside; --run K
+    # still means run K of the file; a collective the file does not hold is refused.
+    path = DATA / "h100-cluster01/five_collectives_p8_n1.txt"
+    for run in (None, "all"):
+        (log,) = read_logs([path], run, "all_gather")
+        assert (log.run.index, log.collective) == (2, "all_gather")
+        assert [r.index for r in log.set_aside] == [1, 3, 4, 5]
+        assert skipped_summary(log) == (
+            f"{path}: run(s) 1 (all_reduce), 3 (reduce_scatter), 4 (alltoall), 5 (sendrecv) "
+            "set aside: another collective"
+        )
+    assert read_logs([path], "3", "all_gather")[0].run.collective == "reduce_scatter"
+    with pytest.raises(ValueError, match=r"holds 5 runs .*pick one with --run K"):
+        read_logs([path])
+    argv = ["collective", "--cluster", "dgx-h100", "--world-size", "8", "--fit", str(path)]
+    assert main([*argv, "--collective", "all_gather", "--min-bytes", "33554432", "--json"]) == 0
+    out, err = capsys.readouterr()
+    measured = {r.num_bytes: r.time_us for r in read_log(path).runs[1].rows}
+    rows = json.loads(out)
+    assert rows and all(r["follows_log"] for r in rows) and "set aside" in err
+    assert all(r["time_us"] == pytest.approx(measured[r["bytes"]]) for r in rows)
+    one = DATA / "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
+    with pytest.raises(ValueError, match=r"alltoall_sendrecv_p16_n2\.txt: is a log of alltoall"):
+        calibrate(load_cluster("dgx-h100"), read_logs([one], "all", "all_gather"), "all_gather")

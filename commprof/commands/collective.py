@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     fit = DESCRIPTION
     if args.run and not args.fit:
         raise ValueError(f"--run {args.run}: give the logs it picks from with --fit LOG ...")
-    logs = read_logs(args.fit, args.run) if args.fit else []
+    logs = read_logs(args.fit, args.run, args.collective) if args.fit else []
     if logs:
         for log in logs:
             if (said := skipped_summary(log)) is not None:

@@ -160,7 +160,7 @@ def cluster_link(
     cluster.nodes_for(world_size)  # the world size must fit the cluster: say so before anything
     if not nccl_tests:
         return ClusterLink(cluster=cluster)
-    logs = read_logs(nccl_tests, run)
+    logs = read_logs(nccl_tests, run, "all_reduce")
     named = {log.collective for log in logs if log.collective and not log.run.inferred}
     if collectives := sorted(named - {"all_reduce"}):
         raise ValueError(

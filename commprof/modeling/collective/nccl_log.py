@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from commprof.modeling.collective.nccl_log_collective import table_collectives
+from commprof.modeling.collective.nccl_log_collective import runs_as, table_collectives
 from commprof.modeling.collective.nccl_log_runs import NcclTestsLog, Row, Run, Skipped
 from commprof.yamlio import read_text
 
@@ -313,13 +313,18 @@ def read_log(path: str | Path) -> NcclTestsLog:
     return parse_text(read_text(path, "the nccl-tests log", max_bytes=MAX_LOG_BYTES), str(path))
 
 
-def read_logs(paths: Sequence[str | Path], run: str | None = None) -> list[NcclTestsLog]:
+def read_logs(
+    paths: Sequence[str | Path], run: str | None = None, collective: str | None = None
+) -> list[NcclTestsLog]:
     """Read every log of a command line, each narrowed to one run.
 
     Args:
         paths: The files, in the order given (a repeated path is refused: it would count twice).
         run: ``None`` (each file must hold one run), ``"all"`` (each run of each file is a log of
             its own) or ``"K"`` (run K of every file).
+        collective: The collective asked for: without ``"K"``, the runs of a file of several
+            that cannot be of it (:func:`runs_as`) are set aside (:attr:`NcclTestsLog.set_aside`),
+            so a file of five collectives gives the one asked for.
 
     Raises:
         ValueError: naming the file: a repeated path, a file of several runs and no ``run``, or
@@ -332,6 +337,11 @@ def read_logs(paths: Sequence[str | Path], run: str | None = None) -> list[NcclT
             raise ValueError(f"{path}: given twice; give each log once")
         seen.add(str(path))
         log = read_log(path)
+        if collective is not None and run in (None, "all") and len(log.runs) > 1:
+            kept = tuple(r for r in log.runs if runs_as(r, collective))
+            if kept:
+                aside = tuple(r for r in log.runs if r.index not in {k.index for k in kept})
+                log = replace(log, runs=kept, set_aside=aside)
         if run == "all":
             out.extend(log.split())
         elif run is not None:

@@ -126,6 +126,15 @@ def table_collectives(
     return names, f"{said}, {said_redop}, {said_root}"
 
 
+def runs_as(run: Run, collective: str) -> bool:
+    """Whether ``run`` may be a run of ``collective``: the one its header names or its table
+    gives, or (where neither names one) one its table fits or cannot rule out."""
+    named = run.collective is not None and not run.inferred
+    return collective == run.collective or (
+        not named and (not run.candidates or collective in run.candidates)
+    )
+
+
 def check_collective(log: NcclTestsLog, collective: str, choices: Sequence[str] = ()) -> None:
     """Refuse a log of another collective than ``collective``: the one its header names, or
     where it names none, one its table does not fit (:attr:`Run.candidates`).
@@ -141,12 +150,10 @@ def check_collective(log: NcclTestsLog, collective: str, choices: Sequence[str] 
     """
     for r in log.runs:
         named = r.collective is not None and not r.inferred
-        if collective == r.collective or (
-            not named and (not r.candidates or collective in r.candidates)
-        ):
+        if runs_as(r, collective):
             continue
         fits = (r.collective,) if r.collective is not None else r.candidates
-        what = f"is a {r.collective} log" if r.collective else f"fits {' or '.join(fits)}"
+        what = f"is a log of {r.collective}" if r.collective else f"fits {' or '.join(fits)}"
         how = (
             "its header names it"
             if named
@@ -208,4 +215,7 @@ def skipped_summary(log: NcclTestsLog) -> str | None:
             + ("" if r.complete else "; no footer")
             + (f"; {said}" if said else "")
         )
+    if log.set_aside:
+        runs = ", ".join(f"{r.index} ({r.collective or 'not named'})" for r in log.set_aside)
+        parts.append(f"run(s) {runs} set aside: another collective")
     return f"{log.source}: " + "; ".join(parts) if parts else None

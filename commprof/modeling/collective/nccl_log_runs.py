@@ -98,6 +98,9 @@ class NcclTestsLog:
     """The file."""
     runs: tuple[Run, ...]
     """Its runs, in file order (at least one)."""
+    set_aside: tuple[Run, ...] = ()
+    """Runs of other collectives than the one asked for, left out by :func:`read_logs`
+    (``nccl_log``)."""
 
     @property
     def run(self) -> Run:
@@ -140,5 +143,8 @@ class NcclTestsLog:
         return replace(self, runs=(self.runs[index - 1],))
 
     def split(self) -> list[NcclTestsLog]:
-        """One log per run."""
-        return [replace(self, runs=(r,)) for r in self.runs]
+        """One log per run (the first says what was set aside)."""
+        return [
+            replace(self, runs=(r,), set_aside=self.set_aside if i == 0 else ())
+            for i, r in enumerate(self.runs)
+        ]
