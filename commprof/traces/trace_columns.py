@@ -445,13 +445,22 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-        where = np.flatnonzero(keep)
-        kept = list(compress(chunk, keep.tolist()))
-        is_x = np.fromiter(map(_IS_X, map(_GET["ph"], kept)), bool, len(kept))
-        launch = kind[where] == _LAUNCH
-        events = is_x & ~launch
-        launches = list(compress(kept, (is_x & launch).tolist())) if launch.any() else []
-        return launches, list(compress(kept, events.tolist())), types[where[events]]
+        if keep.all():  # the usual chunk: no event of it dropped for its category or name
+            kept = chunk
+        else:
+            where = np.flatnonzero(keep)
+            kept = list(compress(chunk, keep.tolist()))
+            kind, types = kind[where], types[where]
+        phs = list(map(_GET["ph"], kept))
+        launch = kind == _LAUNCH
+        if phs.count("X") == len(phs):  # every one a complete event (list.count runs in C)
+            events, launch_x = ~launch, launch
+        else:
+            is_x = np.fromiter(map(_IS_X, phs), bool, len(phs))
+            events, launch_x = is_x & ~launch, is_x & launch
+        launches = list(compress(kept, launch_x.tolist())) if launch_x.any() else []
+        xs = kept if events.all() else list(compress(kept, events.tolist()))
+        return launches, xs, types[events]
 
     def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """Category codes of events by their struct type index, new categories coded in order
@@ -513,18 +522,22 @@ class ColumnBuilder:
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
-        for i in sorted(keep):
-            a = args[i]
-            if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
-                continue
-            # The kept keys (UNSET ones left out), undecoded JSON (RAW_ARG_KEYS) decoded now.
-            kept = to_builtins(a, enc_hook=_value)
-            del kept["correlation"]
-            if kept:
-                self.args[base + i] = kept
+        if keep:
+            self._keep_args(args, sorted(keep), base)
         if len(self.ts_us) >= BLOCK_EVENTS:
             self._flush()
         return len(chunk)
+
+    def _keep_args(self, args: list[Any], where: list[int], base: int) -> None:
+        """Keep the ``args`` at ``where`` (indices in the chunk; ``base``: the chunk's first
+        event) as dicts of their kept keys: UNSET ones left out, undecoded JSON (RAW_ARG_KEYS)
+        decoded now, and none where no key is left (a launch's args hold the correlation only).
+        One ``to_builtins`` of them all; every pass iterated in C."""
+        held = list(map(args.__getitem__, where))
+        index = list(compress(map(base.__add__, where), held))  # structs are true, None is not
+        dicts = to_builtins(list(filter(None, held)), enc_hook=_value)
+        list(map(dict.pop, dicts, _CORR))
+        self.args.update(compress(zip(index, dicts, strict=True), dicts))  # {} is false
 
     def _add_launches(self, launches: list[Any]) -> None:
         """Append a chunk's launches to the launch columns (``launch_only``)."""
