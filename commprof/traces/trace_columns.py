@@ -121,6 +121,7 @@ MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _NAME_PID_TID = attrgetter("name", "pid", "tid")
+_TYPE_CODE = attrgetter("type_code")
 _ARGS_CORR = attrgetter("args.correlation")
 _IS_X = "X".__eq__
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
@@ -213,11 +214,11 @@ class _TaggedTypes:
     def add(self, cat: str) -> None:
         """A struct for category ``cat`` (read unless it is a launch or skipped)."""
         n = len(self.types)
-        space: dict[str, Any] = {"cat": cat}
+        space: dict[str, Any] = {"cat": cat, "type_code": n}
         if cat in LAUNCH_CATS:
             fields = self.launch_fields
         elif cat in self.skip:
-            fields, space = [], {"cat": cat, "ph": None, "name": ""}
+            fields, space = [], {"cat": cat, "type_code": n, "ph": None, "name": ""}
         else:
             fields = self.read_fields
         self.types[cat] = msgspec.defstruct(
@@ -284,11 +285,10 @@ class ColumnBuilder:
         ]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.tagged: _TaggedTypes | None = None
-        self.type_index: dict[type, int] = {}
-        """Struct type of a tagged decode -> its index in the three lists below."""
         self.type_cat: list[str] = []
         self.type_kind: list[int] = []
-        """Per struct type: its category, and what becomes of its events (``_kind``)."""
+        """Per struct type of the tagged decode (by its ``type_code``, the order they were made
+        in): its category, and what becomes of its events (``_kind``)."""
         self.type_cat_code: list[int] = []
         """Per struct type: its category's code in ``cats`` (-1 until an event is kept)."""
         """Decoder by category (decided with ``relevant``); None: the untagged struct only."""
@@ -364,9 +364,10 @@ class ColumnBuilder:
         """Name codes and (pid, tid) pair codes (pid code << 32 | tid code) of the events: one
         lookup of the (name, pid, tid) triple an event, each part coded only for a new one
         (names in order of first appearance, as ``_codes`` codes them)."""
-        keys = list(map(_NAME_PID_TID, events))
         try:
-            idx = np.fromiter(map(self.triples.get, keys, _MISSING), np.int64, len(keys))
+            idx = np.fromiter(
+                map(self.triples.get, map(_NAME_PID_TID, events), _MISSING), np.int64, len(events)
+            )
         except TypeError:  # an unhashable name, pid or tid: each coded apart
             names = self._codes(self.names, events, "name", self.name_bits)
             pairs = self._codes(self.pids, events, "pid", None)
@@ -374,10 +375,11 @@ class ColumnBuilder:
             pairs |= self._codes(self.tids, events, "tid", None)
             return names, pairs
         for i in np.flatnonzero(idx < 0).tolist():
-            j = self.triples.get(keys[i], -1)
+            key = _NAME_PID_TID(events[i])
+            j = self.triples.get(key, -1)
             if j < 0:
-                name, pid, tid = keys[i]
-                j = self.triples[keys[i]] = len(self.triple_name)
+                name, pid, tid = key
+                j = self.triples[key] = len(self.triple_name)
                 self.triple_name.append(self._code(self.names, name, self.name_bits))
                 self.triple_pair.append(self._pair(pid, tid))
             idx[i] = j
@@ -411,19 +413,14 @@ class ColumnBuilder:
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
     def _type_codes(self, chunk: list[Any]) -> npt.NDArray[np.intp]:
-        """Index of each event's struct type (tagged by category) in the type tables."""
-        index = self.type_index
-        try:
-            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
-        except KeyError:  # a type not met before: its category decides what it is
-            for struct in dict.fromkeys(map(type, chunk)):
-                if struct not in index:
-                    cat: str = getattr(struct, "cat")  # noqa: B009  # the tag, a class attribute
-                    index[struct] = len(self.type_cat)
-                    self.type_cat.append(cat)
-                    self.type_kind.append(self._kind(cat))
-                    self.type_cat_code.append(-1)
-            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+        """Index of each event's struct type (tagged by category) in the type tables: its
+        ``type_code``, a class attribute (no lookup by type an event)."""
+        assert self.tagged is not None  # only tagged chunks have type codes
+        for cat in list(self.tagged.types)[len(self.type_cat) :]:  # types made since (learn)
+            self.type_cat.append(cat)
+            self.type_kind.append(self._kind(cat))
+            self.type_cat_code.append(-1)
+        return np.fromiter(map(_TYPE_CODE, chunk), np.intp, len(chunk))
 
     def _kind(self, cat: str) -> int:
         """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
