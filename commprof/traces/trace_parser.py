@@ -212,7 +212,9 @@ def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list
     """Codes of hashable values in order of first appearance, and the distinct values (TypeError
     if one is unhashable): one pass in C, each value ``setdefault`` with the count so far."""
     code: dict[Any, int] = {}
-    codes = np.fromiter(map(code.setdefault, values, map(len, repeat(code))), dtype, len(values))
+    codes: npt.NDArray[Any] = np.fromiter(
+        map(code.setdefault, values, map(len, repeat(code))), dtype, len(values)
+    )
     return codes, list(code)
 
 
