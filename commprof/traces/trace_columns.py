@@ -121,6 +121,7 @@ MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _NAME_PID_TID = attrgetter("name", "pid", "tid")
+_TYPE_CODE = attrgetter("type_code")
 _ARGS_CORR = attrgetter("args.correlation")
 _IS_X = "X".__eq__
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
@@ -213,11 +214,11 @@ class _TaggedTypes:
     def add(self, cat: str) -> None:
         """A struct for category ``cat`` (read unless it is a launch or skipped)."""
         n = len(self.types)
-        space: dict[str, Any] = {"cat": cat}
+        space: dict[str, Any] = {"cat": cat, "type_code": n}
         if cat in LAUNCH_CATS:
             fields = self.launch_fields
         elif cat in self.skip:
-            fields, space = [], {"cat": cat, "ph": None, "name": ""}
+            fields, space = [], {"cat": cat, "type_code": n, "ph": None, "name": ""}
         else:
             fields = self.read_fields
         self.types[cat] = msgspec.defstruct(
@@ -284,11 +285,10 @@ class ColumnBuilder:
         ]
         self._decoder = msgspec.json.Decoder(list.__class_getitem__(self.event_type))
         self.tagged: _TaggedTypes | None = None
-        self.type_index: dict[type, int] = {}
-        """Struct type of a tagged decode -> its index in the three lists below."""
         self.type_cat: list[str] = []
         self.type_kind: list[int] = []
-        """Per struct type: its category, and what becomes of its events (``_kind``)."""
+        """Per struct type of the tagged decode (by its ``type_code``, the order they were made
+        in): its category, and what becomes of its events (``_kind``)."""
         self.type_cat_code: list[int] = []
         """Per struct type: its category's code in ``cats`` (-1 until an event is kept)."""
         """Decoder by category (decided with ``relevant``); None: the untagged struct only."""
@@ -364,9 +364,10 @@ class ColumnBuilder:
         """Name codes and (pid, tid) pair codes (pid code << 32 | tid code) of the events: one
         lookup of the (name, pid, tid) triple an event, each part coded only for a new one
         (names in order of first appearance, as ``_codes`` codes them)."""
-        keys = list(map(_NAME_PID_TID, events))
         try:
-            idx = np.fromiter(map(self.triples.get, keys, _MISSING), np.int64, len(keys))
+            idx = np.fromiter(
+                map(self.triples.get, map(_NAME_PID_TID, events), _MISSING), np.int64, len(events)
+            )
         except TypeError:  # an unhashable name, pid or tid: each coded apart
             names = self._codes(self.names, events, "name", self.name_bits)
             pairs = self._codes(self.pids, events, "pid", None)
@@ -374,10 +375,11 @@ class ColumnBuilder:
             pairs |= self._codes(self.tids, events, "tid", None)
             return names, pairs
         for i in np.flatnonzero(idx < 0).tolist():
-            j = self.triples.get(keys[i], -1)
+            key = _NAME_PID_TID(events[i])
+            j = self.triples.get(key, -1)
             if j < 0:
-                name, pid, tid = keys[i]
-                j = self.triples[keys[i]] = len(self.triple_name)
+                name, pid, tid = key
+                j = self.triples[key] = len(self.triple_name)
                 self.triple_name.append(self._code(self.names, name, self.name_bits))
                 self.triple_pair.append(self._pair(pid, tid))
             idx[i] = j
@@ -411,19 +413,14 @@ class ColumnBuilder:
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
     def _type_codes(self, chunk: list[Any]) -> npt.NDArray[np.intp]:
-        """Index of each event's struct type (tagged by category) in the type tables."""
-        index = self.type_index
-        try:
-            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
-        except KeyError:  # a type not met before: its category decides what it is
-            for struct in dict.fromkeys(map(type, chunk)):
-                if struct not in index:
-                    cat: str = getattr(struct, "cat")  # noqa: B009  # the tag, a class attribute
-                    index[struct] = len(self.type_cat)
-                    self.type_cat.append(cat)
-                    self.type_kind.append(self._kind(cat))
-                    self.type_cat_code.append(-1)
-            return np.fromiter(map(index.__getitem__, map(type, chunk)), np.intp, len(chunk))
+        """Index of each event's struct type (tagged by category) in the type tables: its
+        ``type_code``, a class attribute (no lookup by type an event)."""
+        assert self.tagged is not None  # only tagged chunks have type codes
+        for cat in list(self.tagged.types)[len(self.type_cat) :]:  # types made since (learn)
+            self.type_cat.append(cat)
+            self.type_kind.append(self._kind(cat))
+            self.type_cat_code.append(-1)
+        return np.fromiter(map(_TYPE_CODE, chunk), np.intp, len(chunk))
 
     def _kind(self, cat: str) -> int:
         """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
@@ -445,13 +442,22 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-        where = np.flatnonzero(keep)
-        kept = list(compress(chunk, keep.tolist()))
-        is_x = np.fromiter(map(_IS_X, map(_GET["ph"], kept)), bool, len(kept))
-        launch = kind[where] == _LAUNCH
-        events = is_x & ~launch
-        launches = list(compress(kept, (is_x & launch).tolist())) if launch.any() else []
-        return launches, list(compress(kept, events.tolist())), types[where[events]]
+        if keep.all():  # the usual chunk: no event of it dropped for its category or name
+            kept = chunk
+        else:
+            where = np.flatnonzero(keep)
+            kept = list(compress(chunk, keep.tolist()))
+            kind, types = kind[where], types[where]
+        phs = list(map(_GET["ph"], kept))
+        launch = kind == _LAUNCH
+        if phs.count("X") == len(phs):  # every one a complete event (list.count runs in C)
+            events, launch_x = ~launch, launch
+        else:
+            is_x = np.fromiter(map(_IS_X, phs), bool, len(phs))
+            events, launch_x = is_x & ~launch, is_x & launch
+        launches = list(compress(kept, launch_x.tolist())) if launch_x.any() else []
+        xs = kept if events.all() else list(compress(kept, events.tolist()))
+        return launches, xs, types[events]
 
     def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """Category codes of events by their struct type index, new categories coded in order
@@ -513,18 +519,22 @@ class ColumnBuilder:
         for field in self.has_fields:  # getattr of None, or of a launch's args: UNSET too
             has = map(is_not, map(getattr, args, repeat(field), repeat(UNSET)), repeat(UNSET))
             keep.update(compress(range(len(args)), has))
-        for i in sorted(keep):
-            a = args[i]
-            if a is None or len(a.__struct_fields__) == 1:  # none, or a launch's correlation only
-                continue
-            # The kept keys (UNSET ones left out), undecoded JSON (RAW_ARG_KEYS) decoded now.
-            kept = to_builtins(a, enc_hook=_value)
-            del kept["correlation"]
-            if kept:
-                self.args[base + i] = kept
+        if keep:
+            self._keep_args(args, sorted(keep), base)
         if len(self.ts_us) >= BLOCK_EVENTS:
             self._flush()
         return len(chunk)
+
+    def _keep_args(self, args: list[Any], where: list[int], base: int) -> None:
+        """Keep the ``args`` at ``where`` (indices in the chunk; ``base``: the chunk's first
+        event) as dicts of their kept keys: UNSET ones left out, undecoded JSON (RAW_ARG_KEYS)
+        decoded now, and none where no key is left (a launch's args hold the correlation only).
+        One ``to_builtins`` of them all; every pass iterated in C."""
+        held = list(map(args.__getitem__, where))
+        index = list(compress(map(base.__add__, where), held))  # structs are true, None is not
+        dicts = to_builtins(list(filter(None, held)), enc_hook=_value)
+        list(map(dict.pop, dicts, _CORR))
+        self.args.update(compress(zip(index, dicts, strict=True), dicts))  # {} is false
 
     def _add_launches(self, launches: list[Any]) -> None:
         """Append a chunk's launches to the launch columns (``launch_only``)."""

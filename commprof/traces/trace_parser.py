@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import contains
+from operator import contains, is_
 from pathlib import Path
 from typing import Any
 
@@ -208,12 +208,20 @@ def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[A
     return list(map(dict.get, args, repeat(key), repeat(default)))
 
 
+def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list[Any]]:
+    """Codes of hashable values in order of first appearance, and the distinct values (TypeError
+    if one is unhashable): one pass in C, each value ``setdefault`` with the count so far."""
+    code: dict[Any, int] = {}
+    codes: npt.NDArray[Any] = np.fromiter(
+        map(code.setdefault, values, map(len, repeat(code))), dtype, len(values)
+    )
+    return codes, list(code)
+
+
 def _category(values: list[str]) -> pd.Categorical:
     """A column of few distinct strings, from their codes: one string object per distinct
     value (a string column of a million collectives costs a pyarrow string each)."""
-    distinct = list(dict.fromkeys(values))
-    code = {v: i for i, v in enumerate(distinct)}
-    codes = np.fromiter(map(code.__getitem__, values), np.int32, len(values))
+    codes, distinct = _first_codes(values, np.int32)
     return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
 
 
@@ -234,10 +242,10 @@ def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionAr
     nelems = _values(merged, "In msg nelems")
     dtypes = _values(merged, "dtype")
     try:
-        size_of = {d: _dtype_bytes(d) for d in set(dtypes)}
+        dtype_code, distinct = _first_codes(dtypes, np.intp)
     except TypeError:  # an unhashable dtype
         return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
-    sizes = list(map(size_of.__getitem__, dtypes))
+    size_of = {d: _dtype_bytes(d) for d in distinct}
     if set(map(type, nelems)) == {int} and None not in size_of.values():
         # the usual case, at once in numpy: every row an integer count of a known dtype
         try:
@@ -245,7 +253,9 @@ def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionAr
         except OverflowError:
             n = None
         if n is not None and ((n > -(2**40)) & (n < 2**40)).all():
-            return pd.arrays.IntegerArray(n * np.array(sizes, np.int64), np.zeros(n.size, bool))
+            size = np.array(list(size_of.values()), np.int64)[dtype_code]
+            return pd.arrays.IntegerArray(n * size, np.zeros(n.size, bool))
+    sizes = list(map(size_of.__getitem__, dtypes))
     ok = [
         type(n) is int and z is not None and abs(n) < 2**40
         for n, z in zip(nelems, sizes, strict=True)
@@ -489,7 +499,7 @@ def _collectives(
 def _seq(merged: list[dict[str, Any]]) -> list[Any]:
     """``Seq`` of each row, else its ``seq_num`` (older PyTorch)."""
     seq = _values(merged, "Seq")
-    for i in [i for i, v in enumerate(seq) if v is None]:
+    for i in list(compress(range(len(seq)), map(is_, seq, repeat(None)))):
         seq[i] = merged[i].get("Seq", merged[i].get("seq_num"))
     return seq
 
@@ -521,8 +531,9 @@ def _type_one(
 
 def _factorized(values: list[Any]) -> npt.NDArray[np.int64]:
     """Codes of hashable values in order of first appearance (TypeError if one is not)."""
-    code = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(code.__getitem__, values), np.int64, len(values))
+    if values and hash(values[0]) is not None and values.count(values[0]) == len(values):
+        return np.zeros(len(values), np.int64)  # one value all through (list.count runs in C)
+    return _first_codes(values, np.int64)[0]
 
 
 def _combined(columns: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:

@@ -33,6 +33,8 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 
+from commprof.traces.gunzip import GunzipReader
+
 CHUNK_BYTES = 1 << 18
 """Bytes of JSON text decoded per chunk (256 KiB): a chunk's structs stay in the CPU's cache
 through the reader's passes over them; smaller chunks cost a fixed time each."""
@@ -227,7 +229,7 @@ def _open_bytes(path: Path) -> tuple[BinaryIO, bool]:
     with open(path, "rb") as fh:
         is_gzip = fh.read(2) == b"\x1f\x8b"
     if is_gzip:
-        return gzip.open(path, "rb"), True  # type: ignore[return-value]
+        return GunzipReader(path), True  # type: ignore[return-value]  # read and closed only
     return open(path, "rb"), False  # closed by the caller
 
 
