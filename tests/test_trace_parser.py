@@ -715,3 +715,19 @@ def test_raw_control_characters_in_names_are_read_leniently_and_noted(
             parse_trace(path, regime="cpu-gloo", chunk_bytes=chunk_bytes)
         at = int(str(info.value).rpartition("at byte ")[2].rstrip(")"))
         assert bad.encode().index(marker.encode()) <= at <= bad.encode().index(marker.encode()) + 1
+
+
+def test_an_event_without_ph_is_no_complete_event_on_either_path(tmp_path: Path) -> None:
+    # an event of a kept category without 'ph' (or with a non-string one) is skipped as the
+    # dict path skips it; the file path used to count it complete ('"X".__eq__' of None is
+    # NotImplemented, which is true)
+    ops = [x(f"op{i}", "cpu_op", 10 + i, 1) for i in range(4)]
+    ops[1].pop("ph")
+    ops[2]["ph"] = None
+    events = [step(0, 5, 100), *ops]
+    path = tmp_path / "noph.json"
+    path.write_text(json.dumps(trace(events)))
+    for source in (trace(events), path):
+        cols = read_columns(source, RULES.values())
+        kept = [cols.names[c] for c in cols.name_code]
+        assert "op0" in kept and "op3" in kept and "op1" not in kept and "op2" not in kept

@@ -33,8 +33,9 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from itertools import compress, repeat
-from operator import attrgetter, is_not, not_
+from operator import attrgetter, eq, is_not, not_
 from pathlib import Path
 from typing import Any, Union
 
@@ -123,7 +124,9 @@ _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur
 _NAME_PID_TID = attrgetter("name", "pid", "tid")
 _TYPE_CODE = attrgetter("type_code")
 _ARGS_CORR = attrgetter("args.correlation")
-_IS_X = "X".__eq__
+_IS_X = partial(eq, "X")
+"""Whether a ph is "X": False for a missing or non-string one (``"X".__eq__`` gives
+NotImplemented there, which is true)."""
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
 _DROP, _KEEP, _LAUNCH, _BY_NAME = 0, 1, 2, 3
 """What becomes of the events of a category: dropped, kept, kept as launches, kept where
