@@ -220,16 +220,17 @@ def test_estimate_on_a_cluster_gives_the_communication_interval(
 
 
 def test_estimate_picks_the_run_of_a_multi_run_log(capsys: pytest.CaptureFixture[str]) -> None:
-    # five runs in one file (all_reduce first): refused without --run, listing them; --run 1
-    # calibrates on its all_reduce; another collective's run is refused, naming --run
+    # five runs in one file (all_reduce first): without --run, estimate calibrates on its one
+    # all_reduce run (the other collectives set aside), as --run 1 does; another collective's
+    # run is refused, naming --run
     log = str(DATA / "h100-cluster01/five_collectives_p8_n1.txt")
     argv = ["estimate", "--model", "srn-1m", "--world-size", "16", "--cluster", "dgx-h100"]
-    assert main([*argv, "--nccl-tests", log]) == 2
-    err = capsys.readouterr().err
-    assert "holds 5 runs" in err and "--run K" in err and "all_gather" in err
+    assert main([*argv, "--nccl-tests", log, "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
     assert main([*argv, "--nccl-tests", log, "--run", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "the calibration's residuals" in doc["communication_interval"]["basis"]
+    assert chosen == doc
     assert main([*argv, "--nccl-tests", log, "--run", "2"]) == 2
     assert "not all_reduce; pick the all_reduce run with --run K" in capsys.readouterr().err
     assert main([*argv, "--run", "1"]) == 2
