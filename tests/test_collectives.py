@@ -104,6 +104,7 @@ def test_collectives_bus_factors_and_sizes() -> None:
 
 GH200 = load_cluster("gh200-slingshot")
 OCI = load_cluster("oci-bm-gpu4.8")
+V100 = load_cluster("abci-v100")
 
 
 def test_search_gives_one_ring_channel_a_nic_at_the_speed_step_under_its_rate() -> None:
@@ -111,14 +112,16 @@ def test_search_gives_one_ring_channel_a_nic_at_the_speed_step_under_its_rate() 
     # not doubled (ncclTopoDupChannels needs bwIntra >= 25); the tree then raises bwIntra while
     # below 2 x 24 and 8 channels x bwIntra x 7/8 (each GPU forwards 7 of 8) fit 240 GB/s: 30
     graphs = search(A100, 2)
-    assert graphs.ring == Graph(num_channels=8, bw_intra_gbps=24.0, bw_inter_gbps=24.0)
+    ring = Graph(num_channels=8, bw_intra_gbps=24.0, bw_inter_gbps=24.0, same_channels=False)
+    assert graphs.ring == ring
     assert graphs.tree == Graph(num_channels=8, bw_intra_gbps=30.0, bw_inter_gbps=24.0)
     assert 8 * 48.0 * 7 / 8 > 300 * 0.8 >= 8 * 30.0 * 7 / 8
     assert graphs.runtime_channels == 16  # ncclTopoPostset doubles them
     # 16 NICs of 12.5 GB/s: 16 channels of 12 (MAXCHANNELS / 2), tree bwIntra 15 (16 x 18 x 7/8
     # = 252 > 240)
     oci = search(OCI, 2)
-    assert oci.ring == Graph(num_channels=16, bw_intra_gbps=12.0, bw_inter_gbps=12.0)
+    ring = Graph(num_channels=16, bw_intra_gbps=12.0, bw_inter_gbps=12.0, same_channels=False)
+    assert oci.ring == ring
     assert oci.tree == Graph(num_channels=16, bw_intra_gbps=15.0, bw_inter_gbps=12.0)
     # one A100 node: 6 channels of 40 fill 240 GB/s, doubled to 12 of 20
     assert search(A100, 1).ring == Graph(num_channels=12, bw_intra_gbps=20.0, bw_inter_gbps=20.0)
@@ -175,10 +178,14 @@ def test_nvls_heads_count_twice_on_their_links() -> None:
     assert table(H100, 32)[("nvls_tree", "Simple")][1] == pytest.approx(8 * 24 * 5 / 6)
 
 
-def test_broadcast_pays_one_hop_and_one_node_ll_a_third() -> None:
+def test_broadcast_pays_one_hop_with_same_channels_and_one_node_ll_a_third() -> None:
+    # one DGX A100 node: every channel one GPU order (NVSwitch), one NVLink hop
     lat, _ = table(A100, 8, "broadcast")[("ring", "Simple")]
     assert lat == pytest.approx(BASE_LAT_US["ring"][2] + HW_LAT_US["nvlink"]["ring"][2])
-    lat, _ = table(A100, 16, "broadcast")[("ring", "LL")]
+    # one NIC a node: replayed channels reach it, one network hop
+    one_nic = replace(A100, nics_per_node=1)
+    assert search(one_nic, 2).ring.same_channels
+    lat, _ = table(one_nic, 16, "broadcast")[("ring", "LL")]
     assert lat == pytest.approx(BASE_LAT_US["ring"][0] + HW_LAT_US["net"]["ring"][0])
     _, ag_ll = table(A100, 8, "all_gather")[("ring", "LL")]
     assert ag_ll == pytest.approx(min(87.7, 12 * 20 / 3.0) * 8 / 7)
@@ -212,3 +219,56 @@ def test_two_node_all_reduce_pays_its_channels_buffer_fill() -> None:
         == predict(A100, 16, [1 << 30], "all_gather", corrections=no_fill)[0]
     )  # all-reduce only: the logs that chose it are all-reduce logs
     assert no_fill == NO_CORRECTIONS
+
+
+def test_same_channels_where_one_gpu_order_carries_every_channel() -> None:
+    # search.cc: channels replaying channel 0's GPU order enter and leave a node at one GPU, so
+    # through its own NICs; NCCL keeps free channels where they carry more
+    assert search(A100, 1).ring.same_channels  # NVSwitch: any order has the whole link
+    # 8 NICs at 8 GPUs: one GPU's NIC carries 1 channel of 24 GB/s, the ring has 8
+    assert not search(A100, 2).ring.same_channels
+    assert not search(A100, 4).ring.same_channels
+    # ABCI V: 2 NICs of 12.5 GB/s for 4 GPUs: 2 channels of 12, one through a GPU's NIC
+    assert not search(V100, 2).ring.same_channels
+    # one V100 node (a mesh of 2 NVLinks a pair, 40 GB/s): pass 1 takes 3 channels of 40, one
+    # GPU order carries 40 / 40 = 1
+    assert not search(V100, 1).ring.same_channels
+    # one NIC a node: every channel goes through it whatever the order
+    assert search(replace(V100, nics_per_node=1), 2).ring.same_channels
+
+
+def test_broadcast_without_same_channels_pays_p_hops() -> None:
+    # tuning.cc lines 234 to 240: nsteps = p hops of hw[a] (the network past one node), Simple
+    # at the tree's 28 us
+    p = 16
+    tab = table(A100, p, "broadcast")
+    for proto, algo in (("LL", "ring"), ("LL128", "ring"), ("Simple", "tree")):
+        i = ("LL", "LL128", "Simple").index(proto)
+        expected = BASE_LAT_US["ring"][i] + p * HW_LAT_US["net"][algo][i]
+        assert tab[("ring", proto)][0] == pytest.approx(expected)
+    assert tab[("ring", "Simple")][0] == pytest.approx(8.4 + 16 * 28.0)
+    # the bytes on the wire are unchanged: algbw = busBw x p / p (nccl-tests: busbw = algbw)
+    assert tab[("ring", "Simple")][1] == pytest.approx(8 * 24.0)
+    # one node of a mesh: p NVLink hops
+    lat, _ = table(V100, 4, "broadcast")[("ring", "Simple")]
+    assert lat == pytest.approx(8.4 + 4 * 28.0)
+    lat, _ = table(V100, 4, "broadcast")[("ring", "LL")]
+    assert lat == pytest.approx(6.6 + 4 * 0.6)
+
+
+def test_broadcast_protocol_choice_moves_with_p() -> None:
+    # ABCI V without LL128: LL (bw 24 / 4 = 6 GB/s) against Simple (24 GB/s) crosses where
+    # 6.6 + 2.7 p + S / 6000 = 8.4 + 28 p + S / 24000 (us, bytes): S = (1.8 + 25.3 p) x 8000,
+    # 1.63 MB at 8 ranks, 6.49 MB at 32
+    v100 = replace(V100, ll128=False)
+    sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    for p, first_simple in ((8, 2 << 20), (32, 8 << 20)):
+        crossing = (1.8 + 25.3 * p) * 8000
+        assert sizes[sizes.index(first_simple) - 1] < crossing < first_simple
+        rows = predict(v100, p, sizes, "broadcast")
+        assert [r.protocol for r in rows] == [
+            "Simple" if s >= first_simple else "LL" for s in sizes
+        ]
+    (row,) = predict(v100, 32, [8 << 20], "broadcast")
+    assert row.time_us == pytest.approx(8.4 + 32 * 28.0 + (8 << 20) / 24000.0)
+    assert row.busbw_gbps == row.algbw_gbps

@@ -32,7 +32,9 @@ Latency (us) per algorithm, with ``intra``/``inter`` the hardware latencies ``HW
 link kind inside a node and of the network:
 
     ring:      base + (nsteps - nInter) * intra + nInter * inter,  nInter = 2N (all-reduce, N>1)
-    broadcast: base + one hop (a ring broadcast pipelines; lines 234 to 236)
+    broadcast: base + one hop where the ring graph keeps sameChannels, else base + nsteps hops
+               of the network (several nodes) or the node's link, Simple at the tree's hop
+               latency (a chunk's; lines 234 to 240; ``nccl_search.same_channels``)
     tree:      base + 2 ((g - 1) intra + log2(N) inter)            (latency grows with log N)
     NVLS:      intra (+ inter on several nodes);  NVLSTree: base + intra + 2 log2(N) inter
 
@@ -251,15 +253,24 @@ def bus_sides(algo: str, graphs: Graphs, cluster: Cluster, num_nodes: int) -> tu
 
 
 def latency_parts(
-    cluster: Cluster, world_size: int, collective: str, algorithm: str, protocol: str
+    cluster: Cluster,
+    world_size: int,
+    collective: str,
+    algorithm: str,
+    protocol: str,
+    *,
+    graphs: Graphs | None = None,
 ) -> tuple[float, float, float]:
     """An algorithm's latency (us) in NCCL's tuning model, as its three terms: ``baseLat``, the
     intra-node hops and the network hops (tuning.cc; module docstring, "Latency").
 
     Ring: ``nsteps - nInter`` intra hops (each at least the network post overhead on several
-    nodes) and ``nInter`` network hops; a ring broadcast one hop; tree ``2 (g - 1)`` intra and
-    ``2 floor(log2 N)`` network hops; NVLS one intra hop (and one network hop past one node);
-    NVLSTree one intra and ``2 floor(log2 N)`` network hops.
+    nodes) and ``nInter`` network hops; a ring broadcast one hop where the ring graph keeps
+    ``sameChannels``, else ``nsteps`` = p hops, every one a network hop on several nodes
+    (NCCL's ``hw[a]``) and an intra-node hop on one, Simple at the tree's hop latency; tree
+    ``2 (g - 1)`` intra and ``2 floor(log2 N)`` network hops; NVLS one intra hop (and one network
+    hop past one node); NVLSTree one intra and ``2 floor(log2 N)`` network hops. ``graphs``: the
+    search's graphs for this communicator where the caller has them (else searched here).
     """
     n = cluster.nodes_for(world_size)
     g = world_size // n
@@ -269,8 +280,15 @@ def latency_parts(
     inter_lat = HW_LAT_US["net"][algorithm][pi]
     base = BASE_LAT_US[algorithm][pi]
     if algorithm == "ring" and collective == "broadcast":
-        # lines 234 to 236: a broadcast pipelines, one hop's latency (sameChannels)
-        return (base, 0.0, inter_lat) if n > 1 else (base, intra_lat, 0.0)
+        # lines 234 to 240: one hop where every channel follows one GPU order (sameChannels);
+        # else nsteps hops of hw[a] (the network on several nodes, for every step), Simple at
+        # the tree's latency ("some chunk latency")
+        if (graphs or search(cluster, n)).ring.same_channels:
+            return (base, 0.0, inter_lat) if n > 1 else (base, intra_lat, 0.0)
+        nsteps, _ = _steps(collective, world_size, n)
+        kind = "net" if n > 1 else intra_kind
+        hop = HW_LAT_US[kind]["tree" if protocol == "Simple" else "ring"][pi]
+        return (base, 0.0, nsteps * hop) if n > 1 else (base, nsteps * hop, 0.0)
     if algorithm == "ring":
         nsteps, ninter = _steps(collective, world_size, n)
         if n > 1:
@@ -353,7 +371,7 @@ def table(
                     bus *= 0.85
             ratio = p / nsteps if algo == "ring" else 5.0 / 6.0 if algo.startswith("nvls") else 0.5
             algbw = bus * ratio
-            lat = sum(latency_parts(cluster, world_size, collective, algo, proto))
+            lat = sum(latency_parts(cluster, world_size, collective, algo, proto, graphs=graphs))
             out[(algo, proto)] = (lat, algbw)
     if not out:
         raise ValueError(

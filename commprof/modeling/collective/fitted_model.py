@@ -95,7 +95,9 @@ def fitted_table(
         intra, net = _physical_sides(algo, graphs, cluster, n)
         s_intra = fit.nvls_bw if algo.startswith("nvls") else fit.intra_bw
         ratio = _softmin(intra * s_intra, net * net_bw) / _softmin(intra, net)
-        base, hops_intra, hops_net = latency_parts(cluster, world_size, collective, algo, proto)
+        base, hops_intra, hops_net = latency_parts(
+            cluster, world_size, collective, algo, proto, graphs=graphs
+        )
         lat = base * fit.base_lat + hops_intra * fit.intra_lat + hops_net * net_lat
         out[(algo, proto)] = (lat, algbw * ratio * (fit.ll128_bw if proto == "LL128" else 1.0))
     return out

@@ -25,7 +25,9 @@ The search, as emulated here (``ncclTopoCompute``, search.cc lines 849 to 1033):
    lowers the speed while the next one is above 0.49 of the best found (line 980).
 3. ``ncclTopoDupChannels`` (lines 824 to 837) doubles the channels at half the speed when
    ``bwIntra >= 25`` (not on sm90 below 50 GB/s with more than 4 channels).
-4. Pass 2 (lines 1003 to 1019) raises a ring's speed while it still fits, a tree's ``bwIntra``
+4. Pass 1 also decides ``sameChannels`` (:func:`same_channels`): channels replaying one GPU order
+   first, channels free of it kept where they carry more (lines 940 to 946).
+5. Pass 2 (lines 1003 to 1019) raises a ring's speed while it still fits, a tree's ``bwIntra``
    while it is below twice ``bwInter`` (the two-node tree: the network carries half a ring's
    bytes), and NVLS's ``bwInter`` while below twice ``bwIntra``.
 
@@ -40,15 +42,15 @@ twice, so ``g`` heads fit where ``(g + 1) * s <= totalBw``. Rings may use at mos
 
 What it leaves out: the search's PCI paths (a GPU and its NICs are taken to sit under one PCIe
 switch, path PXB, so the NIC's rate, not PCIe, bounds ``maxBw``; that is also when NCCL enables
-LL128 across nodes); crossNic, sameChannels and timeouts (no effect on these symmetric
-topologies); RCCL's own search (AMD meshes are searched as NCCL would).
+LL128 across nodes); crossNic and timeouts (no effect on these symmetric topologies); RCCL's own
+search (AMD meshes are searched as NCCL would).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from commprof.modeling.collective.clusters import Cluster
 
@@ -82,6 +84,10 @@ class Graph:
     """``bwIntra``: GB/s a channel carries inside a node."""
     bw_inter_gbps: float
     """``bwInter``: GB/s a channel carries on the network (equal to ``bwIntra`` on one node)."""
+    same_channels: bool = True
+    """``sameChannels``: every channel follows channel 0's GPU order (:func:`same_channels`; a
+    ring broadcast's latency in the tuning model depends on it). Decided for the ring graph, the
+    one the tuning reads it from; True on the others."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,6 +152,36 @@ def _chain_channels(
             return 0
         out = min(out, cluster.nics_per_node * _fit(cluster.nic_bytes_per_s / 1e9, inter_gbps))
     return out
+
+
+def same_channels(cluster: Cluster, multi_node: bool, num_channels: int, speed_gbps: float) -> bool:
+    """Whether the ring graph pass 1 found keeps ``sameChannels`` (search.cc lines 861 to 946).
+
+    The search first asks every channel to replay channel 0's GPU order (``FORCED_ORDER_REPLAY``,
+    lines 578 to 584), then, unless that was already as fast as a GPU's links, searches again
+    with each channel free (``sameChannels = 0``) and keeps that graph where it carries more
+    (``ncclTopoCompareGraphs``: strictly more ``nChannels * bw``). Replayed channels enter and
+    leave a node at the same GPU, so through the NICs local to that GPU only (every NIC where a
+    node has one GPU, ``nics / g`` where NICs are spread evenly, else one); on one node an
+    NVLink or xGMI mesh gives one GPU order one peer's links (``_path_max_gbps``) where an
+    NVSwitch or PCIe gives every order the whole link.
+
+    Args:
+        cluster: The topology.
+        multi_node: Several nodes (channels through the NICs).
+        num_channels: The ring's channels after pass 1 (before ``ncclTopoDupChannels``).
+        speed_gbps: Their speed.
+
+    Returns:
+        True where channels replaying one order carry as many channels at that speed.
+    """
+    g = cluster.gpus_per_node
+    if multi_node:
+        local = cluster.nics_per_node if g == 1 else max(1, cluster.nics_per_node // g)
+        return num_channels <= local * _fit(cluster.nic_bytes_per_s / 1e9, speed_gbps)
+    if cluster.intra_fabric in ("nvlink-mesh", "xgmi-mesh") and g > 2:
+        return num_channels <= _fit(_path_max_gbps(cluster, False), speed_gbps)
+    return True
 
 
 def _first_index(speeds: Sequence[float], max_gbps: float, total_gbps: float, min_ch: int) -> int:
@@ -219,9 +255,10 @@ def search(cluster: Cluster, num_nodes: int) -> Graphs:
             f"cluster {cluster.name!r}: NCCL's search finds no ring at {num_nodes} node(s); "
             "check intra_bytes_per_s, nic_bytes_per_s and net_efficiency"
         )
+    same = same_channels(cluster, multi, n, s)
     n, s = _dup(n, s, MAX_RING_CHANNELS, sm90)
     s = _raise(speeds, s, lambda v: ring_at(v) >= n, lambda v: False)
-    ring = Graph(num_channels=n, bw_intra_gbps=s, bw_inter_gbps=s)
+    ring = Graph(num_channels=n, bw_intra_gbps=s, bw_inter_gbps=s, same_channels=same)
 
     # Tree (init.cc: min = max = the ring's channels). Pass 1 at one speed for both sides, then
     # bwIntra alone is raised while below twice bwInter (and the NVLinks carry it).
@@ -243,8 +280,7 @@ def search(cluster: Cluster, num_nodes: int) -> Graphs:
     nvls = _nvls(cluster, num_nodes, speeds, total, max_bw) if _has_nvls(cluster) else None
 
     if cluster.num_channels is not None:
-        ring = Graph(num_channels=cluster.num_channels, bw_intra_gbps=ring.bw_intra_gbps,
-                     bw_inter_gbps=ring.bw_inter_gbps)  # fmt: skip
+        ring = replace(ring, num_channels=cluster.num_channels)
         tree = Graph(num_channels=cluster.num_channels, bw_intra_gbps=tree.bw_intra_gbps,
                      bw_inter_gbps=tree.bw_inter_gbps)  # fmt: skip
     runtime = min(MAXCHANNELS, 2 * min(ring.num_channels, tree.num_channels))
