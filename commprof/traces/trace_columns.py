@@ -57,11 +57,14 @@ from commprof.traces.trace_rules import (
     LAUNCH_CATS,
     MAX_EVENT_DURATION_US,
     MAX_TS_US,
+    PYTHON_COMM_PATTERN,
+    PYTHON_FUNCTION_CAT,
     RAW_ARG_KEYS,
     SKIP_CATS,
     RuleTable,
     needed_cats,
     needed_names,
+    reads_python_functions,
     tables_for_meta,
 )
 
@@ -128,9 +131,9 @@ _IS_X = partial(eq, "X")
 """Whether a ph is "X": False for a missing or non-string one (``"X".__eq__`` gives
 NotImplemented there, which is true)."""
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
-_DROP, _KEEP, _LAUNCH, _BY_NAME = 0, 1, 2, 3
+_DROP, _KEEP, _LAUNCH, _BY_NAME, _PYTHON = 0, 1, 2, 3, 4
 """What becomes of the events of a category: dropped, kept, kept as launches, kept where
-their name is needed."""
+their name is needed, kept where their name is a communication library's Python function."""
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -194,14 +197,17 @@ def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
 
 class _TaggedTypes:
     """Structs tagged by ``cat``, one per category: the categories read (kept keys), launches
-    (correlation only) and the rest (a bare tag: no name, no args decoded).
+    (correlation only), Python frames (``python_names``: the name only, until a chunk holds a
+    communication library's, :meth:`read_python`) and the rest (a bare tag: no name, no args).
 
     msgspec picks the struct by the ``cat`` value wherever it stands in the object; the
     category is a class attribute, so ``e.cat`` reads as with the untagged struct. A category
     not yet known fails the chunk; it is added (as read) and the chunk decoded again.
     """
 
-    def __init__(self, kept_keys: tuple[str, ...], skip: frozenset[str]) -> None:
+    def __init__(
+        self, kept_keys: tuple[str, ...], skip: frozenset[str], python_names: bool = False
+    ) -> None:
         nan = float("nan")
         kept_args, launch_args = _args_type("Args", kept_keys), _args_type("LaunchArgs", ())
         self.read_fields = [("ph", Any, None), ("name", Any, ""), ("pid", Any, None),
@@ -209,9 +215,12 @@ class _TaggedTypes:
                             ("args", kept_args | None, None)]  # fmt: skip
         self.launch_fields = [*self.read_fields[:-1], ("args", launch_args | None, None)]
         self.skip = skip
+        self.python_names = python_names
+        """Python frames are decoded as their name only (no event of them kept yet)."""
         self.types: dict[str, type[msgspec.Struct]] = {}
-        for cat in LAUNCH_CATS | skip:
+        for cat in LAUNCH_CATS | skip | ({PYTHON_FUNCTION_CAT} if python_names else set()):
             self.add(cat)
+        self.num_known = len(self.types)
         self.decoder = self._decoder()
 
     def add(self, cat: str) -> None:
@@ -222,11 +231,23 @@ class _TaggedTypes:
             fields = self.launch_fields
         elif cat in self.skip:
             fields, space = [], {"cat": cat, "type_code": n, "ph": None, "name": ""}
+        elif cat == PYTHON_FUNCTION_CAT and self.python_names:
+            fields, space = [("name", Any, "")], {"cat": cat, "type_code": n, "ph": None}
         else:
             fields = self.read_fields
         self.types[cat] = msgspec.defstruct(
             f"Cat{n}", fields, tag_field="cat", tag=cat, namespace=space, gc=False
         )
+
+    def read_python(self) -> None:
+        """Decode Python frames whole from now on (their struct keeps its type code)."""
+        self.python_names = False
+        code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
+        self.types[PYTHON_FUNCTION_CAT] = msgspec.defstruct(
+            f"Cat{code}", self.read_fields, tag_field="cat", tag=PYTHON_FUNCTION_CAT,
+            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code}, gc=False,
+        )  # fmt: skip
+        self.decoder = self._decoder()
 
     def _decoder(self) -> msgspec.json.Decoder[Any]:
         union: Any = Union[tuple(self.types.values())]  # noqa: UP007  # a runtime tuple of types
@@ -235,7 +256,7 @@ class _TaggedTypes:
     def learn(self, error: msgspec.ValidationError) -> bool:
         """Add the unknown category the error names; False if it names none (or too many)."""
         match = _BAD_CAT.match(str(error))
-        if match is None or len(self.types) >= len(LAUNCH_CATS | self.skip) + MAX_LEARNED_CATS:
+        if match is None or len(self.types) >= self.num_known + MAX_LEARNED_CATS:
             return False
         self.add(match.group(1))
         self.decoder = self._decoder()
@@ -266,6 +287,15 @@ class ColumnBuilder:
         self.name_needed: dict[Any, bool] = {}
         """Name -> whether ``needed_names`` matches it, for the names of other categories."""
         self.comm_op = re.compile(COMM_OP_PATTERN)
+        self.read_python = False
+        """Python frames are read for their names (decided with ``relevant``): those of a
+        communication library are kept (``trace_rules.PYTHON_COMM_PATTERN``), the rest dropped."""
+        self.python_rx = re.compile(PYTHON_COMM_PATTERN)
+        self.python_needed: dict[Any, bool] = {}
+        """Name -> whether a Python frame of that name is kept (``python_rx`` matches it)."""
+        self.data = b""
+        """The text of the last chunk the tagged decoder took (decoded again where a Python
+        frame decoded by name only turns out to be needed)."""
         self.decided = False
         self.skip_cats: frozenset[str] = frozenset()
         """Categories read as a bare tag and dropped (``trace_rules.SKIP_CATS``)."""
@@ -334,7 +364,9 @@ class ColumnBuilder:
             self._decide()
         while self.tagged is not None:
             try:
-                return self.tagged.decoder.decode(data)  # type: ignore[no-any-return]
+                chunk: list[Any] = self.tagged.decoder.decode(data)
+                self.data = data
+                return chunk
             except msgspec.ValidationError as exc:
                 if self.tagged.learn(exc):
                     continue
@@ -408,10 +440,16 @@ class ColumnBuilder:
         )  # TypeError: unhashable
         others = np.flatnonzero(~in_rel)
         if others.size:
-            names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
+            evs = list(map(chunk.__getitem__, others.tolist()))
+            names = list(map(_GET["name"], evs))
             for name in set(names).difference(self.name_needed):
                 self.name_needed[name] = self._name_needed(name)
             in_rel[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+            python = [cat == PYTHON_FUNCTION_CAT for cat in map(_GET["cat"], evs)]
+            if any(python):  # judged by PYTHON_COMM_PATTERN alone, as the tagged chunks are
+                in_rel[others[python]] = [
+                    self.read_python and self._python_needed(n) for n in compress(names, python)
+                ]
         kept = list(compress(chunk, in_rel.tolist()))
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
@@ -429,6 +467,8 @@ class ColumnBuilder:
         """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
         if self.relevant is None or cat in self.relevant:
             return _LAUNCH if self.launch_only and cat in LAUNCH_CATS else _KEEP
+        if cat == PYTHON_FUNCTION_CAT and self.read_python:
+            return _PYTHON
         # A skipped category's struct is a bare tag (no ph): never a complete event.
         return _DROP if cat in self.skip_cats else _BY_NAME
 
@@ -445,6 +485,14 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+        python = kind == _PYTHON
+        if python.any():
+            needed = self._python_kept(chunk, python)
+            assert self.tagged is not None  # a tagged chunk
+            if needed.any() and self.tagged.python_names:  # decoded by name only: again, whole
+                self.tagged.read_python()
+                return self._kept_tagged(self.tagged.decoder.decode(self.data))
+            keep[python] = needed
         if keep.all():  # the usual chunk: no event of it dropped for its category or name
             kept = chunk
         else:
@@ -461,6 +509,31 @@ class ColumnBuilder:
         launches = list(compress(kept, launch_x.tolist())) if launch_x.any() else []
         xs = kept if events.all() else list(compress(kept, events.tolist()))
         return launches, xs, types[events]
+
+    def _python_kept(self, chunk: list[Any], python: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Whether each Python frame (``python``: where the chunk's are) is a communication
+        library's: one dict lookup a frame, each new name matched once."""
+        frames = partial(compress, chunk, python.tolist())
+        try:
+            return np.fromiter(
+                map(self.python_needed.__getitem__, map(_GET["name"], frames())),
+                bool, int(python.sum()),
+            )  # fmt: skip
+        except KeyError:  # new names (TypeError: unhashable, as for _BY_NAME)
+            names = list(map(_GET["name"], frames()))
+            for name in set(names).difference(self.python_needed):
+                self.python_needed[name] = self._python_needed(name)
+            return np.fromiter(map(self.python_needed.__getitem__, names), bool, len(names))
+
+    def _python_needed(self, name: Any) -> bool:
+        """Whether a Python frame named ``name`` is kept (``PYTHON_COMM_PATTERN``)."""
+        try:
+            return self.python_needed[name]
+        except KeyError:
+            needed = self.python_needed[name] = self.python_rx.match(str(name)) is not None
+            return needed
+        except TypeError:  # unhashable: no Python frame's name
+            return False
 
     def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """Category codes of events by their struct type index, new categories coded in order
@@ -492,6 +565,9 @@ class ColumnBuilder:
             else:
                 xs = self._kept(chunk)
         except TypeError:  # an unhashable category or name: take the events one by one
+            if self.tagged is not None and self.tagged.python_names:  # Python frames whole
+                self.tagged.read_python()
+                chunk = self.tagged.decoder.decode(self.data)
             for e in chunk:
                 self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
             return len(chunk)
@@ -560,8 +636,13 @@ class ColumnBuilder:
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
         if self.relevant is not None:
+            self.read_python = (
+                reads_python_functions(tables) and PYTHON_FUNCTION_CAT not in self.relevant
+            )
             self.skip_cats = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
-            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats)
+            if self.read_python:
+                self.skip_cats -= {PYTHON_FUNCTION_CAT}
+            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats, self.read_python)
         self.decided = True
 
     def _name_needed(self, name: Any) -> bool:
@@ -638,8 +719,12 @@ class ColumnBuilder:
         if self.relevant is not None:
             cat = e.get("cat")
             if type(cat) is not str or cat not in self.relevant:
-                skipped = type(cat) is str and cat in self.skip_cats
-                if skipped or not self._name_needed(e.get("name", "")):
+                if cat == PYTHON_FUNCTION_CAT:
+                    if not (self.read_python and self._python_needed(e.get("name", ""))):
+                        return
+                elif (type(cat) is str and cat in self.skip_cats) or not self._name_needed(
+                    e.get("name", "")
+                ):
                     return
             if self.launch_only and _is_launch(cat):
                 a = e.get("args")
