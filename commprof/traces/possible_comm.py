@@ -60,10 +60,30 @@ COMPUTE_NAMESPACES = re.compile(
 )
 """Namespaces and prefixes of compute libraries (PyTorch's ATen, CUTLASS, cuBLAS, cuDNN,
 Triton, FlashAttention, GEMMs, MoE routing helpers): their kernels are compute whatever
-their names say."""
+their names say. Searched in a kernel's name without its template arguments and parameters
+(:func:`outer_name`): ``c10::BFloat16`` there is a type, not the kernel's library."""
 COLUMNS = ("name", "num_events", "time_ns", "why", "rule_line")
 RANGE_COLUMNS = ("name", "num_ranges", "host_ns")
 """Columns of :func:`possible_ranges`: a range name, its ranges, their summed host time."""
+
+
+_PARENS, _ANGLES = re.compile(r"\([^()]*\)"), re.compile(r"<[^<>]*>")
+"""What :func:`outer_name` removes, innermost first: a parenthesised and an angle-bracketed
+part."""
+
+
+def outer_name(kernel_name: str) -> str:
+    """A kernel's name without what its parentheses and angle brackets hold (parameters,
+    template arguments): ``void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16,
+    16>(c10::BFloat16*)`` -> ``void anonymous_namespace::multimem_all_reduce_kernel``."""
+    text = kernel_name.replace("(anonymous namespace)", "anonymous_namespace")
+    for pattern in (_PARENS, _ANGLES):
+        while True:
+            shorter = pattern.sub("", text)
+            if shorter == text:
+                break
+            text = shorter
+    return text
 
 
 def looks_like_comm(kernel_name: str) -> bool:
@@ -167,7 +187,9 @@ def possible_comm(
     compute = CLASSES.index("compute")
     is_kernel = code_mask(cols.cat_code, [c == "kernel" for c in cols.cats])
     names = [str(n) for n in cols.names]
-    unclaimed = [comm.claim(n) is None and not COMPUTE_NAMESPACES.search(n) for n in names]
+    unclaimed = [
+        comm.claim(n) is None and not COMPUTE_NAMESPACES.search(outer_name(n)) for n in names
+    ]
     cand = np.flatnonzero(is_kernel & (targets == compute) & code_mask(cols.name_code, unclaimed))
     if not cand.size:
         return pd.DataFrame(columns=list(COLUMNS))

@@ -485,14 +485,15 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-        python = kind == _PYTHON
-        if python.any():
+        python = np.flatnonzero(kind == _PYTHON)
+        if python.size:
             needed = self._python_kept(chunk, python)
             assert self.tagged is not None  # a tagged chunk
-            if needed.any() and self.tagged.python_names:  # decoded by name only: again, whole
+            if needed is not None and self.tagged.python_names:  # decoded by name only: again
                 self.tagged.read_python()
                 return self._kept_tagged(self.tagged.decoder.decode(self.data))
-            keep[python] = needed
+            if needed is not None:
+                keep[python] = needed
         if keep.all():  # the usual chunk: no event of it dropped for its category or name
             kept = chunk
         else:
@@ -510,20 +511,28 @@ class ColumnBuilder:
         xs = kept if events.all() else list(compress(kept, events.tolist()))
         return launches, xs, types[events]
 
-    def _python_kept(self, chunk: list[Any], python: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-        """Whether each Python frame (``python``: where the chunk's are) is a communication
-        library's: one dict lookup a frame, each new name matched once."""
-        frames = partial(compress, chunk, python.tolist())
-        try:
-            return np.fromiter(
-                map(self.python_needed.__getitem__, map(_GET["name"], frames())),
-                bool, int(python.sum()),
-            )  # fmt: skip
-        except KeyError:  # new names (TypeError: unhashable, as for _BY_NAME)
-            names = list(map(_GET["name"], frames()))
-            for name in set(names).difference(self.python_needed):
-                self.python_needed[name] = self._python_needed(name)
-            return np.fromiter(map(self.python_needed.__getitem__, names), bool, len(names))
+    def _python_kept(
+        self, chunk: list[Any], python: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.bool_] | None:
+        """Whether each Python frame (``python``: the chunk's, by index) is a communication
+        library's; None where none is (the usual chunk). The chunk's names as a set (each frame's
+        name is a string of its own: this is the cost, a hash each), each new name matched once;
+        one lookup a frame only where one of them matches. Kineto writes the frames in one block,
+        so a chunk's frames are usually a slice of it."""
+        lo, hi = int(python[0]), int(python[-1]) + 1
+        if hi - lo == python.size:
+            frames = partial(chunk.__getitem__, slice(lo, hi))
+        else:
+            mask = np.zeros(hi - lo, bool)
+            mask[python - lo] = True
+            frames = partial(compress, chunk[lo:hi], mask.tolist())
+        names = set(map(_GET["name"], frames()))  # TypeError: unhashable, as for _BY_NAME
+        for name in names.difference(self.python_needed):
+            self.python_needed[name] = self._python_needed(name)
+        if not any(map(self.python_needed.__getitem__, names)):
+            return None
+        got = map(self.python_needed.__getitem__, map(_GET["name"], frames()))
+        return np.fromiter(got, bool, python.size)
 
     def _python_needed(self, name: Any) -> bool:
         """Whether a Python frame named ``name`` is kept (``PYTHON_COMM_PATTERN``)."""
