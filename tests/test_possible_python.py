@@ -188,6 +188,35 @@ def test_a_frame_after_chunks_of_other_frames_is_read_whole(
     assert [n for n in cols.names if str(n).endswith(".py(412): dispatch")] == [DEEPEP]
 
 
+def test_settled_names_decode_by_the_known_ones_and_a_new_name_still_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once chunks in a row bear no new frame name, frames are decoded against the known names
+    # (no string built); a chunk with another name (an object address, then DeepEP) fails that
+    # decoder and is read by name again: nothing is lost either way.
+    known: list[int] = []
+    know = trace_columns._TaggedTypes.know
+
+    def spy(self: Any, names: tuple[str, ...]) -> None:
+        known.append(len(names))
+        know(self, names)
+
+    monkeypatch.setattr(trace_columns._TaggedTypes, "know", spy)
+    address = x("<built-in method numel of Tensor object at 0x7f00aa>", "python_function", 1, 1)
+    events = [
+        *_many_frames(150), address, *_many_frames(150), x(DEEPEP, "python_function", 9000.0, 50),
+        *_launch(KERNEL, 9010.0, 9001), *_many_frames(30),
+    ]  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_trace(events)))
+    got = parse_trace(path, chunk_bytes=400)
+    assert known[:2] == [3, 4]  # the three compute frames; then with the address
+    assert_same_parse(got, parse_trace(_trace(events)))
+    assert _listed(got)[KERNEL]["why"] == f"1 launched inside {DEEPEP}"
+    bare = [e for e in events if e["cat"] != "python_function" or e["name"] == DEEPEP]
+    assert_same_parse(got, parse_trace(_trace(bare)))
+
+
 @pytest.mark.parametrize(
     ("name", "matched"),
     [

@@ -37,7 +37,7 @@ from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not, not_
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import msgspec
 import numpy as np
@@ -121,6 +121,10 @@ BLOCK_EVENTS = 1 << 16
 """Events taken at a time where a whole-trace temporary would cost several bytes an event: the
 events between conversions of their ts/dur to ns (``_flush``), the blocks of
 :func:`code_mask` and of ``trace_parser``'s launch search."""
+SETTLE_CHUNKS, SETTLE_BACKOFF = 2, 4
+"""Chunks in a row whose Python frames bear no new name before the known names decode them
+(``_TaggedTypes.know``), and the factor that number grows by each time a new name turns up:
+a trace whose frames keep bearing new names (object addresses) stays decoded by name."""
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
@@ -222,6 +226,10 @@ class _TaggedTypes:
             self.add(cat)
         self.num_known = len(self.types)
         self.decoder = self._decoder()
+        self.known_decoder: msgspec.json.Decoder[Any] | None = None
+        """The decoder once the Python frames' names have settled (:meth:`know`): a frame's name
+        is one of a ``Literal`` of names known to be no communication library's, so no string is
+        built and nothing is looked up; any other name (or category) fails the chunk."""
 
     def add(self, cat: str) -> None:
         """A struct for category ``cat`` (read unless it is a launch or skipped)."""
@@ -239,9 +247,22 @@ class _TaggedTypes:
             f"Cat{n}", fields, tag_field="cat", tag=cat, namespace=space, gc=False
         )
 
+    def know(self, names: tuple[str, ...]) -> None:
+        """Make ``known_decoder`` for Python frames named ``names`` only."""
+        code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
+        known = msgspec.defstruct(
+            f"Cat{code}", [("name", Literal.__getitem__(names), "")], tag_field="cat",
+            tag=PYTHON_FUNCTION_CAT,
+            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code, "ph": None}, gc=False,
+        )  # fmt: skip
+        types = [known if c == PYTHON_FUNCTION_CAT else t for c, t in self.types.items()]
+        union: Any = Union[tuple(types)]  # noqa: UP007  # a runtime tuple of types
+        self.known_decoder = msgspec.json.Decoder(list[union])
+
     def read_python(self) -> None:
         """Decode Python frames whole from now on (their struct keeps its type code)."""
         self.python_names = False
+        self.known_decoder = None
         code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
         self.types[PYTHON_FUNCTION_CAT] = msgspec.defstruct(
             f"Cat{code}", self.read_fields, tag_field="cat", tag=PYTHON_FUNCTION_CAT,
@@ -259,7 +280,7 @@ class _TaggedTypes:
         if match is None or len(self.types) >= self.num_known + MAX_LEARNED_CATS:
             return False
         self.add(match.group(1))
-        self.decoder = self._decoder()
+        self.decoder, self.known_decoder = self._decoder(), None
         return True
 
 
@@ -296,6 +317,10 @@ class ColumnBuilder:
         self.data = b""
         """The text of the last chunk the tagged decoder took (decoded again where a Python
         frame decoded by name only turns out to be needed)."""
+        self.known_chunk = False
+        """The last chunk was decoded by ``known_decoder``: its frames are none of them needed."""
+        self.num_settled, self.settle_chunks = 0, SETTLE_CHUNKS
+        """Chunks in a row whose frames bore no new name; how many make the names settled."""
         self.decided = False
         self.skip_cats: frozenset[str] = frozenset()
         """Categories read as a bare tag and dropped (``trace_rules.SKIP_CATS``)."""
@@ -362,9 +387,18 @@ class ColumnBuilder:
         every event, else plain values (a :class:`_PlainChunk`)."""
         if not self.decided:
             self._decide()
+        self.known_chunk = False
+        if self.tagged is not None and self.tagged.known_decoder is not None:
+            try:
+                chunk: list[Any] = self.tagged.known_decoder.decode(data)
+                self.data, self.known_chunk = data, True
+                return chunk
+            except msgspec.ValidationError:  # a new name: by name again, until they settle
+                self.tagged.known_decoder = None
+                self.settle_chunks *= SETTLE_BACKOFF
         while self.tagged is not None:
             try:
-                chunk: list[Any] = self.tagged.decoder.decode(data)
+                chunk = self.tagged.decoder.decode(data)
                 self.data = data
                 return chunk
             except msgspec.ValidationError as exc:
@@ -486,7 +520,7 @@ class ColumnBuilder:
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
         python = np.flatnonzero(kind == _PYTHON)
-        if python.size:
+        if python.size and not self.known_chunk:
             needed = self._python_kept(chunk, python)
             assert self.tagged is not None  # a tagged chunk
             if needed is not None and self.tagged.python_names:  # decoded by name only: again
@@ -527,12 +561,27 @@ class ColumnBuilder:
             mask[python - lo] = True
             frames = partial(compress, chunk[lo:hi], mask.tolist())
         names = set(map(_GET["name"], frames()))  # TypeError: unhashable, as for _BY_NAME
-        for name in names.difference(self.python_needed):
+        new = names.difference(self.python_needed)
+        for name in new:
             self.python_needed[name] = self._python_needed(name)
         if not any(map(self.python_needed.__getitem__, names)):
+            self._settle(bool(new))
             return None
         got = map(self.python_needed.__getitem__, map(_GET["name"], frames()))
         return np.fromiter(got, bool, python.size)
+
+    def _settle(self, new: bool) -> None:
+        """Count a chunk whose frames were none of them needed (``new``: some bore a new name);
+        once ``settle_chunks`` in a row bore none, decode by the known names
+        (``_TaggedTypes.know``; the names are those of no communication library so far)."""
+        self.num_settled = 0 if new else self.num_settled + 1
+        tagged = self.tagged
+        if tagged is None or tagged.known_decoder is not None or not tagged.python_names:
+            return
+        if self.num_settled >= self.settle_chunks:
+            names = tuple(self.python_needed)
+            if all(type(n) is str for n in names):
+                tagged.know(names)  # type: ignore[arg-type]  # checked: every name a str
 
     def _python_needed(self, name: Any) -> bool:
         """Whether a Python frame named ``name`` is kept (``PYTHON_COMM_PATTERN``)."""
