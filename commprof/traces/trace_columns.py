@@ -138,6 +138,7 @@ _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
 _DROP, _KEEP, _LAUNCH, _BY_NAME, _PYTHON = 0, 1, 2, 3, 4
 """What becomes of the events of a category: dropped, kept, kept as launches, kept where
 their name is needed, kept where their name is a communication library's Python function."""
+_NO_INDEX = np.empty(0, np.intp)
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -519,8 +520,8 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-        python = np.flatnonzero(kind == _PYTHON)
-        if python.size and not self.known_chunk:
+        python = _NO_INDEX if self.known_chunk else np.flatnonzero(kind == _PYTHON)
+        if python.size:
             needed = self._python_kept(chunk, python)
             assert self.tagged is not None  # a tagged chunk
             if needed is not None and self.tagged.python_names:  # decoded by name only: again
