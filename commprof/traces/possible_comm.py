@@ -3,9 +3,13 @@
 A GPU kernel that no communication rule claims (:mod:`commprof.traces.comm_rules`) counts as
 compute. Where it looks like communication it is listed with its time, why it looks so, and the
 entry to add to a rule file: its name holds a communication word (dispatch, combine, all-to-all,
-send, recv, notify, barrier, ...) outside the namespaces of known compute libraries, or its
-launch lies inside a host op of a communication library (``record_param_comms``, ``c10d::``,
-``nccl:``, a ``record_function`` range named after DeepEP, pplx, NVSHMEM, ...). Listing counts
+send, recv, notify, barrier, ...), or its launch lies (on its thread) inside a host op of a
+communication library (``record_param_comms``, ``c10d::``, ``nccl:``, a ``record_function``
+range named after DeepEP, pplx, NVSHMEM, ...) or inside a Python function of one
+(``python_function`` events of ``with_stack=True`` traces: ``deep_ep/buffer.py(412): dispatch``,
+vLLM's and SGLang's communicators, ``torch.distributed``'s collectives, ...;
+``trace_rules.PYTHON_COMM_PATTERN``), the innermost such function named. A kernel of a compute
+library (its namespace outside its template arguments) is never listed. Listing counts
 nothing: the step figures stay those of the rules, and the list says what they may be missing.
 
 Host ranges are listed apart (:func:`possible_ranges`): a ``user_annotation`` range named like

@@ -15,7 +15,8 @@ rule table may count as collectives or test with ``has_arg``. About 40 bytes an 
 about 1.5 KiB for the event as a Python dict, and no float column of the whole trace is ever
 alive. Only the events the candidate rule tables can use are kept (``trace_rules.needed_cats``
 and ``needed_names``: the tables' categories, and events of any category named like a
-communication-thread marker or, while the regime is to be detected, a comm kernel); where
+communication-thread marker or, while the regime is to be detected, a comm kernel, and the
+Python frames of communication libraries, read by name only until one turns up); where
 ``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
 correlation ids.
 

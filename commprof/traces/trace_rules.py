@@ -46,7 +46,9 @@ SKIP_CATS = frozenset({
     "mtia_ccp_events", "mtia_insight", "gpu_pm_counter", "collective_comm",
 })  # fmt: skip
 """Kineto categories that no built-in rule, window or launch check reads: decoded as a bare tag
-(no name, no args; docs/design.md, Reading traces) unless a rule table names one."""
+(no name, no args; docs/design.md, Reading traces) unless a rule table names one. Python frames
+(PYTHON_FUNCTION_CAT) are read by name where a table has communication rules
+(:func:`reads_python_functions`)."""
 COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
 """Names of the host ops that launch a collective (``record_param_comms`` with its metadata,
 ``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
