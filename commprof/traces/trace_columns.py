@@ -126,6 +126,9 @@ SETTLE_CHUNKS, SETTLE_BACKOFF = 2, 4
 """Chunks in a row whose Python frames bear no new name before the known names decode them
 (``_TaggedTypes.know``), and the factor that number grows by each time a new name turns up:
 a trace whose frames keep bearing new names (object addresses) stays decoded by name."""
+MAX_KNOWN_NAMES = 1 << 14
+"""Most frame names a ``Literal`` of known names holds (making one costs about a microsecond and a
+half a name); past it the frames stay decoded by name."""
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
@@ -575,13 +578,14 @@ class ColumnBuilder:
     def _settle(self, new: bool) -> None:
         """Count a chunk whose frames were none of them needed (``new``: some bore a new name);
         once ``settle_chunks`` in a row bore none, decode by the known names
-        (``_TaggedTypes.know``; the names are those of no communication library so far)."""
+        (``_TaggedTypes.know``: the names of no communication library; a frame of one, met in a
+        chunk read as plain values, fails that decoder and is read whole)."""
         self.num_settled = 0 if new else self.num_settled + 1
         tagged = self.tagged
         if tagged is None or tagged.known_decoder is not None or not tagged.python_names:
             return
-        if self.num_settled >= self.settle_chunks:
-            names = tuple(self.python_needed)
+        if self.num_settled >= self.settle_chunks and len(self.python_needed) <= MAX_KNOWN_NAMES:
+            names = tuple(n for n, needed in self.python_needed.items() if not needed)
             if all(type(n) is str for n in names):
                 tagged.know(names)  # type: ignore[arg-type]  # checked: every name a str
 
