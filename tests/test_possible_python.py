@@ -23,7 +23,7 @@ from commprof.cli import main
 from commprof.traces import trace_columns
 from commprof.traces.comm_rules import resolve_rules
 from commprof.traces.metrics import step_metrics
-from commprof.traces.possible_comm import rule_line
+from commprof.traces.possible_comm import COMPUTE_NAMESPACES, outer_name, rule_line
 from commprof.traces.trace_columns import read_columns
 from commprof.traces.trace_parser import RULES, parse_trace
 from commprof.traces.trace_rules import PYTHON_COMM_PATTERN
@@ -215,6 +215,27 @@ def test_settled_names_decode_by_the_known_ones_and_a_new_name_still_counts(
     assert _listed(got)[KERNEL]["why"] == f"1 launched inside {DEEPEP}"
     bare = [e for e in events if e["cat"] != "python_function" or e["name"] == DEEPEP]
     assert_same_parse(got, parse_trace(_trace(bare)))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "outer"),
+    [
+        ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>"
+         "(c10::BFloat16*, unsigned long)", "void anonymous_namespace::multimem_all_reduce_kernel"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+         "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>)",
+         "void at::native::vectorized_elementwise_kernel"),
+        ("std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type "
+         "vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*)",
+         "std::enable_if::type vllm::fused_add_rms_norm_kernel"),
+        ("nvjet_tst_64x64_64x16_2x1_v_bz_TNT", "nvjet_tst_64x64_64x16_2x1_v_bz_TNT"),
+    ],
+)  # fmt: skip
+def test_compute_namespaces_are_looked_for_outside_template_arguments(
+    kernel: str, outer: str
+) -> None:
+    assert outer_name(kernel) == outer
+    assert (COMPUTE_NAMESPACES.search(outer_name(kernel)) is not None) is ("at::" in outer)
 
 
 @pytest.mark.parametrize(

@@ -586,7 +586,7 @@ class ColumnBuilder:
             return
         if self.num_settled >= self.settle_chunks and len(self.python_needed) <= MAX_KNOWN_NAMES:
             names = tuple(n for n, needed in self.python_needed.items() if not needed)
-            if all(type(n) is str for n in names):
+            if names and all(type(n) is str for n in names):
                 tagged.know(names)  # type: ignore[arg-type]  # checked: every name a str
 
     def _python_needed(self, name: Any) -> bool:
