@@ -269,9 +269,9 @@ class _TaggedTypes:
         self.python_names = False
         self.known_decoder = None
         code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
-        self.types[PYTHON_FUNCTION_CAT] = msgspec.defstruct(
-            f"Cat{code}", self.read_fields, tag_field="cat", tag=PYTHON_FUNCTION_CAT,
-            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code}, gc=False,
+        self.types[PYTHON_FUNCTION_CAT] = msgspec.defstruct(  # no args: a frame's are its ids
+            f"Cat{code}", self.read_fields[:-1], tag_field="cat", tag=PYTHON_FUNCTION_CAT,
+            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code, "args": None}, gc=False,
         )  # fmt: skip
         self.decoder = self._decoder()
 
