@@ -596,8 +596,8 @@ def test_a_trace_without_distributed_info_keeps_only_the_events_its_rules_can_us
 ) -> None:
     # No distributedInfo: every regime's rules may apply, so the columns keep their
     # categories, the launches and step annotations, and events of any other category named
-    # like a gloo thread marker or a comm kernel; a python_function (a category no rule reads,
-    # trace_rules.SKIP_CATS) is dropped undecoded, whatever its name.
+    # like a gloo thread marker or a comm kernel; a python_function (a category no rule reads)
+    # is dropped whatever its name, unless a communication library's (test_possible_python.py).
     events = [
         step(0, 0, 100),
         x("gloo:all_reduce", "user_annotation", 10, 30, tid=2),  # communication

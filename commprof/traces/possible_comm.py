@@ -3,9 +3,13 @@
 A GPU kernel that no communication rule claims (:mod:`commprof.traces.comm_rules`) counts as
 compute. Where it looks like communication it is listed with its time, why it looks so, and the
 entry to add to a rule file: its name holds a communication word (dispatch, combine, all-to-all,
-send, recv, notify, barrier, ...) outside the namespaces of known compute libraries, or its
-launch lies inside a host op of a communication library (``record_param_comms``, ``c10d::``,
-``nccl:``, a ``record_function`` range named after DeepEP, pplx, NVSHMEM, ...). Listing counts
+send, recv, notify, barrier, ...), or its launch lies (on its thread) inside a host op of a
+communication library (``record_param_comms``, ``c10d::``, ``nccl:``, a ``record_function``
+range named after DeepEP, pplx, NVSHMEM, ...) or inside a Python function of one
+(``python_function`` events of ``with_stack=True`` traces: ``deep_ep/buffer.py(412): dispatch``,
+vLLM's and SGLang's communicators, ``torch.distributed``'s collectives, ...;
+``trace_rules.PYTHON_COMM_PATTERN``), the innermost such function named. A kernel of a compute
+library (its namespace outside its template arguments) is never listed. Listing counts
 nothing: the step figures stay those of the rules, and the list says what they may be missing.
 
 Host ranges are listed apart (:func:`possible_ranges`): a ``user_annotation`` range named like
@@ -29,6 +33,8 @@ from commprof.traces.trace_rules import (
     DEVICE_CATS,
     HOST_COMM_PATTERN,
     HOST_RANGE_PATTERN,
+    PYTHON_COMM_PATTERN,
+    PYTHON_FUNCTION_CAT,
     RANGE_LIBRARY_PATTERN,
     collective_type,
 )
@@ -58,10 +64,30 @@ COMPUTE_NAMESPACES = re.compile(
 )
 """Namespaces and prefixes of compute libraries (PyTorch's ATen, CUTLASS, cuBLAS, cuDNN,
 Triton, FlashAttention, GEMMs, MoE routing helpers): their kernels are compute whatever
-their names say."""
+their names say. Searched in a kernel's name without its template arguments and parameters
+(:func:`outer_name`): ``c10::BFloat16`` there is a type, not the kernel's library."""
 COLUMNS = ("name", "num_events", "time_ns", "why", "rule_line")
 RANGE_COLUMNS = ("name", "num_ranges", "host_ns")
 """Columns of :func:`possible_ranges`: a range name, its ranges, their summed host time."""
+
+
+_PARENS, _ANGLES = re.compile(r"\([^()]*\)"), re.compile(r"<[^<>]*>")
+"""What :func:`outer_name` removes, innermost first: a parenthesised and an angle-bracketed
+part."""
+
+
+def outer_name(kernel_name: str) -> str:
+    """A kernel's name without what its parentheses and angle brackets hold (parameters,
+    template arguments): ``void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16,
+    16>(c10::BFloat16*)`` -> ``void anonymous_namespace::multimem_all_reduce_kernel``."""
+    text = kernel_name.replace("(anonymous namespace)", "anonymous_namespace")
+    for pattern in (_PARENS, _ANGLES):
+        while True:
+            shorter = pattern.sub("", text)
+            if shorter == text:
+                break
+            text = shorter
+    return text
 
 
 def looks_like_comm(kernel_name: str) -> bool:
@@ -108,6 +134,41 @@ def _enclosed(
     return out
 
 
+def _innermost(
+    at_ns: npt.NDArray[np.int64],
+    thread: npt.NDArray[np.int64],
+    op_start: npt.NDArray[np.int64],
+    op_end: npt.NDArray[np.int64],
+    op_thread: npt.NDArray[np.int64],
+) -> npt.NDArray[np.intp]:
+    """Index (in the op arrays) of the innermost op of its own thread that each time lies
+    inside, -1 where none: of the ops holding it, the one that starts last (Python frames nest)."""
+    out = np.full(at_ns.size, -1, np.intp)
+    for t in np.unique(op_thread):
+        sel = np.flatnonzero(thread == t)
+        if not sel.size:
+            continue
+        idx = np.flatnonzero(op_thread == t)
+        order = idx[np.lexsort((-op_end[idx], op_start[idx]))]  # by start, the outer first
+        starts, ends = op_start[order], op_end[order]
+        parent = np.full(order.size, -1, np.intp)  # the nearest earlier op still open
+        stack: list[int] = []
+        for i, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            while stack and ends[stack[-1]] <= start:
+                stack.pop()
+            parent[i] = stack[-1] if stack else -1
+            if end > start:
+                stack.append(i)
+        at = at_ns[sel]
+        pos = np.searchsorted(starts, at, side="right") - 1
+        closed = (pos >= 0) & (ends[np.maximum(pos, 0)] <= at)
+        while closed.any():  # the op that starts last before the time ended: its parent
+            pos[closed] = parent[pos[closed]]
+            closed = (pos >= 0) & (ends[np.maximum(pos, 0)] <= at)
+        out[sel[pos >= 0]] = order[pos[pos >= 0]]
+    return out
+
+
 def possible_comm(
     cols: TraceColumns,
     targets: npt.NDArray[np.int8],
@@ -130,30 +191,42 @@ def possible_comm(
     compute = CLASSES.index("compute")
     is_kernel = code_mask(cols.cat_code, [c == "kernel" for c in cols.cats])
     names = [str(n) for n in cols.names]
-    unclaimed = [comm.claim(n) is None and not COMPUTE_NAMESPACES.search(n) for n in names]
+    unclaimed = [
+        comm.claim(n) is None and not COMPUTE_NAMESPACES.search(outer_name(n)) for n in names
+    ]
     cand = np.flatnonzero(is_kernel & (targets == compute) & code_mask(cols.name_code, unclaimed))
     if not cand.size:
         return pd.DataFrame(columns=list(COLUMNS))
     by_name = np.array([looks_like_comm(n) for n in names], bool)
     named = by_name[cols.name_code[cand]]
-    host_rx = re.compile(HOST_COMM_PATTERN)
+    host_rx, python_rx = re.compile(HOST_COMM_PATTERN), re.compile(PYTHON_COMM_PATTERN)
     host_code = [host_rx.match(n) is not None for n in names]
-    ops = np.flatnonzero(code_mask(cols.name_code, host_code) & ~_device(cols))
+    python = code_mask(cols.cat_code, [c == PYTHON_FUNCTION_CAT for c in cols.cats])
+    ops = np.flatnonzero(code_mask(cols.name_code, host_code) & ~_device(cols) & ~python)
+    python_code = [python_rx.match(n) is not None for n in names]
+    frames = np.flatnonzero(python & code_mask(cols.name_code, python_code))
     inside = np.zeros(cand.size, bool)
+    in_frame = np.full(cand.size, -1, np.int64)  # the name code of the innermost frame
     has = launch[cand] >= 0
-    if ops.size and has.any():
+    if has.any():
         pos = launch[cand][has]
-        inside[has] = _enclosed(
-            cols.launch_start_ns[pos], cols.launch_thread[pos],
-            cols.start_ns[ops], cols.end_ns[ops], cols.thread[ops],
-        )  # fmt: skip
-    listed = named | inside
+        at, thread = cols.launch_start_ns[pos], cols.launch_thread[pos]
+        if ops.size:
+            inside[has] = _enclosed(
+                at, thread, cols.start_ns[ops], cols.end_ns[ops], cols.thread[ops]
+            )
+        if frames.size:
+            of = _innermost(
+                at, thread, cols.start_ns[frames], cols.end_ns[frames], cols.thread[frames]
+            )
+            in_frame[has] = np.where(of >= 0, cols.name_code[frames[of]], -1)
+    listed = named | inside | (in_frame >= 0)
     if not listed.any():
         return pd.DataFrame(columns=list(COLUMNS))
-    idx, named, inside = cand[listed], named[listed], inside[listed]
+    idx, named, inside, in_frame = cand[listed], named[listed], inside[listed], in_frame[listed]
     frame = pd.DataFrame({
         "code": cols.name_code[idx], "time_ns": cols.end_ns[idx] - cols.start_ns[idx],
-        "named": named, "inside": inside,
+        "named": named, "inside": inside, "in_frame": in_frame,
     })  # fmt: skip
     rows = []
     for code, group in frame.groupby("code", sort=False):
@@ -163,12 +236,23 @@ def possible_comm(
             why.append("its name reads like communication")
         if group["inside"].any():
             why.append(f"{int(group['inside'].sum())} launched inside a communication op")
+        if (group["in_frame"] >= 0).any():
+            why.append(_frames_why(group["in_frame"], names))
         rows.append({
             "name": name, "num_events": len(group), "time_ns": int(group["time_ns"].sum()),
             "why": "; ".join(why), "rule_line": rule_line(name),
         })  # fmt: skip
     out = pd.DataFrame(rows, columns=list(COLUMNS))
     return out.sort_values("time_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _frames_why(in_frame: pd.Series, names: list[str]) -> str:
+    """Why a kernel launched inside Python functions of communication libraries is listed:
+    how many, inside which function (the most frequent), and how many other functions."""
+    counts = in_frame[in_frame >= 0].value_counts(sort=True)
+    top = names[int(counts.index[0])]
+    more = f" (and {len(counts) - 1} other functions)" if len(counts) > 1 else ""
+    return f"{int(counts.sum())} launched inside {top}{more}"
 
 
 def _device(cols: TraceColumns) -> npt.NDArray[np.bool_]:

@@ -15,7 +15,8 @@ rule table may count as collectives or test with ``has_arg``. About 40 bytes an 
 about 1.5 KiB for the event as a Python dict, and no float column of the whole trace is ever
 alive. Only the events the candidate rule tables can use are kept (``trace_rules.needed_cats``
 and ``needed_names``: the tables' categories, and events of any category named like a
-communication-thread marker or, while the regime is to be detected, a comm kernel); where
+communication-thread marker or, while the regime is to be detected, a comm kernel, and the
+Python frames of communication libraries, read by name only until one turns up); where
 ``distributedInfo`` names NCCL only the cuda-nccl table applies, and launches are kept only as
 correlation ids.
 
@@ -37,7 +38,7 @@ from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not, not_
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import msgspec
 import numpy as np
@@ -57,11 +58,14 @@ from commprof.traces.trace_rules import (
     LAUNCH_CATS,
     MAX_EVENT_DURATION_US,
     MAX_TS_US,
+    PYTHON_COMM_PATTERN,
+    PYTHON_FUNCTION_CAT,
     RAW_ARG_KEYS,
     SKIP_CATS,
     RuleTable,
     needed_cats,
     needed_names,
+    reads_python_functions,
     tables_for_meta,
 )
 
@@ -118,6 +122,13 @@ BLOCK_EVENTS = 1 << 16
 """Events taken at a time where a whole-trace temporary would cost several bytes an event: the
 events between conversions of their ts/dur to ns (``_flush``), the blocks of
 :func:`code_mask` and of ``trace_parser``'s launch search."""
+SETTLE_CHUNKS, SETTLE_BACKOFF = 2, 4
+"""Chunks in a row whose Python frames bear no new name before the known names decode them
+(``_TaggedTypes.know``), and the factor that number grows by each time a new name turns up:
+a trace whose frames keep bearing new names (object addresses) stays decoded by name."""
+MAX_KNOWN_NAMES = 1 << 14
+"""Most frame names a ``Literal`` of known names holds (making one costs about a microsecond and a
+half a name); past it the frames stay decoded by name."""
 MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
@@ -128,9 +139,10 @@ _IS_X = partial(eq, "X")
 """Whether a ph is "X": False for a missing or non-string one (``"X".__eq__`` gives
 NotImplemented there, which is true)."""
 _CORR, _NO_CORR, _MISSING = repeat("correlation"), repeat(-1), repeat(-1)
-_DROP, _KEEP, _LAUNCH, _BY_NAME = 0, 1, 2, 3
+_DROP, _KEEP, _LAUNCH, _BY_NAME, _PYTHON = 0, 1, 2, 3, 4
 """What becomes of the events of a category: dropped, kept, kept as launches, kept where
-their name is needed."""
+their name is needed, kept where their name is a communication library's Python function."""
+_NO_INDEX = np.empty(0, np.intp)
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -194,14 +206,17 @@ def _event_type(kept_keys: tuple[str, ...]) -> type[msgspec.Struct]:
 
 class _TaggedTypes:
     """Structs tagged by ``cat``, one per category: the categories read (kept keys), launches
-    (correlation only) and the rest (a bare tag: no name, no args decoded).
+    (correlation only), Python frames (``python_names``: the name only, until a chunk holds a
+    communication library's, :meth:`read_python`) and the rest (a bare tag: no name, no args).
 
     msgspec picks the struct by the ``cat`` value wherever it stands in the object; the
     category is a class attribute, so ``e.cat`` reads as with the untagged struct. A category
     not yet known fails the chunk; it is added (as read) and the chunk decoded again.
     """
 
-    def __init__(self, kept_keys: tuple[str, ...], skip: frozenset[str]) -> None:
+    def __init__(
+        self, kept_keys: tuple[str, ...], skip: frozenset[str], python_names: bool = False
+    ) -> None:
         nan = float("nan")
         kept_args, launch_args = _args_type("Args", kept_keys), _args_type("LaunchArgs", ())
         self.read_fields = [("ph", Any, None), ("name", Any, ""), ("pid", Any, None),
@@ -209,10 +224,17 @@ class _TaggedTypes:
                             ("args", kept_args | None, None)]  # fmt: skip
         self.launch_fields = [*self.read_fields[:-1], ("args", launch_args | None, None)]
         self.skip = skip
+        self.python_names = python_names
+        """Python frames are decoded as their name only (no event of them kept yet)."""
         self.types: dict[str, type[msgspec.Struct]] = {}
-        for cat in LAUNCH_CATS | skip:
+        for cat in LAUNCH_CATS | skip | ({PYTHON_FUNCTION_CAT} if python_names else set()):
             self.add(cat)
+        self.num_known = len(self.types)
         self.decoder = self._decoder()
+        self.known_decoder: msgspec.json.Decoder[Any] | None = None
+        """The decoder once the Python frames' names have settled (:meth:`know`): a frame's name
+        is one of a ``Literal`` of names known to be no communication library's, so no string is
+        built and nothing is looked up; any other name (or category) fails the chunk."""
 
     def add(self, cat: str) -> None:
         """A struct for category ``cat`` (read unless it is a launch or skipped)."""
@@ -222,11 +244,36 @@ class _TaggedTypes:
             fields = self.launch_fields
         elif cat in self.skip:
             fields, space = [], {"cat": cat, "type_code": n, "ph": None, "name": ""}
+        elif cat == PYTHON_FUNCTION_CAT and self.python_names:
+            fields, space = [("name", Any, "")], {"cat": cat, "type_code": n, "ph": None}
         else:
             fields = self.read_fields
         self.types[cat] = msgspec.defstruct(
             f"Cat{n}", fields, tag_field="cat", tag=cat, namespace=space, gc=False
         )
+
+    def know(self, names: tuple[str, ...]) -> None:
+        """Make ``known_decoder`` for Python frames named ``names`` only."""
+        code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
+        known = msgspec.defstruct(
+            f"Cat{code}", [("name", Literal.__getitem__(names), "")], tag_field="cat",
+            tag=PYTHON_FUNCTION_CAT,
+            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code, "ph": None}, gc=False,
+        )  # fmt: skip
+        types = [known if c == PYTHON_FUNCTION_CAT else t for c, t in self.types.items()]
+        union: Any = Union[tuple(types)]  # noqa: UP007  # a runtime tuple of types
+        self.known_decoder = msgspec.json.Decoder(list[union])
+
+    def read_python(self) -> None:
+        """Decode Python frames whole from now on (their struct keeps its type code)."""
+        self.python_names = False
+        self.known_decoder = None
+        code = self.types[PYTHON_FUNCTION_CAT].type_code  # type: ignore[attr-defined]
+        self.types[PYTHON_FUNCTION_CAT] = msgspec.defstruct(  # no args: a frame's are its ids
+            f"Cat{code}", self.read_fields[:-1], tag_field="cat", tag=PYTHON_FUNCTION_CAT,
+            namespace={"cat": PYTHON_FUNCTION_CAT, "type_code": code, "args": None}, gc=False,
+        )  # fmt: skip
+        self.decoder = self._decoder()
 
     def _decoder(self) -> msgspec.json.Decoder[Any]:
         union: Any = Union[tuple(self.types.values())]  # noqa: UP007  # a runtime tuple of types
@@ -235,10 +282,10 @@ class _TaggedTypes:
     def learn(self, error: msgspec.ValidationError) -> bool:
         """Add the unknown category the error names; False if it names none (or too many)."""
         match = _BAD_CAT.match(str(error))
-        if match is None or len(self.types) >= len(LAUNCH_CATS | self.skip) + MAX_LEARNED_CATS:
+        if match is None or len(self.types) >= self.num_known + MAX_LEARNED_CATS:
             return False
         self.add(match.group(1))
-        self.decoder = self._decoder()
+        self.decoder, self.known_decoder = self._decoder(), None
         return True
 
 
@@ -266,6 +313,19 @@ class ColumnBuilder:
         self.name_needed: dict[Any, bool] = {}
         """Name -> whether ``needed_names`` matches it, for the names of other categories."""
         self.comm_op = re.compile(COMM_OP_PATTERN)
+        self.read_python = False
+        """Python frames are read for their names (decided with ``relevant``): those of a
+        communication library are kept (``trace_rules.PYTHON_COMM_PATTERN``), the rest dropped."""
+        self.python_rx = re.compile(PYTHON_COMM_PATTERN)
+        self.python_needed: dict[Any, bool] = {}
+        """Name -> whether a Python frame of that name is kept (``python_rx`` matches it)."""
+        self.data = b""
+        """The text of the last chunk the tagged decoder took (decoded again where a Python
+        frame decoded by name only turns out to be needed)."""
+        self.known_chunk = False
+        """The last chunk was decoded by ``known_decoder``: its frames are none of them needed."""
+        self.num_settled, self.settle_chunks = 0, SETTLE_CHUNKS
+        """Chunks in a row whose frames bore no new name; how many make the names settled."""
         self.decided = False
         self.skip_cats: frozenset[str] = frozenset()
         """Categories read as a bare tag and dropped (``trace_rules.SKIP_CATS``)."""
@@ -332,9 +392,20 @@ class ColumnBuilder:
         every event, else plain values (a :class:`_PlainChunk`)."""
         if not self.decided:
             self._decide()
+        self.known_chunk = False
+        if self.tagged is not None and self.tagged.known_decoder is not None:
+            try:
+                chunk: list[Any] = self.tagged.known_decoder.decode(data)
+                self.data, self.known_chunk = data, True
+                return chunk
+            except msgspec.ValidationError:  # a new name: by name again, until they settle
+                self.tagged.known_decoder = None
+                self.settle_chunks *= SETTLE_BACKOFF
         while self.tagged is not None:
             try:
-                return self.tagged.decoder.decode(data)  # type: ignore[no-any-return]
+                chunk = self.tagged.decoder.decode(data)
+                self.data = data
+                return chunk
             except msgspec.ValidationError as exc:
                 if self.tagged.learn(exc):
                     continue
@@ -408,10 +479,16 @@ class ColumnBuilder:
         )  # TypeError: unhashable
         others = np.flatnonzero(~in_rel)
         if others.size:
-            names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
+            evs = list(map(chunk.__getitem__, others.tolist()))
+            names = list(map(_GET["name"], evs))
             for name in set(names).difference(self.name_needed):
                 self.name_needed[name] = self._name_needed(name)
             in_rel[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+            python = [cat == PYTHON_FUNCTION_CAT for cat in map(_GET["cat"], evs)]
+            if any(python):  # judged by PYTHON_COMM_PATTERN alone, as the tagged chunks are
+                in_rel[others[python]] = [
+                    self.read_python and self._python_needed(n) for n in compress(names, python)
+                ]
         kept = list(compress(chunk, in_rel.tolist()))
         return list(compress(kept, map(_IS_X, map(_GET["ph"], kept))))
 
@@ -429,6 +506,8 @@ class ColumnBuilder:
         """What becomes of the events of category ``cat`` (``_KEEP``, ``_LAUNCH``, ...)."""
         if self.relevant is None or cat in self.relevant:
             return _LAUNCH if self.launch_only and cat in LAUNCH_CATS else _KEEP
+        if cat == PYTHON_FUNCTION_CAT and self.read_python:
+            return _PYTHON
         # A skipped category's struct is a bare tag (no ph): never a complete event.
         return _DROP if cat in self.skip_cats else _BY_NAME
 
@@ -445,6 +524,15 @@ class ColumnBuilder:
             for name in set(names).difference(self.name_needed):  # TypeError: unhashable
                 self.name_needed[name] = self._name_needed(name)
             keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
+        python = _NO_INDEX if self.known_chunk else np.flatnonzero(kind == _PYTHON)
+        if python.size:
+            needed = self._python_kept(chunk, python)
+            assert self.tagged is not None  # a tagged chunk
+            if needed is not None and self.tagged.python_names:  # decoded by name only: again
+                self.tagged.read_python()
+                return self._kept_tagged(self.tagged.decoder.decode(self.data))
+            if needed is not None:
+                keep[python] = needed
         if keep.all():  # the usual chunk: no event of it dropped for its category or name
             kept = chunk
         else:
@@ -461,6 +549,55 @@ class ColumnBuilder:
         launches = list(compress(kept, launch_x.tolist())) if launch_x.any() else []
         xs = kept if events.all() else list(compress(kept, events.tolist()))
         return launches, xs, types[events]
+
+    def _python_kept(
+        self, chunk: list[Any], python: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.bool_] | None:
+        """Whether each Python frame (``python``: the chunk's, by index) is a communication
+        library's; None where none is (the usual chunk). The chunk's names as a set (each frame's
+        name is a string of its own: this is the cost, a hash each), each new name matched once;
+        one lookup a frame only where one of them matches. Kineto writes the frames in one block,
+        so a chunk's frames are usually a slice of it."""
+        lo, hi = int(python[0]), int(python[-1]) + 1
+        if hi - lo == python.size:
+            frames = partial(chunk.__getitem__, slice(lo, hi))
+        else:
+            mask = np.zeros(hi - lo, bool)
+            mask[python - lo] = True
+            frames = partial(compress, chunk[lo:hi], mask.tolist())
+        names = set(map(_GET["name"], frames()))  # TypeError: unhashable, as for _BY_NAME
+        new = names.difference(self.python_needed)
+        for name in new:
+            self.python_needed[name] = self._python_needed(name)
+        if not any(map(self.python_needed.__getitem__, names)):
+            self._settle(bool(new))
+            return None
+        got = map(self.python_needed.__getitem__, map(_GET["name"], frames()))
+        return np.fromiter(got, bool, python.size)
+
+    def _settle(self, new: bool) -> None:
+        """Count a chunk whose frames were none of them needed (``new``: some bore a new name);
+        once ``settle_chunks`` in a row bore none, decode by the known names
+        (``_TaggedTypes.know``: the names of no communication library; a frame of one, met in a
+        chunk read as plain values, fails that decoder and is read whole)."""
+        self.num_settled = 0 if new else self.num_settled + 1
+        tagged = self.tagged
+        if tagged is None or tagged.known_decoder is not None or not tagged.python_names:
+            return
+        if self.num_settled >= self.settle_chunks and len(self.python_needed) <= MAX_KNOWN_NAMES:
+            names = tuple(n for n, needed in self.python_needed.items() if not needed)
+            if names and all(type(n) is str for n in names):
+                tagged.know(names)  # type: ignore[arg-type]  # checked: every name a str
+
+    def _python_needed(self, name: Any) -> bool:
+        """Whether a Python frame named ``name`` is kept (``PYTHON_COMM_PATTERN``)."""
+        try:
+            return self.python_needed[name]
+        except KeyError:
+            needed = self.python_needed[name] = self.python_rx.match(str(name)) is not None
+            return needed
+        except TypeError:  # unhashable: no Python frame's name
+            return False
 
     def _type_cat_codes(self, types: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         """Category codes of events by their struct type index, new categories coded in order
@@ -492,6 +629,9 @@ class ColumnBuilder:
             else:
                 xs = self._kept(chunk)
         except TypeError:  # an unhashable category or name: take the events one by one
+            if self.tagged is not None and self.tagged.python_names:  # Python frames whole
+                self.tagged.read_python()
+                chunk = self.tagged.decoder.decode(self.data)
             for e in chunk:
                 self.add(msgspec.structs.asdict(e) | {"cat": e.cat, "ph": e.ph})
             return len(chunk)
@@ -560,8 +700,13 @@ class ColumnBuilder:
         no_threads = all(r.comm_thread is None for t in tables for r in t.rules)
         self.launch_only = self.relevant is not None and no_threads
         if self.relevant is not None:
+            self.read_python = (
+                reads_python_functions(tables) and PYTHON_FUNCTION_CAT not in self.relevant
+            )
             self.skip_cats = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
-            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats)
+            if self.read_python:
+                self.skip_cats -= {PYTHON_FUNCTION_CAT}
+            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats, self.read_python)
         self.decided = True
 
     def _name_needed(self, name: Any) -> bool:
@@ -638,8 +783,12 @@ class ColumnBuilder:
         if self.relevant is not None:
             cat = e.get("cat")
             if type(cat) is not str or cat not in self.relevant:
-                skipped = type(cat) is str and cat in self.skip_cats
-                if skipped or not self._name_needed(e.get("name", "")):
+                if cat == PYTHON_FUNCTION_CAT:
+                    if not (self.read_python and self._python_needed(e.get("name", ""))):
+                        return
+                elif (type(cat) is str and cat in self.skip_cats) or not self._name_needed(
+                    e.get("name", "")
+                ):
                     return
             if self.launch_only and _is_launch(cat):
                 a = e.get("args")

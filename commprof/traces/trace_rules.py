@@ -46,7 +46,9 @@ SKIP_CATS = frozenset({
     "mtia_ccp_events", "mtia_insight", "gpu_pm_counter", "collective_comm",
 })  # fmt: skip
 """Kineto categories that no built-in rule, window or launch check reads: decoded as a bare tag
-(no name, no args; docs/design.md, Reading traces) unless a rule table names one."""
+(no name, no args; docs/design.md, Reading traces) unless a rule table names one. Python frames
+(PYTHON_FUNCTION_CAT) are read by name where a table has communication rules
+(:func:`reads_python_functions`)."""
 COMM_OP_PATTERN = r"record_param_comms|nccl:|rccl:|gloo:"
 """Names of the host ops that launch a collective (``record_param_comms`` with its metadata,
 ``nccl:all_to_all``, ...): kept in every category, so that a communication kernel takes its
@@ -81,6 +83,39 @@ communication or its preparation (``re.match``; :mod:`commprof.traces.possible_c
 dispatcher's ``c10d::*`` ops count where their category is kept anyway, but are not kept for
 this: each encloses a ``record_param_comms`` that is (a c10d op per collective, kept, cost
 a tenth more kept events on a trace of many small collectives)."""
+PYTHON_FUNCTION_CAT = "python_function"
+"""Kineto's category of Python frames (``with_stack=True``), each named ``path(LINE): function``
+with the path relative to its ``sys.path`` entry (``torch/profiler/python_tracer.py``), e.g.
+``deep_ep/buffer.py(412): dispatch``; C functions are ``<built-in method ...>``."""
+_SEP = r"[/\\]"
+PYTHON_COMM_MODULES = (
+    rf"deep_ep{_SEP}",  # DeepEP: deep_ep/buffer.py (Buffer.dispatch, combine, low_latency_*)
+    rf"pplx_kernels{_SEP}",  # pplx-kernels: pplx_kernels/all_to_all.py (AllToAll.dispatch)
+    rf"pplx_garden{_SEP}",  # pplx-garden: pplx_garden/kernels/p2p_all_to_all.py
+    rf"nvshmem{_SEP}",  # nvshmem4py: nvshmem/core/collective.py, rma.py
+    rf"mscclpp{_SEP}",  # MSCCL++: mscclpp/comm.py, mscclpp/ext/ep/buffer.py
+    rf"flashinfer{_SEP}comm{_SEP}",  # FlashInfer: flashinfer/comm/trtllm_ar.py, mnnvl.py, ...
+    rf"transformer_engine{_SEP}pytorch{_SEP}(?:cpp_extensions{_SEP}symm_allocator\.py"
+    rf"|module{_SEP}base\.py\(\d+\): fill_userbuffers_buffer_for_all_gather$)",  # TE userbuffers
+    rf"vllm{_SEP}distributed{_SEP}",  # vLLM: device_communicators/, parallel_state.py, ...
+    rf"sglang{_SEP}srt{_SEP}distributed{_SEP}",  # SGLang: the same layout
+    rf"torch{_SEP}distributed{_SEP}(?:distributed_c10d\.py|_symmetric_memory{_SEP}"
+    rf"|_functional_collectives(?:_impl)?\.py(?!\(\d+\): __torch_dispatch__$)"
+    rf"|nn{_SEP}functional\.py|tensor{_SEP}_collective_utils\.py)",  # not FSDP, DDP, DTensor ops
+    rf"torch{_SEP}cuda{_SEP}nccl\.py",  # torch.cuda.nccl (all_reduce, broadcast, ...)
+    rf"deepspeed{_SEP}comm{_SEP}",  # DeepSpeed: deepspeed/comm/comm.py, torch.py
+    rf"megatron{_SEP}core{_SEP}tensor_parallel{_SEP}mappings\.py",  # Megatron-LM's TP collectives
+    rf"torchrec{_SEP}distributed{_SEP}comm_ops\.py",  # TorchRec: alltoall_pooled, ...
+)
+"""Python modules (and a few functions) of communication libraries, as ``python_function`` names
+spell them: each library's wrapper of its communication, not the modules that wrap whole
+forward passes or compute ops (FSDP, DDP, DTensor's dispatch, ``AsyncCollectiveTensor``'s
+``__torch_dispatch__``)."""
+PYTHON_COMM_PATTERN = rf"(?:.*{_SEP})?(?:{'|'.join(PYTHON_COMM_MODULES)})"
+"""Names of the ``python_function`` events of a communication library (``re.match``; a path may
+keep a prefix where its ``sys.path`` entry was not trimmed): the only Python frames the reader
+decodes (their names once each a chunk, the events where a name matches), for the
+possible-communication check (:mod:`commprof.traces.possible_comm`)."""
 STEP_NAME_PATTERN = r"ProfilerStep#"
 """Names of the step annotations, kept in any category (CPU and device ``ProfilerStep#N``)."""
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
@@ -291,6 +326,12 @@ def needed_names(tables: tuple[RuleTable, ...]) -> re.Pattern[str]:
     if len(tables) > 1:
         names += [t.comm.comm_pattern() for t in tables if t.comm is not None]
     return re.compile("|".join(f"(?:{n})" for n in names))
+
+
+def reads_python_functions(tables: tuple[RuleTable, ...]) -> bool:
+    """Whether the Python frames of communication libraries (PYTHON_COMM_PATTERN) are kept, for
+    the possible-communication check: where a table has communication rules (device regimes)."""
+    return any(t.comm is not None for t in tables)
 
 
 def tables_for_meta(tables: tuple[RuleTable, ...], meta: dict[str, Any]) -> tuple[RuleTable, ...]:
