@@ -17,6 +17,7 @@ import gzip
 import zlib
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 from isal import isal_zlib
 
@@ -24,7 +25,7 @@ READ_BYTES = 1 << 16
 """Compressed bytes read from the file at a time."""
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 """Window bits that read (and check) the gzip header and trailer (``zlib``'s convention)."""
-_INFLATE_ERRORS = (zlib.error, isal_zlib.error)
+_ISAL_ERROR = cast(type[Exception], isal_zlib.error)  # isal's stub types it as an instance
 
 
 class _Unusual(Exception):
@@ -48,7 +49,7 @@ class GunzipReader:
         if self.slow is None:
             try:
                 data = self._inflated(size)
-            except (_Unusual, *_INFLATE_ERRORS):
+            except (_Unusual, zlib.error, _ISAL_ERROR):
                 self._take_over()
             else:
                 self.served += len(data)

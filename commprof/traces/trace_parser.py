@@ -282,7 +282,7 @@ class _Events:
         self.cat_code, self.cats = cols.cat_code, cols.cats
         self.name_code, self.names = cols.name_code, cols.names
         self._with_arg: dict[str, npt.NDArray[np.bool_]] = {}
-        self._launch: npt.NDArray[np.signedinteger[Any]] | None = None
+        self._launch: npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -314,7 +314,7 @@ class _Events:
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
         return self.with_arg(key)[idx]
 
-    def launch_index(self) -> npt.NDArray[np.signedinteger[Any]]:
+    def launch_index(self) -> npt.NDArray[Any]:
         """Per event: the index of its launch in the launch columns, -1 where none is in the
         trace. Found once (several steps ask), a block of events at a time: sorted ids and a
         binary search, temporaries of a block, not of the trace."""
@@ -326,6 +326,7 @@ class _Events:
                 pos = np.minimum(np.searchsorted(lc, block), lc.size - 1)
                 out[lo : lo + BLOCK_EVENTS] = np.where((lc[pos] == block) & (block != -1), pos, -1)
             self._launch = out
+            return out
         return self._launch
 
     def launch_of(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
