@@ -201,19 +201,13 @@ class _TaggedTypes:
     not yet known fails the chunk; it is added (as read) and the chunk decoded again.
     """
 
-    def __init__(
-        self, kept_keys: tuple[str, ...], skip: frozenset[str], launch_only: bool = False
-    ) -> None:
+    def __init__(self, kept_keys: tuple[str, ...], skip: frozenset[str]) -> None:
         nan = float("nan")
         kept_args, launch_args = _args_type("Args", kept_keys), _args_type("LaunchArgs", ())
         self.read_fields = [("ph", Any, None), ("name", Any, ""), ("pid", Any, None),
                             ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
                             ("args", kept_args | None, None)]  # fmt: skip
-        # Launches kept only in the launch columns (launch_only) need no dur: left undecoded.
-        self.launch_fields = [
-            *(f for f in self.read_fields[:-1] if not (launch_only and f[0] == "dur")),
-            ("args", launch_args | None, None),
-        ]
+        self.launch_fields = [*self.read_fields[:-1], ("args", launch_args | None, None)]
         self.skip = skip
         self.types: dict[str, type[msgspec.Struct]] = {}
         for cat in LAUNCH_CATS | skip:
@@ -448,13 +442,9 @@ class ColumnBuilder:
         others = np.flatnonzero(kind == _BY_NAME)
         if others.size:
             names = list(map(_GET["name"], map(chunk.__getitem__, others.tolist())))
-            try:  # the usual chunk: every name met before
-                needed = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-            except KeyError:
-                for name in set(names).difference(self.name_needed):  # TypeError: unhashable
-                    self.name_needed[name] = self._name_needed(name)
-                needed = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
-            keep[others] = needed
+            for name in set(names).difference(self.name_needed):  # TypeError: unhashable
+                self.name_needed[name] = self._name_needed(name)
+            keep[others] = np.fromiter(map(self.name_needed.__getitem__, names), bool, len(names))
         if keep.all():  # the usual chunk: no event of it dropped for its category or name
             kept = chunk
         else:
@@ -571,7 +561,7 @@ class ColumnBuilder:
         self.launch_only = self.relevant is not None and no_threads
         if self.relevant is not None:
             self.skip_cats = SKIP_CATS - self.relevant - {"cpu_op", "user_annotation"}
-            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats, self.launch_only)
+            self.tagged = _TaggedTypes(self.struct_keys, self.skip_cats)
         self.decided = True
 
     def _name_needed(self, name: Any) -> bool:
