@@ -10,6 +10,11 @@
   ``record_param_comms`` op, and a GPU running behind its CPU by more than a step.
 - ``mixed``: the GPT-2-small DDP rank of ``make_nccl_trace.py`` (cpu ops with shapes, launches,
   kernels, copies, NCCL all-reduces with metadata on the kernels, flows).
+- ``kernel_heavy_150k``: issue #43's kernel-heavy trace of 150k collectives in 1M events (not in
+  the default set): per 3 collectives 5 compute kernels and a synchronising runtime call; each
+  collective an NCCL kernel (all-reduce, all-gather, reduce-scatter in turn) launched under its
+  ``record_param_comms`` op, the metadata on both, as PyTorch writes a CUDA rank (about 40 %
+  kernels, 45 % runtime calls, 15 % ops).
 
 and ``--ranks N`` small ranks of the comm_heavy shape (one job: the same collectives, sequence
 numbers and process groups on every rank, each rank's clock shifted by its own offset).
@@ -39,6 +44,8 @@ from typing import IO, Any
 import make_nccl_trace
 
 SHAPES = ("kernel_heavy", "cpu_heavy", "comm_heavy", "mixed")
+"""The shapes built by default."""
+ALL_SHAPES = (*SHAPES, "kernel_heavy_150k")
 PID, MAIN_TID, DEVICE = 4321, 4321, 0
 COMPUTE_STREAM, COMM_STREAM = 7, 13
 STEP_GAP_NS = 20_000
@@ -231,6 +238,59 @@ def _cpu_heavy(rng: random.Random) -> _Step:
     return s
 
 
+NCCL_COLLECTIVES = (
+    ("allreduce", NCCL_ALLREDUCE),
+    ("_allgather_base", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+    ("reduce_scatter_tensor",
+     "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+)  # fmt: skip
+COLLECTIVES_PER_STEP = 600
+"""kernel_heavy_150k: 600 collectives in 4001 events a step, so 1M events hold 150k."""
+
+
+def _kernel_heavy_150k(rng: random.Random) -> _Step:
+    """Many small kernels and a collective after every one or two of them: per 3 collectives
+    5 compute kernels (launch and kernel each) and a synchronising runtime call; each collective
+    its ``record_param_comms`` op around the launch of its NCCL kernel, both with metadata."""
+    s = _Step(rng)
+    s.add("", 0, 0)  # the step annotation, written last with its length
+    host, gpu, gpu_comm = 5_000, 40_000, 40_000
+    for i in range(COLLECTIVES_PER_STEP):
+        for k in range(1 if i % 3 == 0 else 2):  # the compute the collective follows
+            dur = rng.randint(2_000, 40_000)
+            gpu = max(gpu, host + 25_000)
+            host = _launch(s, host + 500, gpu, KERNELS[(i + k) % len(KERNELS)], dur, COMPUTE_STREAM)
+            gpu += dur + rng.randint(500, 2_000)
+        if i % 3 == 0:
+            s.add(_x("cuda_runtime", "cudaStreamIsCapturing", PID, MAIN_TID, 900), host, 900)
+            host += 1_000
+        coll, kernel = NCCL_COLLECTIVES[i % len(NCCL_COLLECTIVES)]
+        seq = s.num_seq
+        s.num_seq += 1
+        meta = (f'"Collective name":"{coll}","In msg nelems":{rng.randint(1, 256) * 4096},'
+                f'"Group size":8,"dtype":"BFloat16","Process Group Name":"0",'
+                f'"Seq":%(s{seq})d')  # fmt: skip
+        s.add(_x("cpu_op", "record_param_comms", PID, MAIN_TID, 30_000,
+                 f'{meta},"External id":%(corr)d'), host, 30_000, 2)  # fmt: skip
+        corr = _Corr(s).next()
+        tag = f'"correlation":%(c{corr})d'
+        launch = f'"External id":%(c{corr})d,"cbid":430,{tag}'
+        s.add(_x("cuda_runtime", "cudaLaunchKernelExC", PID, MAIN_TID, 5_000, launch),
+              host + 10_000, 5_000, 1)  # fmt: skip
+        dur = rng.randint(20_000, 120_000)
+        start = max(gpu_comm, gpu, host + 35_000)  # after the compute it reduces
+        where = f'"device":{DEVICE},"stream":{COMM_STREAM},'
+        s.add(_x("kernel", kernel, DEVICE, COMM_STREAM, dur, f"{where}{tag},{meta}"), start, dur, 2)
+        gpu_comm = start + dur
+        host += 32_000
+    s.lines[0] = (
+        _x("user_annotation", "ProfilerStep#%(step)d", PID, MAIN_TID, host + 20_000),
+        0,
+        0,
+    )
+    return s
+
+
 COMM_LAG_NS = 60_000_000
 """The comm_heavy GPU runs 60 ms behind its CPU (more than a step)."""
 
@@ -294,7 +354,8 @@ def write_shape(
         spec = make_nccl_trace.TraceSpec(min_events=min_events, seed=seed, rank=rank,
                                          world_size=world_size)  # fmt: skip
         return make_nccl_trace.write_trace(spec, out_dir)
-    build = {"kernel_heavy": _kernel_heavy, "cpu_heavy": _cpu_heavy, "comm_heavy": _comm_heavy}
+    build = {"kernel_heavy": _kernel_heavy, "cpu_heavy": _cpu_heavy, "comm_heavy": _comm_heavy,
+             "kernel_heavy_150k": _kernel_heavy_150k}  # fmt: skip
     step = build[shape](random.Random(seed))
     lines = [ln for ln in step.lines if ln[0]]
     num_steps = max(1, -(-min_events // len(lines)))
@@ -332,7 +393,8 @@ def write_shape(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", type=Path, required=True)
-    ap.add_argument("--shape", choices=SHAPES, action="append", help="default: every shape")
+    ap.add_argument("--shape", choices=ALL_SHAPES, action="append",
+                    help=f"default: {', '.join(SHAPES)}")  # fmt: skip
     ap.add_argument("--min-events", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=0, help="N small ranks of one job (one shape)")
     args = ap.parse_args(argv)

@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import contains, is_
+from operator import contains, is_, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -204,8 +204,12 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
 
 
 def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[Any]:
-    """``a.get(key, default)`` of each kept args dict, iterated in C."""
-    return list(map(dict.get, args, repeat(key), repeat(default)))
+    """``a.get(key, default)`` of each kept args dict, iterated in C (``a[key]`` while every
+    dict has the key: the usual column, a cheaper call)."""
+    try:
+        return list(map(itemgetter(key), args))
+    except KeyError:
+        return list(map(dict.get, args, repeat(key), repeat(default)))
 
 
 def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list[Any]]:
@@ -277,6 +281,8 @@ class _Events:
         self.start_ns, self.end_ns, self.thread = cols.start_ns, cols.end_ns, cols.thread
         self.cat_code, self.cats = cols.cat_code, cols.cats
         self.name_code, self.names = cols.name_code, cols.names
+        self._with_arg: dict[str, npt.NDArray[np.bool_]] = {}
+        self._launch: npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return int(self.start_ns.size)
@@ -296,20 +302,36 @@ class _Events:
         """The kept args of event ``i`` (the reader keeps those rules can need)."""
         return self.cols.args.get(i, {})
 
+    def with_arg(self, key: str) -> npt.NDArray[np.bool_]:
+        """Per event: whether its kept args hold ``key`` (found once per key)."""
+        held = self._with_arg.get(key)
+        if held is None:  # over the few events whose args were kept, not over every event
+            held = self._with_arg[key] = np.zeros(len(self), bool)
+            args = self.cols.args
+            held[list(compress(args, map(contains, args.values(), repeat(key))))] = True
+        return held
+
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
-        # Over the few events whose args were kept, not over every candidate in idx.
-        held = np.zeros(len(self), bool)
-        args = self.cols.args
-        held[list(compress(args, map(contains, args.values(), repeat(key))))] = True
-        return held[idx]
+        return self.with_arg(key)[idx]
+
+    def launch_index(self) -> npt.NDArray[Any]:
+        """Per event: the index of its launch in the launch columns, -1 where none is in the
+        trace. Found once (several steps ask), a block of events at a time: sorted ids and a
+        binary search, temporaries of a block, not of the trace."""
+        if self._launch is None:
+            lc, corr = self.cols.launch_correlation, self.cols.correlation
+            out = np.full(len(self), -1, np.int32 if lc.size < 2**31 else np.int64)
+            for lo in range(0, len(self) if lc.size else 0, BLOCK_EVENTS):
+                block = corr[lo : lo + BLOCK_EVENTS]
+                pos = np.minimum(np.searchsorted(lc, block), lc.size - 1)
+                out[lo : lo + BLOCK_EVENTS] = np.where((lc[pos] == block) & (block != -1), pos, -1)
+            self._launch = out
+            return out
+        return self._launch
 
     def launch_of(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
         """Index in the launch columns of each event's launch (-1: none in the trace)."""
-        lc, corr = self.cols.launch_correlation, self.cols.correlation[idx]
-        if not lc.size:
-            return np.full(idx.size, -1, np.intp)
-        pos = np.minimum(np.searchsorted(lc, corr), lc.size - 1)
-        return np.where((lc[pos] == corr) & (corr != -1), pos, -1)
+        return self.launch_index()[idx].astype(np.intp)
 
     def launch_thread(self, idx: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
         # Device events carry no thread of their own: map them through the CUPTI
@@ -327,19 +349,8 @@ def _unlaunched(evs: _Events) -> npt.NDArray[np.bool_]:
 
     They were launched before the profiler started (or their launch was not recorded).
     """
-    device = evs.cat_mask(LAUNCHED_CATS)
-    launches = evs.cols.launch_correlation  # sorted
-    out = np.zeros(len(evs), bool)
-    if not launches.size:
-        out[device] = True
-        return out
-    # Sorted ids and a binary search, a block of events at a time: temporaries of a block,
-    # not of the trace (peak memory of a large parse).
-    for lo in range(0, len(evs), BLOCK_EVENTS):
-        corr = evs.cols.correlation[lo : lo + BLOCK_EVENTS]
-        pos = np.minimum(np.searchsorted(launches, corr), launches.size - 1)
-        found = launches[pos] == corr
-        out[lo : lo + BLOCK_EVENTS] = device[lo : lo + BLOCK_EVENTS] & ((corr == -1) | ~found)
+    out = evs.launch_index() < 0
+    out &= evs.cat_mask(LAUNCHED_CATS)
     return out
 
 
@@ -418,8 +429,7 @@ def _launching_ops(
     has = np.flatnonzero(launch >= 0)
     if not ops.size or not has.size:
         return with_args, with_name
-    op_has_args = np.zeros(len(evs), bool)
-    op_has_args[[i for i, a in cols.args.items() if "Collective name" in a]] = True
+    op_has_args = evs.with_arg("Collective name")
     typed_code = np.array(
         [ok and collective_type(n) != "unknown" for ok, n in zip(op_code, cols.names, strict=True)]
     )
