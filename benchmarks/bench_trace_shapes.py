@@ -95,9 +95,8 @@ def _worker_commprof(trace: Path) -> dict[str, Any]:
 
 
 def _worker_floor(trace: Path) -> dict[str, Any]:
-    import gzip
-
     import msgspec
+    from isal import igzip  # the decompressor commprof's reader uses (commprof.traces.gunzip)
 
     from commprof.traces.trace_columns import ColumnBuilder
     from commprof.traces.trace_rules import RULES
@@ -106,7 +105,7 @@ def _worker_floor(trace: Path) -> dict[str, Any]:
     doc = msgspec.defstruct("Trace", [("traceEvents", list[event])])  # type: ignore[valid-type]
     decoder = msgspec.json.Decoder(doc)
     t0 = _cpu()
-    with gzip.open(trace, "rb") as fh:
+    with igzip.open(trace, "rb") as fh:
         data = fh.read()
     t1 = _cpu()
     num_events = len(decoder.decode(data).traceEvents)
