@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import contains, is_, itemgetter
@@ -240,15 +241,16 @@ def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
     return pd.array([_int64(v) for v in values], dtype="Int64")
 
 
-def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionArray:
-    """The num_bytes column (:func:`_message_bytes` of each row): ``In msg nelems`` times the
-    size of ``dtype`` at once where both are known, each other row on its own."""
-    nelems = _values(merged, "In msg nelems")
-    dtypes = _values(merged, "dtype")
+def _bytes_column(
+    nelems: list[Any], dtypes: list[Any], row: Callable[[int], dict[str, Any]]
+) -> pd.api.extensions.ExtensionArray:
+    """The num_bytes column (:func:`_message_bytes` of each row, ``row(i)`` its args):
+    ``In msg nelems`` times the size of ``dtype`` at once where both are known, each other row
+    on its own."""
     try:
         dtype_code, distinct = _first_codes(dtypes, np.intp)
     except TypeError:  # an unhashable dtype
-        return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
+        return pd.array([_message_bytes(row(i)) for i in range(len(nelems))], dtype="Int64")
     size_of = {d: _dtype_bytes(d) for d in distinct}
     if set(map(type, nelems)) == {int} and None not in size_of.values():
         # the usual case, at once in numpy: every row an integer count of a known dtype
@@ -269,8 +271,38 @@ def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionAr
         for n, z, good in zip(nelems, sizes, ok, strict=True)
     ]
     for i in [i for i, good in enumerate(ok) if not good]:
-        out[i] = _message_bytes(merged[i])
+        out[i] = _message_bytes(row(i))
     return pd.array(out, dtype="Int64")
+
+
+_MISSING = object()
+
+
+class _MergedArgs:
+    """Each collective's args: its own over its launching op's (``{**op, **own}``), read a key
+    column at a time; no merged dict is built but for the rare row that needs all of it."""
+
+    def __init__(self, own: list[dict[str, Any]], ops: list[dict[str, Any]]) -> None:
+        self.own, self.ops = own, ops
+        self.any_own, self.any_ops = any(own), any(ops)
+
+    def values(self, key: str, default: Any = None) -> list[Any]:
+        """The merged ``get(key, default)`` of each row: the own args' value, where they hold
+        the key, else the op's."""
+        if not self.any_own:
+            return _values(self.ops, key, default)
+        if not self.any_ops:
+            return _values(self.own, key, default)
+        out = _values(self.own, key, _MISSING)
+        gaps = list(compress(range(len(out)), map(is_, out, repeat(_MISSING))))
+        ops = self.ops
+        for i in gaps:
+            out[i] = ops[i].get(key, default)
+        return out
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i``'s merged args."""
+        return {**self.ops[i], **self.own[i]}
 
 
 class _Events:
@@ -484,21 +516,18 @@ def _collectives(
     claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
     claims = {n: comm.claim(str(n)) for n in claimed} if comm is not None else {}
     typed = _typed(own, ops, event_code, op_code.astype(np.int64), evs.names, claims)
-    if not any(own):  # no kernel carries metadata (RCCL, symmetric memory): the ops' alone
-        merged = ops
-    elif not any(ops):
-        merged = own
-    else:
-        merged = [{**o, **a} if o and a else (a or o) for a, o in zip(own, ops, strict=True)]
+    merged = _MergedArgs(own, ops)
     frame = pd.DataFrame({
         "name": typed["name"], "collective_type": typed["collective_type"],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
         "seq": _int_column(_seq(merged)),
-        "num_bytes": _bytes_column(merged),
-        "process_group": _category(list(map(str, _values(merged, "Process Group Name", "")))),
+        "num_bytes": _bytes_column(
+            merged.values("In msg nelems"), merged.values("dtype"), merged.row
+        ),
+        "process_group": _category(list(map(str, merged.values("Process Group Name", "")))),
         "thread": evs.thread[idx],
-        "group_size": _int_column(_values(merged, "Group size")),
+        "group_size": _int_column(merged.values("Group size")),
         "type_source": typed["type_source"],
         "library": typed["library"], "point_to_point": typed["point_to_point"],
     })  # fmt: skip
@@ -506,11 +535,14 @@ def _collectives(
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
-def _seq(merged: list[dict[str, Any]]) -> list[Any]:
+def _seq(merged: _MergedArgs) -> list[Any]:
     """``Seq`` of each row, else its ``seq_num`` (older PyTorch)."""
-    seq = _values(merged, "Seq")
-    for i in list(compress(range(len(seq)), map(is_, seq, repeat(None)))):
-        seq[i] = merged[i].get("Seq", merged[i].get("seq_num"))
+    seq = merged.values("Seq", _MISSING)
+    gaps = list(compress(range(len(seq)), map(is_, seq, repeat(_MISSING))))
+    if gaps:
+        old = merged.values("seq_num")
+        for i in gaps:
+            seq[i] = old[i]
     return seq
 
 
