@@ -175,6 +175,8 @@ def _dtype_bytes(name: Any) -> int | None:
 
 
 INT64_MAX = 2**63 - 1
+_MISSING = object()
+"""A key's value where the args lack the key."""
 
 
 def _int64(value: Any) -> int | None:
@@ -211,6 +213,19 @@ def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[A
         return list(map(itemgetter(key), args))
     except KeyError:
         return list(map(dict.get, args, repeat(key), repeat(default)))
+
+
+def _held(args: list[dict[str, Any]], key: str, default: Any) -> tuple[list[Any], list[int]]:
+    """``a.get(key, default)`` of each args dict and the rows whose dict lacks the key (none
+    found without a look at the values: ``a[key]`` while every dict has it)."""
+    try:
+        return list(map(itemgetter(key), args)), []
+    except KeyError:
+        out = list(map(dict.get, args, repeat(key), repeat(_MISSING)))
+        gaps = list(compress(range(len(out)), map(is_, out, repeat(_MISSING))))
+        for i in gaps:
+            out[i] = default
+        return out, gaps
 
 
 def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list[Any]]:
@@ -275,9 +290,6 @@ def _bytes_column(
     return pd.array(out, dtype="Int64")
 
 
-_MISSING = object()
-
-
 class _MergedArgs:
     """Each collective's args: its own over its launching op's (``{**op, **own}``), read a key
     column at a time; no merged dict is built but for the rare row that needs all of it."""
@@ -293,8 +305,7 @@ class _MergedArgs:
             return _values(self.ops, key, default)
         if not self.any_ops:
             return _values(self.own, key, default)
-        out = _values(self.own, key, _MISSING)
-        gaps = list(compress(range(len(out)), map(is_, out, repeat(_MISSING))))
+        out, gaps = _held(self.own, key, default)
         ops = self.ops
         for i in gaps:
             out[i] = ops[i].get(key, default)
@@ -611,9 +622,11 @@ def _typed(
     collective's :func:`_type_one`, computed once per distinct combination of what it reads
     (kernel name, launching op name, the two ``Collective name`` values; a trace of many
     collectives holds few), then spread to the rows with numpy."""
-    missing = object()
-    own_cn = _values(own, "Collective name", missing)
-    op_cn = _values(ops, "Collective name", missing)
+    missing = _MISSING
+    own_cn, gaps = _held(own, "Collective name", missing)
+    op_cn = [missing] * len(own)  # read only where the kernel's own args lack it (_type_one)
+    for i in gaps:
+        op_cn[i] = ops[i].get("Collective name", missing)
     try:
         keys = _combined([event_code.astype(np.int64), op_code, _factorized(own_cn),
                           _factorized(op_cn)])  # fmt: skip
