@@ -292,23 +292,41 @@ def _bytes_column(
 
 class _MergedArgs:
     """Each collective's args: its own over its launching op's (``{**op, **own}``), read a key
-    column at a time; no merged dict is built but for the rare row that needs all of it."""
+    column at a time; no merged dict is built but for the rare row that needs all of it, and
+    the ops' args are looked up only where the own args lack a key."""
 
-    def __init__(self, own: list[dict[str, Any]], ops: list[dict[str, Any]]) -> None:
-        self.own, self.ops = own, ops
-        self.any_own, self.any_ops = any(own), any(ops)
+    def __init__(
+        self, own: list[dict[str, Any]], kept: dict[int, dict[str, Any]], op_index: list[int]
+    ) -> None:
+        self.own, self.any_own = own, any(own)
+        self._kept, self._op_index = kept, op_index
+        self._ops: list[dict[str, Any]] | None = None
+        self._any_ops: bool | None = None
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The launching ops' args (``{}`` where none: index -1 holds no key)."""
+        if self._ops is None:
+            self._ops = list(map(self._kept.get, self._op_index, repeat(_NO_ARGS)))
+        return self._ops
+
+    @property
+    def any_ops(self) -> bool:
+        """Whether some launching op holds args."""
+        if self._any_ops is None:
+            self._any_ops = any(self.ops)
+        return self._any_ops
 
     def values(self, key: str, default: Any = None) -> list[Any]:
         """The merged ``get(key, default)`` of each row: the own args' value, where they hold
         the key, else the op's."""
-        if not self.any_own:
+        if not self.any_own:  # RCCL, symmetric memory: no kernel carries metadata
             return _values(self.ops, key, default)
-        if not self.any_ops:
-            return _values(self.own, key, default)
         out, gaps = _held(self.own, key, default)
-        ops = self.ops
-        for i in gaps:
-            out[i] = ops[i].get(key, default)
+        if gaps and self.any_ops:
+            ops = self.ops
+            for i in gaps:
+                out[i] = ops[i].get(key, default)
         return out
 
     def row(self, i: int) -> dict[str, Any]:
@@ -521,13 +539,12 @@ def _collectives(
     known = inside | (by_launch >= 0)
     kept = evs.cols.args
     own = list(map(kept.get, idx.tolist(), repeat(_NO_ARGS)))
-    ops = list(map(kept.get, with_args.tolist(), repeat(_NO_ARGS)))  # -1 (none): no key
+    merged = _MergedArgs(own, kept, with_args.tolist())
     event_code = evs.name_code[idx]
     op_code = np.where(with_name >= 0, evs.name_code[np.maximum(with_name, 0)], -1)
     claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
     claims = {n: comm.claim(str(n)) for n in claimed} if comm is not None else {}
-    typed = _typed(own, ops, event_code, op_code.astype(np.int64), evs.names, claims)
-    merged = _MergedArgs(own, ops)
+    typed = _typed(merged, event_code, op_code.astype(np.int64), evs.names, claims)
     frame = pd.DataFrame({
         "name": typed["name"], "collective_type": typed["collective_type"],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
@@ -611,8 +628,7 @@ def _from_combos(values: list[Any], inverse: npt.NDArray[np.intp]) -> pd.Categor
 
 
 def _typed(
-    own: list[dict[str, Any]],
-    ops: list[dict[str, Any]],
+    merged: _MergedArgs,
     event_code: npt.NDArray[np.int32],
     op_code: npt.NDArray[np.int64],
     names: list[Any],
@@ -622,9 +638,10 @@ def _typed(
     collective's :func:`_type_one`, computed once per distinct combination of what it reads
     (kernel name, launching op name, the two ``Collective name`` values; a trace of many
     collectives holds few), then spread to the rows with numpy."""
-    missing = _MISSING
+    missing, own = _MISSING, merged.own
     own_cn, gaps = _held(own, "Collective name", missing)
     op_cn = [missing] * len(own)  # read only where the kernel's own args lack it (_type_one)
+    ops = merged.ops if gaps else []
     for i in gaps:
         op_cn[i] = ops[i].get("Collective name", missing)
     try:
