@@ -748,7 +748,7 @@ def test_a_collective_reads_each_arg_from_its_kernel_then_from_its_launching_op(
          "In msg nelems": 99, "dtype": "Double"},
         {"Collective name": "allgather", "seq_num": 11, "Process Group Name": "6",
          "Group size": 2, "In msg nelems": 6, "dtype": "Half"},
-        {"Collective name": "allreduce", "Seq": 12, "Process Group Name": "5", "Group size": 4,
+        {"Collective name": "allreduce", "Seq": 12, "Process Group Name": 5, "Group size": 4,
          "In msg nelems": 3, "dtype": "Double"},
     ]  # fmt: skip
     events = [x("ProfilerStep#1", "user_annotation", 0.0, 1000.0)]
@@ -767,5 +767,7 @@ def test_a_collective_reads_each_arg_from_its_kernel_then_from_its_launching_op(
     assert colls["type_source"].astype(str).tolist() == ["args", "launching op", "launching op"]
     assert colls["seq"].tolist() == [7, 11, pd.NA]  # an own Seq of null stays unknown
     assert colls["num_bytes"].tolist() == [40, 12, 24]
+    # a group named by a number is its text: the same group as "5"
     assert colls["process_group"].astype(str).tolist() == ["5", "6", "5"]
+    assert list(colls["process_group"].cat.categories) == ["5", "6"]
     assert colls["group_size"].tolist() == [4, 2, 8]

@@ -245,6 +245,18 @@ def _category(values: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
 
 
+def _text_category(values: list[Any]) -> pd.Categorical:
+    """``_category`` of the values as strings; the usual column, all strings already, coded
+    as it is (no ``str`` of each value)."""
+    try:
+        codes, distinct = _first_codes(values, np.int32)
+    except TypeError:  # an unhashable value (a list)
+        return _category(list(map(str, values)))
+    if all(type(d) is str for d in distinct):  # so every value is (decoded JSON)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
+    return _category(list(map(str, values)))
+
+
 def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
     """An Int64 column of integer args, NA where a value is no integer or is past int64
     (:func:`_int64`); the usual all-integer case in one numpy conversion."""
@@ -553,7 +565,7 @@ def _collectives(
         "num_bytes": _bytes_column(
             merged.values("In msg nelems"), merged.values("dtype"), merged.row
         ),
-        "process_group": _category(list(map(str, merged.values("Process Group Name", "")))),
+        "process_group": _text_category(merged.values("Process Group Name", "")),
         "thread": evs.thread[idx],
         "group_size": _int_column(merged.values("Group size")),
         "type_source": typed["type_source"],
@@ -640,10 +652,8 @@ def _typed(
     collectives holds few), then spread to the rows with numpy."""
     missing, own = _MISSING, merged.own
     own_cn, gaps = _held(own, "Collective name", missing)
-    op_cn = [missing] * len(own)  # read only where the kernel's own args lack it (_type_one)
-    ops = merged.ops if gaps else []
-    for i in gaps:
-        op_cn[i] = ops[i].get("Collective name", missing)
+    # The op's is read only where some kernel's own args lack it (_type_one: the own first)
+    op_cn = _values(merged.ops, "Collective name", missing) if gaps else [missing] * len(own)
     try:
         keys = _combined([event_code.astype(np.int64), op_code, _factorized(own_cn),
                           _factorized(op_cn)])  # fmt: skip
