@@ -341,6 +341,18 @@ class _MergedArgs:
                 out[i] = ops[i].get(key, default)
         return out
 
+    def held(self, key: str) -> tuple[list[Any], list[int]]:
+        """``values(key, _MISSING)`` and the rows whose merged args lack the key."""
+        if not self.any_own:
+            return _held(self.ops, key, _MISSING)
+        out, gaps = _held(self.own, key, _MISSING)
+        if gaps and self.any_ops:
+            ops = self.ops
+            for i in gaps:
+                out[i] = ops[i].get(key, _MISSING)
+            gaps = [i for i in gaps if out[i] is _MISSING]
+        return out, gaps
+
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i``'s merged args."""
         return {**self.ops[i], **self.own[i]}
@@ -577,8 +589,7 @@ def _collectives(
 
 def _seq(merged: _MergedArgs) -> list[Any]:
     """``Seq`` of each row, else its ``seq_num`` (older PyTorch)."""
-    seq = merged.values("Seq", _MISSING)
-    gaps = list(compress(range(len(seq)), map(is_, seq, repeat(_MISSING))))
+    seq, gaps = merged.held("Seq")
     if gaps:
         old = merged.values("seq_num")
         for i in gaps:
