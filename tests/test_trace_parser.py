@@ -731,3 +731,43 @@ def test_an_event_without_ph_is_no_complete_event_on_either_path(tmp_path: Path)
         cols = read_columns(source, RULES.values())
         kept = [cols.names[c] for c in cols.name_code]
         assert "op0" in kept and "op3" in kept and "op1" not in kept and "op2" not in kept
+
+
+def test_a_collective_reads_each_arg_from_its_kernel_then_from_its_launching_op() -> None:
+    # The kernel's own args override its launching op's, key by key: a kernel holding some
+    # keys takes the rest from record_param_comms; one holding none takes all of the op's
+    # (``seq_num`` where no ``Seq``, the message size from the input shape).
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    own = [
+        {"Collective name": "allreduce", "Seq": 7, "In msg nelems": 10, "dtype": "Float"},
+        {},
+        {"Group size": 8, "Seq": None},
+    ]
+    op_args: list[dict[str, Any]] = [
+        {"Collective name": "broadcast", "Seq": 3, "Process Group Name": "5", "Group size": 4,
+         "In msg nelems": 99, "dtype": "Double"},
+        {"Collective name": "allgather", "seq_num": 11, "Process Group Name": "6",
+         "Group size": 2, "In msg nelems": 6, "dtype": "Half"},
+        {"Collective name": "allreduce", "Seq": 12, "Process Group Name": 5, "Group size": 4,
+         "In msg nelems": 3, "dtype": "Double"},
+    ]  # fmt: skip
+    events = [x("ProfilerStep#1", "user_annotation", 0.0, 1000.0)]
+    for i, (mine, theirs) in enumerate(zip(own, op_args, strict=True)):
+        host = 100.0 + 200.0 * i
+        events.append(x("record_param_comms", "cpu_op", host - 5.0, 30.0, **theirs))
+        events.append(x("cudaLaunchKernel", "cuda_runtime", host, 5.0, correlation=i + 1))
+        kernel = x(nccl, "kernel", host + 20.0, 50.0, 7, correlation=i + 1, **mine)
+        kernel["pid"] = 0
+        events.append(kernel)
+    trace = {"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8},
+             "traceEvents": events}  # fmt: skip
+    colls = parse_trace(trace).collectives
+    assert colls["collective_type"].astype(str).tolist() == ["all_reduce", "all_gather",
+                                                              "all_reduce"]  # fmt: skip
+    assert colls["type_source"].astype(str).tolist() == ["args", "launching op", "launching op"]
+    assert colls["seq"].tolist() == [7, 11, pd.NA]  # an own Seq of null stays unknown
+    assert colls["num_bytes"].tolist() == [40, 12, 24]
+    # a group named by a number is its text: the same group as "5"
+    assert colls["process_group"].astype(str).tolist() == ["5", "6", "5"]
+    assert list(colls["process_group"].cat.categories) == ["5", "6"]
+    assert colls["group_size"].tolist() == [4, 2, 8]

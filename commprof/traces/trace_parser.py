@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import contains, is_, itemgetter
@@ -174,6 +175,8 @@ def _dtype_bytes(name: Any) -> int | None:
 
 
 INT64_MAX = 2**63 - 1
+_MISSING = object()
+"""A key's value where the args lack the key."""
 
 
 def _int64(value: Any) -> int | None:
@@ -212,6 +215,19 @@ def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[A
         return list(map(dict.get, args, repeat(key), repeat(default)))
 
 
+def _held(args: list[dict[str, Any]], key: str, default: Any) -> tuple[list[Any], list[int]]:
+    """``a.get(key, default)`` of each args dict and the rows whose dict lacks the key (none
+    found without a look at the values: ``a[key]`` while every dict has it)."""
+    try:
+        return list(map(itemgetter(key), args)), []
+    except KeyError:
+        out = list(map(dict.get, args, repeat(key), repeat(_MISSING)))
+        gaps = list(compress(range(len(out)), map(is_, out, repeat(_MISSING))))
+        for i in gaps:
+            out[i] = default
+        return out, gaps
+
+
 def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list[Any]]:
     """Codes of hashable values in order of first appearance, and the distinct values (TypeError
     if one is unhashable): one pass in C, each value ``setdefault`` with the count so far."""
@@ -229,6 +245,18 @@ def _category(values: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
 
 
+def _text_category(values: list[Any]) -> pd.Categorical:
+    """``_category`` of the values as strings; the usual column, all strings already, coded
+    as it is (no ``str`` of each value)."""
+    try:
+        codes, distinct = _first_codes(values, np.int32)
+    except TypeError:  # an unhashable value (a list)
+        return _category(list(map(str, values)))
+    if all(type(d) is str for d in distinct):  # so every value is (decoded JSON)
+        return pd.Categorical.from_codes(codes, categories=pd.Index(distinct, dtype=object))
+    return _category(list(map(str, values)))
+
+
 def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
     """An Int64 column of integer args, NA where a value is no integer or is past int64
     (:func:`_int64`); the usual all-integer case in one numpy conversion."""
@@ -240,15 +268,16 @@ def _int_column(values: list[Any]) -> pd.api.extensions.ExtensionArray:
     return pd.array([_int64(v) for v in values], dtype="Int64")
 
 
-def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionArray:
-    """The num_bytes column (:func:`_message_bytes` of each row): ``In msg nelems`` times the
-    size of ``dtype`` at once where both are known, each other row on its own."""
-    nelems = _values(merged, "In msg nelems")
-    dtypes = _values(merged, "dtype")
+def _bytes_column(
+    nelems: list[Any], dtypes: list[Any], row: Callable[[int], dict[str, Any]]
+) -> pd.api.extensions.ExtensionArray:
+    """The num_bytes column (:func:`_message_bytes` of each row, ``row(i)`` its args):
+    ``In msg nelems`` times the size of ``dtype`` at once where both are known, each other row
+    on its own."""
     try:
         dtype_code, distinct = _first_codes(dtypes, np.intp)
     except TypeError:  # an unhashable dtype
-        return pd.array([_message_bytes(a) for a in merged], dtype="Int64")
+        return pd.array([_message_bytes(row(i)) for i in range(len(nelems))], dtype="Int64")
     size_of = {d: _dtype_bytes(d) for d in distinct}
     if set(map(type, nelems)) == {int} and None not in size_of.values():
         # the usual case, at once in numpy: every row an integer count of a known dtype
@@ -269,8 +298,64 @@ def _bytes_column(merged: list[dict[str, Any]]) -> pd.api.extensions.ExtensionAr
         for n, z, good in zip(nelems, sizes, ok, strict=True)
     ]
     for i in [i for i, good in enumerate(ok) if not good]:
-        out[i] = _message_bytes(merged[i])
+        out[i] = _message_bytes(row(i))
     return pd.array(out, dtype="Int64")
+
+
+class _MergedArgs:
+    """Each collective's args: its own over its launching op's (``{**op, **own}``), read a key
+    column at a time; no merged dict is built but for the rare row that needs all of it, and
+    the ops' args are looked up only where the own args lack a key."""
+
+    def __init__(
+        self, own: list[dict[str, Any]], kept: dict[int, dict[str, Any]], op_index: list[int]
+    ) -> None:
+        self.own, self.any_own = own, any(own)
+        self._kept, self._op_index = kept, op_index
+        self._ops: list[dict[str, Any]] | None = None
+        self._any_ops: bool | None = None
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The launching ops' args (``{}`` where none: index -1 holds no key)."""
+        if self._ops is None:
+            self._ops = list(map(self._kept.get, self._op_index, repeat(_NO_ARGS)))
+        return self._ops
+
+    @property
+    def any_ops(self) -> bool:
+        """Whether some launching op holds args."""
+        if self._any_ops is None:
+            self._any_ops = any(self.ops)
+        return self._any_ops
+
+    def values(self, key: str, default: Any = None) -> list[Any]:
+        """The merged ``get(key, default)`` of each row: the own args' value, where they hold
+        the key, else the op's."""
+        if not self.any_own:  # RCCL, symmetric memory: no kernel carries metadata
+            return _values(self.ops, key, default)
+        out, gaps = _held(self.own, key, default)
+        if gaps and self.any_ops:
+            ops = self.ops
+            for i in gaps:
+                out[i] = ops[i].get(key, default)
+        return out
+
+    def held(self, key: str) -> tuple[list[Any], list[int]]:
+        """``values(key, _MISSING)`` and the rows whose merged args lack the key."""
+        if not self.any_own:
+            return _held(self.ops, key, _MISSING)
+        out, gaps = _held(self.own, key, _MISSING)
+        if gaps and self.any_ops:
+            ops = self.ops
+            for i in gaps:
+                out[i] = ops[i].get(key, _MISSING)
+            gaps = [i for i in gaps if out[i] is _MISSING]
+        return out, gaps
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i``'s merged args."""
+        return {**self.ops[i], **self.own[i]}
 
 
 class _Events:
@@ -478,27 +563,23 @@ def _collectives(
     known = inside | (by_launch >= 0)
     kept = evs.cols.args
     own = list(map(kept.get, idx.tolist(), repeat(_NO_ARGS)))
-    ops = list(map(kept.get, with_args.tolist(), repeat(_NO_ARGS)))  # -1 (none): no key
+    merged = _MergedArgs(own, kept, with_args.tolist())
     event_code = evs.name_code[idx]
     op_code = np.where(with_name >= 0, evs.name_code[np.maximum(with_name, 0)], -1)
     claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
     claims = {n: comm.claim(str(n)) for n in claimed} if comm is not None else {}
-    typed = _typed(own, ops, event_code, op_code.astype(np.int64), evs.names, claims)
-    if not any(own):  # no kernel carries metadata (RCCL, symmetric memory): the ops' alone
-        merged = ops
-    elif not any(ops):
-        merged = own
-    else:
-        merged = [{**o, **a} if o and a else (a or o) for a, o in zip(own, ops, strict=True)]
+    typed = _typed(merged, event_code, op_code.astype(np.int64), evs.names, claims)
     frame = pd.DataFrame({
         "name": typed["name"], "collective_type": typed["collective_type"],
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "step": pd.array(step, dtype="Int64"),
         "seq": _int_column(_seq(merged)),
-        "num_bytes": _bytes_column(merged),
-        "process_group": _category(list(map(str, _values(merged, "Process Group Name", "")))),
+        "num_bytes": _bytes_column(
+            merged.values("In msg nelems"), merged.values("dtype"), merged.row
+        ),
+        "process_group": _text_category(merged.values("Process Group Name", "")),
         "thread": evs.thread[idx],
-        "group_size": _int_column(_values(merged, "Group size")),
+        "group_size": _int_column(merged.values("Group size")),
         "type_source": typed["type_source"],
         "library": typed["library"], "point_to_point": typed["point_to_point"],
     })  # fmt: skip
@@ -506,11 +587,13 @@ def _collectives(
     return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
-def _seq(merged: list[dict[str, Any]]) -> list[Any]:
+def _seq(merged: _MergedArgs) -> list[Any]:
     """``Seq`` of each row, else its ``seq_num`` (older PyTorch)."""
-    seq = _values(merged, "Seq")
-    for i in list(compress(range(len(seq)), map(is_, seq, repeat(None)))):
-        seq[i] = merged[i].get("Seq", merged[i].get("seq_num"))
+    seq, gaps = merged.held("Seq")
+    if gaps:
+        old = merged.values("seq_num")
+        for i in gaps:
+            seq[i] = old[i]
     return seq
 
 
@@ -568,8 +651,7 @@ def _from_combos(values: list[Any], inverse: npt.NDArray[np.intp]) -> pd.Categor
 
 
 def _typed(
-    own: list[dict[str, Any]],
-    ops: list[dict[str, Any]],
+    merged: _MergedArgs,
     event_code: npt.NDArray[np.int32],
     op_code: npt.NDArray[np.int64],
     names: list[Any],
@@ -579,9 +661,10 @@ def _typed(
     collective's :func:`_type_one`, computed once per distinct combination of what it reads
     (kernel name, launching op name, the two ``Collective name`` values; a trace of many
     collectives holds few), then spread to the rows with numpy."""
-    missing = object()
-    own_cn = _values(own, "Collective name", missing)
-    op_cn = _values(ops, "Collective name", missing)
+    missing, own = _MISSING, merged.own
+    own_cn, gaps = _held(own, "Collective name", missing)
+    # The op's is read only where some kernel's own args lack it (_type_one: the own first)
+    op_cn = _values(merged.ops, "Collective name", missing) if gaps else [missing] * len(own)
     try:
         keys = _combined([event_code.astype(np.int64), op_code, _factorized(own_cn),
                           _factorized(op_cn)])  # fmt: skip
