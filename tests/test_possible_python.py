@@ -111,7 +111,7 @@ def test_the_innermost_frame_is_named_and_the_other_functions_counted() -> None:
         *_launch(KERNEL, 300.0, 3),  # inside the outer only
     ])  # fmt: skip
     listed = _listed(parse_trace(t))
-    assert listed[KERNEL]["why"] == f"3 launched inside {inner} (and 1 other functions)"
+    assert listed[KERNEL]["why"] == f"3 launched inside {inner} (and 1 other function)"
     assert listed[KERNEL]["num_events"] == 3
 
 

@@ -251,7 +251,8 @@ def _frames_why(in_frame: pd.Series, names: list[str]) -> str:
     how many, inside which function (the most frequent), and how many other functions."""
     counts = in_frame[in_frame >= 0].value_counts(sort=True)
     top = names[int(counts.index[0])]
-    more = f" (and {len(counts) - 1} other functions)" if len(counts) > 1 else ""
+    others = len(counts) - 1
+    more = f" (and {others} other function{'s' if others > 1 else ''})" if others else ""
     return f"{int(counts.sum())} launched inside {top}{more}"
 
 

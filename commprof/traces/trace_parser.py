@@ -332,18 +332,14 @@ class _MergedArgs:
     def values(self, key: str, default: Any = None) -> list[Any]:
         """The merged ``get(key, default)`` of each row: the own args' value, where they hold
         the key, else the op's."""
-        if not self.any_own:  # RCCL, symmetric memory: no kernel carries metadata
-            return _values(self.ops, key, default)
-        out, gaps = _held(self.own, key, default)
-        if gaps and self.any_ops:
-            ops = self.ops
-            for i in gaps:
-                out[i] = ops[i].get(key, default)
+        out, gaps = self.held(key)
+        for i in gaps:
+            out[i] = default
         return out
 
     def held(self, key: str) -> tuple[list[Any], list[int]]:
         """``values(key, _MISSING)`` and the rows whose merged args lack the key."""
-        if not self.any_own:
+        if not self.any_own:  # RCCL, symmetric memory: no kernel carries metadata
             return _held(self.ops, key, _MISSING)
         out, gaps = _held(self.own, key, _MISSING)
         if gaps and self.any_ops:
