@@ -209,6 +209,19 @@ def test_launcher_prefixes_change_nothing(label: str) -> None:
     assert run.rows == BASE.rows and run.world_size == 16 and run.complete
 
 
+def test_a_log_whose_page_dropped_every_hash_reads_the_same() -> None:
+    """A log pasted outside a code block loses each line's '#' (Markdown took it for a heading):
+    the header, rank lines and footer are still known by their words."""
+    bare = "\n".join(line.replace("#", "", 1) for line in OCI.splitlines())
+    assert not any(line.lstrip().startswith("#") for line in bare.splitlines())
+    run = parse_text(bare, "bare.txt").run
+    assert run.rows == BASE.rows and run.world_size == 16 and run.complete
+    lines = bare.splitlines()
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    with pytest.raises(ValueError, match=r"bare\.txt:1: a table row before any header"):
+        parse_text("\n".join(lines[first_row:]), "bare.txt")  # still strict about a cut top
+
+
 def test_nccl_lines_between_rows_and_inside_one() -> None:
     lines = OCI.splitlines()
     first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))

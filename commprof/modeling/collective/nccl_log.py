@@ -3,7 +3,8 @@
 The reader takes the text users already have. Every line may carry a launcher's prefix, stripped
 before anything else: Slurm ``srun -l`` task labels (``0: ``, `` 12: ``), Open MPI's
 ``[1,0]<stdout>:``, ``kubectl logs --prefix`` (``[pod/launcher-x/mpi] ``) and ``--timestamps``,
-and the indentation of a page it was copied from. The table's own header line names its columns
+and the indentation of a page it was copied from, or its lost ``#`` (a page that rendered the
+log as Markdown). The table's own header line names its columns
 (with or without ``redop`` or ``root``, ``#wrong`` or ``error``, one or two halves), so a row is
 read by name, never guessed from its shape: older nccl-tests print times of 10,000 us and more as
 integers. One file may hold several runs, each from its header (``# nThread``, ``#  Rank`` lines)
@@ -43,11 +44,11 @@ _PREFIXES = (
     re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
     re.compile(r"^\s*\d+:\s"),  # srun -l / --label
 )
-_RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
+_RANK = re.compile(r"^(?:#\s*)?Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\w+?)_perf")
 _CONCLUDED = re.compile(r"Collective test concluded:\s*(\w+?)_perf")
-_PREAMBLE = re.compile(r"^#\s*(?:nThread\s|Collective test starting|Using devices)")
-_FOOTER = re.compile(r"^#\s*Avg bus bandwidth\s*:")
+_PREAMBLE = re.compile(r"^#?\s*(?:nThread\s|Collective test starting|Using devices)")
+_FOOTER = re.compile(r"^#?\s*Avg bus bandwidth\s*:")
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _DEBUG = re.compile(r"\b(?:NCCL|RCCL)\s+(?:INFO|WARN|TRACE|VERSION)\b|\bUCX\s+(?:WARN|ERROR)\b")
 """A library's log line (``NCCL_DEBUG=INFO``, UCX warnings): text interleaved with the table."""
@@ -155,18 +156,21 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
                 run = _Builder()
             run.ranks[int(m.group(1))] = m.group(2)
             continue
-        if stripped.startswith("#"):
+        if stripped.startswith("#") or not stripped[0].isdigit():
+            # the header's '#' is optional: a page that rendered the log as Markdown dropped it
             words = stripped.lstrip("#").split()
             if words[:2] == ["size", "count"] and ("time" in words or "cputime" in words):
                 if run.columns is not None:
                     runs.append(run.finish(source, len(runs) + 1))
                     run = _Builder()
                 run.columns, run.header_line = words, number
-            elif _FOOTER.match(stripped) and run.columns is not None:
+                continue
+            if _FOOTER.match(stripped) and run.columns is not None:
                 run.footer = True
             elif (m := _CONCLUDED.search(stripped)) and run.columns and run.collective is None:
                 run.collective = m.group(1)  # an excerpt from the table down names its test
-            continue
+            if stripped.startswith("#"):
+                continue
         if not stripped[0].isdigit():
             if set(stripped) == {"."} and len(stripped) >= 3 and run.ranks and run.columns is None:
                 run.elided = True
