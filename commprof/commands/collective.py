@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         action="extend",
         metavar="LOG",
-        help="nccl-tests logs of this cluster to calibrate on (repeat or list: every one is kept)",
+        help="nccl-tests logs of this cluster to calibrate on, text or -J JSON (repeat or list: "
+        "every one is kept)",
     )
     parser.add_argument(
         "--run",

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from commprof.modeling.collective.nccl_log_collective import runs_as, table_collectives
+from commprof.modeling.collective.nccl_log_collective import named_by_table, runs_as
+from commprof.modeling.collective.nccl_log_json import looks_like_json, parse_json
 from commprof.modeling.collective.nccl_log_runs import NcclTestsLog, Row, Run, Skipped
 from commprof.yamlio import read_text
 
@@ -109,15 +110,7 @@ class _Builder:
             complete=self.footer,
         )
         assert self.columns is not None
-        candidates, evidence = table_collectives(run, self.columns, self.roots)
-        inferred = self.collective is None and len(candidates) == 1
-        return replace(
-            run,
-            collective=candidates[0] if inferred else self.collective,
-            candidates=candidates,
-            evidence=evidence,
-            inferred=inferred,
-        )
+        return named_by_table(run, self.columns, self.roots)
 
 
 def parse_text(text: str, source: str) -> NcclTestsLog:
@@ -136,6 +129,8 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
     """
     if len(text) > MAX_LOG_BYTES:
         raise ValueError(f"{source}: {len(text):,} characters, more than {MAX_LOG_BYTES:,}")
+    if looks_like_json(text):
+        return parse_json(text, source)
     runs: list[Run] = []
     run = _Builder()
     lines = text.splitlines()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from commprof.modeling.collective.nccl_log_runs import NcclTestsLog, Run
 
@@ -124,6 +125,20 @@ def table_collectives(
         if fits(kind) and rooted in (None, has_root) and reduces in (None, reduction)
     )
     return names, f"{said}, {said_redop}, {said_root}"
+
+
+def named_by_table(run: Run, columns: Sequence[str], roots: set[str]) -> Run:
+    """``run`` with what its table fits (:func:`table_collectives`), and the collective its
+    table gives where the header names none and the table fits only one."""
+    candidates, evidence = table_collectives(run, columns, roots)
+    inferred = run.collective is None and len(candidates) == 1
+    return replace(
+        run,
+        collective=candidates[0] if inferred else run.collective,
+        candidates=candidates,
+        evidence=evidence,
+        inferred=inferred,
+    )
 
 
 def runs_as(run: Run, collective: str) -> bool:
