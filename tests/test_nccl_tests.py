@@ -75,6 +75,13 @@ def test_mpirun_prefixes_and_an_old_layout_without_root() -> None:
         ),
         (f"{ROW}\n", "old.txt:1: a table row before any header"),
         (
+            "# nThread 1 nGpus 1\n# Using devices\n# nThread 1 nGpus 1\n# Using devices\n"
+            "#  Rank  0 Pid 11 on host-a device  0 [0x00] GPU\n"
+            "#  Rank  0 Pid 12 on host-b device  0 [0x00] GPU\n"
+            f"{HEADER}\n{HEADER}\n{ROW}\n{ROW}\n",
+            r"old.txt:6: rank 0 is listed twice \(host-a, host-b\).*without MPI=1",
+        ),
+        (
             f"{HEADER}\n{ROW.replace('85.58', 'abc')}\n# Avg bus bandwidth : 1\n",
             "time 'abc' is not a number",
         ),

@@ -149,7 +149,14 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
             if run.columns is not None:
                 runs.append(run.finish(source, len(runs) + 1))
                 run = _Builder()
-            run.ranks[int(m.group(1))] = m.group(2)
+            rank, host = int(m.group(1)), m.group(2)
+            if rank in run.ranks:
+                raise ValueError(
+                    f"{source}:{number}: rank {rank} is listed twice ({run.ranks[rank]}, {host}) "
+                    "in one run's header: each process ran a job of its own, as nccl-tests built "
+                    "without MPI=1 does under mpirun; rebuild it with MPI=1 and run it again"
+                )
+            run.ranks[rank] = host
             continue
         if stripped.startswith("#") or not stripped[0].isdigit():
             # the header's '#' is optional: a page that rendered the log as Markdown dropped it
