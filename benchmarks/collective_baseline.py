@@ -3,10 +3,11 @@ comparison (``bench_collective_scale.py``: "main's model"). Not the project's ca
 is :mod:`commprof.modeling.collective.calibration`.
 
 A copy of main's code at 1b177ce (``commprof/modeling/collectives.py``'s ``Calibration``,
-``_bus_bw``, ``table`` and ``predict``, and ``nccl_tests.calibrate``), NCCL's constants and
-helpers imported from the model: :func:`calibrate` fits three scales (intra-node bandwidth,
-network bandwidth, every latency) by least squares on ``log(predicted / measured)``, the scales
-applied inside the ``min()`` of the bus bandwidth, so a side that does not bind gets no gradient.
+``_bus_bw``, ``table`` with its latency terms (``_latency_us``) and ``predict``, and
+``nccl_tests.calibrate``), NCCL's constants and helpers imported from the model:
+:func:`calibrate` fits three scales (intra-node bandwidth, network bandwidth, every latency) by
+least squares on ``log(predicted / measured)``, the scales applied inside the ``min()`` of the
+bus bandwidth, so a side that does not bind gets no gradient.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from scipy.optimize import least_squares
 from commprof.modeling.collective.clusters import Cluster
 from commprof.modeling.collective.collectives import (
     ALGORITHMS,
+    BASE_LAT_US,
     COLLECTIVES,
     CORRECTIONS,
+    HW_LAT_US,
     LL_MAX_BW_GBPS,
     NCCL_BUFFSIZE_BYTES,
+    NET_OVERHEAD_US,
     PER_CHANNEL_CAPS_GBPS,
     PROTOCOLS,
     Corrections,
@@ -36,7 +40,6 @@ from commprof.modeling.collective.collectives import (
     _steps,
     algo_time_us,
     bus_factor,
-    latency_parts,
 )
 from commprof.modeling.collective.nccl_search import Graphs, search
 from commprof.modeling.collective.nccl_tests import NcclTestsLog, check_collective, log_world_size
@@ -110,6 +113,35 @@ def _bus_bw(
     return nvls.num_channels * min(intra, inter)
 
 
+def _latency_us(cluster: Cluster, world_size: int, collective: str, algo: str, proto: str) -> float:
+    """An algorithm's latency (us) as main's ``table`` computed it, frozen (summed from the
+    same three terms, ``baseLat``, intra-node hops, network hops, as the model's
+    ``collectives.latency_parts`` before it moved: a ring broadcast without NCCL's
+    ``sameChannels`` pays a hop a rank there now, and main's calibration must not move with
+    it)."""
+    n = cluster.nodes_for(world_size)
+    g = world_size // n
+    pi = PROTOCOLS.index(proto)
+    intra_kind = "pci" if cluster.intra_fabric == "pcie" else "nvlink"
+    intra_lat = HW_LAT_US[intra_kind][algo][pi]
+    inter_lat = HW_LAT_US["net"][algo][pi]
+    base = BASE_LAT_US[algo][pi]
+    if algo == "ring" and collective == "broadcast":
+        # main's reading of lines 234 to 236: a broadcast pipelines, one hop's latency
+        return sum((base, 0.0, inter_lat) if n > 1 else (base, intra_lat, 0.0))
+    if algo == "ring":
+        nsteps, ninter = _steps(collective, world_size, n)
+        if n > 1:
+            intra_lat = max(intra_lat, NET_OVERHEAD_US * (3.0 if proto == "Simple" else 1.0))
+        return sum((base, (nsteps - ninter) * intra_lat, ninter * inter_lat))
+    levels = math.floor(math.log2(n))
+    if algo == "tree":
+        return sum((base, 2.0 * (g - 1) * intra_lat, 2.0 * levels * inter_lat))
+    if algo == "nvls":
+        return sum((0.0, intra_lat, inter_lat if n > 1 else 0.0))
+    return sum((base, intra_lat, 2.0 * levels * inter_lat))
+
+
 def table(
     cluster: Cluster,
     world_size: int,
@@ -181,7 +213,7 @@ def table(
                     bus *= 0.85
             ratio = p / nsteps if algo == "ring" else 5.0 / 6.0 if algo.startswith("nvls") else 0.5
             algbw = bus * ratio
-            lat = sum(latency_parts(cluster, world_size, collective, algo, proto))
+            lat = _latency_us(cluster, world_size, collective, algo, proto)
             out[(algo, proto)] = (lat * calibration.latency_scale, algbw)
     if not out:
         raise ValueError(

@@ -57,11 +57,11 @@ def _log_of(cluster, world_size: int, fit: Fit, collective: str = "all_reduce") 
 
 # Every committed log the calibration reproduces within 5 % (issue #41's goal): (cluster, path,
 # run, world size where the log lists no rank lines). Misses, quoted per log with each log's own
-# roughness in benchmarks/README.md: gh200-alps p8 (6.6 %; 3.3 with the network hop latency
-# fitted), gh200-olivia's int8 run (7.5 %), aws-p5's MPI-job excerpt (7.1 %), the CXI-hook-disabled
-# run (29 %), abci-v100 p4 (5.6 %), broadcast past one node on ABCI (5.5 to 49 %; abci-a100 p32
-# 5.5 % since run 4's sameChannels latency, 4.99 % before, its own roughness 7.1 %),
-# h100-cluster01's all_reduce at 80 (8.6 %).
+# roughness in benchmarks/README.md: gh200-alps p8 (5.7 % without LL128 across nodes, 6.6 with
+# it), gh200-olivia's int8 run (14.5 %; 7.5 with LL128 across nodes, which its NCCL 2.30 runs),
+# aws-p5's MPI-job excerpt (7.1 %), the CXI-hook-disabled run (35 %), abci-v100 p4 (5.6 %),
+# broadcast past one node on ABCI (5.5 to 49 %; abci-a100 p32 5.5 % since run 4's sameChannels
+# latency, 4.99 % before, its own roughness 7.1 %), h100-cluster01's all_reduce at 80 (8.6 %).
 REPRODUCED = [
     ("oci-bm-gpu4.8", "oci-bm-gpu4.8/all_reduce_p16_oke.txt", 1),
     # the source cut these logs' rank lines: busbw / algbw implies the world size (16, 16, 8)

@@ -92,3 +92,13 @@ def test_bad_values_are_named(tmp_path: Path) -> None:
         load_cluster(path)
     with pytest.raises(ValueError, match="neither a bundled cluster"):
         load_cluster(tmp_path / "absent.yaml")
+
+
+def test_nic_path_through_the_cpu_turns_ll128_off_across_nodes_only(tmp_path: Path) -> None:
+    mine = load_cluster(_write(tmp_path, GOOD))
+    assert mine.nic_path == "pxb" and mine.ll128_on(1) and mine.ll128_on(2)
+    gh200 = load_cluster("gh200-slingshot")  # NICs on the Grace CPU's PCIe: PHB
+    assert gh200.nic_path == "phb" and gh200.ll128_on(1) and not gh200.ll128_on(2)
+    path = _write(tmp_path, GOOD + "    nic_path: sys\n")
+    with pytest.raises(ValueError, match=r"nic_path 'sys' is not one of \['pxb', 'phb'\]"):
+        load_cluster(path)

@@ -163,6 +163,21 @@ def test_two_node_tree_stays_under_twice_the_network() -> None:
     assert algbw == pytest.approx(min(4 * 48 * 0.92, 4 * 41.4) * 0.5)
 
 
+def test_no_ll128_across_nodes_on_a_nic_path_through_the_cpu() -> None:
+    # GH200: the NIC on the Grace CPU's PCIe (PHB), so NCCL (tuning.cc, v2.19 to v2.26) enables
+    # LL128 on one node only; the other entries are those of a PXB description
+    assert {p for _, p in table(GH200, 4)} == {"LL", "LL128", "Simple"}
+    pxb = replace(GH200, nic_path="pxb")
+    for ranks in (8, 32):
+        entries = table(GH200, ranks)
+        assert {p for _, p in entries} == {"LL", "Simple"}
+        assert entries == {k: v for k, v in table(pxb, ranks).items() if k[1] != "LL128"}
+    assert {r.protocol for r in predict(GH200, 32, [1 << k for k in range(10, 31)])} <= {
+        "LL",
+        "Simple",
+    }
+
+
 def test_nvls_heads_count_twice_on_their_links() -> None:
     # 8 heads of bwIntra s need (8 + 1) s <= 18 x 20.6 GB/s: s = 40 (sm90 steps 60, 50, 40)
     one = search(H100, 1).nvls

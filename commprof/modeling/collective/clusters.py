@@ -31,6 +31,10 @@ from commprof.yamlio import load_yaml, read_text
 FABRICS = ("nvswitch", "nvlink-mesh", "xgmi-mesh", "pcie")
 """Kinds of intra-node fabric: NVSwitch (every GPU at full rate to every other), a direct NVLink
 or Infinity Fabric mesh, or PCIe through the host."""
+NIC_PATHS = ("pxb", "phb")
+"""Where a GPU reaches its NIC, as NCCL's topology names the path (NVIDIA/nccl src/graph/paths.cc):
+``pxb``, through PCIe switches only (the NIC beside the GPU); ``phb``, through a CPU's PCIe host
+bridge (a NIC on the CPU's lanes, as on a GH200 node, whose GPU joins its Grace CPU by C2C)."""
 NET_SPEED_STEPS_GBPS = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0)
 """NCCL's inter-node ring search speeds in GB/s (``speedArrayInter``, NVIDIA/nccl
 src/graph/search.cc, commit b6475625fbcaa2c3c0e50eed2fa1255d7514d4a2 era)."""
@@ -65,6 +69,11 @@ class Cluster:
     """NVLink SHARP in the NVSwitch (H100 and later): NCCL's NVLS and NVLSTree algorithms."""
     ll128: bool
     """NCCL enables the LL128 protocol (NVLink systems of one compute capability)."""
+    nic_path: str
+    """One of ``NIC_PATHS`` (default ``pxb``): on ``phb`` NCCL enables no LL128 across nodes
+    (``ncclTopoTuneModel`` wants the graph's GPU-to-NIC path at most PXB, PXN on sm90, in
+    NVIDIA/nccl src/graph/tuning.cc v2.19 to v2.26; from 2.27 a GH200's path is P2C, which
+    ``NCCL_LL128_C2C`` admits by default)."""
     gpu_generation: str
     """``volta``, ``ampere``, ``hopper``, ``blackwell`` or ``other``: picks NCCL's per-generation
     caps (``collectives.PER_CHANNEL_CAPS_GBPS``)."""
@@ -102,10 +111,17 @@ class Cluster:
             )
         if self.num_nodes > 1 and self.nics_per_node == 0:
             raise ValueError(f"{where}: num_nodes {self.num_nodes} > 1 needs nics_per_node > 0")
+        if self.nic_path not in NIC_PATHS:
+            raise ValueError(f"{where}: nic_path {self.nic_path!r} is not one of {list(NIC_PATHS)}")
         if self.gpu_generation not in ("volta", "ampere", "hopper", "blackwell", "other"):
             raise ValueError(f"{where}: gpu_generation {self.gpu_generation!r} is not known")
         if self.num_channels is not None and self.num_channels < 1:
             raise ValueError(f"{where}: num_channels must be >= 1, got {self.num_channels}")
+
+    def ll128_on(self, num_nodes: int) -> bool:
+        """Whether NCCL enables LL128 for a communicator of ``num_nodes`` nodes: ``ll128``, and
+        across nodes only on a GPU-to-NIC path NCCL admits (``nic_path``)."""
+        return self.ll128 and (num_nodes == 1 or self.nic_path == "pxb")
 
     @property
     def max_world_size(self) -> int:
@@ -156,6 +172,7 @@ _DEFAULTS: dict[str, Any] = {
     "nic_bytes_per_s": 0.0,
     "nvls": False,
     "ll128": True,
+    "nic_path": "pxb",
     "gpu_generation": "other",
     "num_channels": None,
     "sources": (),
@@ -173,6 +190,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "net_efficiency": (int, float),
     "nvls": (bool,),
     "ll128": (bool,),
+    "nic_path": (str,),
     "gpu_generation": (str,),
     "num_channels": (int,),
     "sources": (list,),

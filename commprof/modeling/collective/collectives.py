@@ -22,11 +22,12 @@ nodes of ``g`` GPUs:
 then per protocol (lines 181 to 186): ring LL / 4 (/ 3 on one node for all but all-reduce),
 capped at ``LL_MAX_BW``; ring LL128 0.92 (0.7 with one rank a node), capped at ``nCh *
 perChMaxRingLL128Bw``; tree 0.92 capped at ``nCh * perChMaxTreeBw``, LL / 3.8, LL128 7/9 (one
-node) or 120/128 capped at ``nCh * perChMaxTreeLL128Bw``; 0.85 for a tree of one GPU a node. The
-algorithm bandwidth is ``busBw * p / nsteps`` for a ring (``nsteps`` = 2(p-1) for all-reduce,
-p-1 for all-gather and reduce-scatter, p for broadcast), ``busBw / 2`` for a tree and ``busBw *
-5/6`` for NVLS. The per-channel caps are why the channel count matters: 8 channels (8 HDR NICs)
-cap LL128 at 160 GB/s, 16 (16 NICs of 100 Gb/s) do not.
+node) or 120/128 capped at ``nCh * perChMaxTreeLL128Bw``; 0.85 for a tree of one GPU a node.
+LL128 only where NCCL enables it (``Cluster.ll128_on``: across nodes, not on a GPU-to-NIC path
+through the CPU). The algorithm bandwidth is ``busBw * p / nsteps`` for a ring (``nsteps`` =
+2(p-1) for all-reduce, p-1 for all-gather and reduce-scatter, p for broadcast), ``busBw / 2`` for
+a tree and ``busBw * 5/6`` for NVLS. The per-channel caps are why the channel count matters: 8
+channels (8 HDR NICs) cap LL128 at 160 GB/s, 16 (16 NICs of 100 Gb/s) do not.
 
 Latency (us) per algorithm, with ``intra``/``inter`` the hardware latencies ``HW_LAT_US`` of the
 link kind inside a node and of the network:
@@ -352,7 +353,7 @@ def table(
         for proto in PROTOCOLS:
             if algo.startswith("nvls") and proto != "Simple":
                 continue
-            if proto == "LL128" and not cluster.ll128:
+            if proto == "LL128" and not cluster.ll128_on(n):  # across nodes: its NIC path
                 continue
             bus = min(bus_sides(algo, graphs, cluster, n))
             if algo == "ring" and proto == "LL":  # line 181: 1/3 on one node but all-reduce

@@ -41,8 +41,9 @@ twice, so ``g`` heads fit where ``(g + 1) * s <= totalBw``. Rings may use at mos
 1023), NVLS one a GPU (search.cc line 884).
 
 What it leaves out: the search's PCI paths (a GPU and its NICs are taken to sit under one PCIe
-switch, path PXB, so the NIC's rate, not PCIe, bounds ``maxBw``; that is also when NCCL enables
-LL128 across nodes); crossNic and timeouts (no effect on these symmetric topologies); RCCL's own
+switch, path PXB, so the NIC's rate, not PCIe, bounds ``maxBw``; a description whose NICs sit
+behind the CPU, ``nic_path: phb``, keeps that rate and loses only LL128 across nodes,
+``Cluster.ll128_on``); crossNic and timeouts (no effect on these symmetric topologies); RCCL's own
 search (AMD meshes are searched as NCCL would).
 """
 
