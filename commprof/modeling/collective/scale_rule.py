@@ -73,9 +73,14 @@ def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> st
         )
     if fit.calibrated_nodes == 0:
         return "the description's spread on the development systems' nccl-tests logs"
+    doublings = max(0.0, math.log2(nodes / fit.calibrated_nodes))
+    if doublings == 0:
+        nodes_fitted = f"{fit.calibrated_nodes} node(s) fitted"
+        return f"the calibration's residuals on its logs, within the {nodes_fitted}"
     return (
-        f"the calibration's residuals on its logs, widened for {nodes} node(s) past the "
-        f"{fit.calibrated_nodes} fitted (rule fitted on development systems)"
+        f"the calibration's residuals on its logs, widened for {nodes} nodes: {doublings:.3g} "
+        f"doubling(s) past the {fit.calibrated_nodes} node(s) fitted (rule fitted on development "
+        "systems)"
     )
 
 
