@@ -227,7 +227,9 @@ def test_estimate_picks_the_run_of_a_multi_run_log(capsys: pytest.CaptureFixture
     log = str(DATA / "h100-cluster01/five_collectives_p8_n1.txt")
     argv = ["estimate", "--model", "srn-1m", "--world-size", "16", "--cluster", "dgx-h100"]
     assert main([*argv, "--nccl-tests", log, "--json"]) == 0
-    chosen = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    chosen = json.loads(out)
+    assert "run(s) 2 (all_gather)" in err and "set aside: another collective" in err, err
     assert main([*argv, "--nccl-tests", log, "--run", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     basis = doc["communication_interval"]["basis"]

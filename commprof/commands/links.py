@@ -10,6 +10,7 @@ with its label and where it came from.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +117,8 @@ def resolve_link(request: EstimateRequest, world_size: int | None) -> ResolvedLi
         if world_size is None:
             raise ValueError("the trace does not say its world size: give --world-size N")
         link = cluster_link(request.cluster, world_size, request.nccl_tests, request.run)
+        for note in link.log_notes:
+            print(f"commprof estimate: {note}", file=sys.stderr)
         return ResolvedLink(
             link=link,
             label=link.describe(world_size),

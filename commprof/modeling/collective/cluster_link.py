@@ -27,7 +27,7 @@ from commprof.modeling.collective.calibration_fit import DESCRIPTION, Fit
 from commprof.modeling.collective.clusters import Cluster, load_cluster
 from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log import read_logs
-from commprof.modeling.collective.nccl_log_collective import check_collective
+from commprof.modeling.collective.nccl_log_collective import check_collective, skipped_summary
 from commprof.modeling.collective.scale_rule import interval_basis
 
 
@@ -42,6 +42,9 @@ class ClusterLink:
     is the description alone."""
     calibrated_on: tuple[str, ...] = ()
     """The logs the calibration was fitted on (empty: the description alone)."""
+    log_notes: tuple[str, ...] = ()
+    """What reading those logs left out, said aloud (``skipped_summary``): rows skipped, runs of
+    other collectives set aside, a collective inferred from its table."""
     end: int | None = None
     """Which time :meth:`predict_ns` answers: None the central one, 0 the low and 1 the high end
     of its 80 % interval (:meth:`interval`)."""
@@ -169,8 +172,12 @@ def cluster_link(
         )
     for log in logs:  # a log its header does not name: its table must fit an all-reduce
         check_collective(log, "all_reduce")
-    calibration = calibrate(cluster, logs)
-    return ClusterLink(cluster=cluster, calibration=calibration, calibrated_on=tuple(nccl_tests))
+    return ClusterLink(
+        cluster=cluster,
+        calibration=calibrate(cluster, logs),
+        calibrated_on=tuple(nccl_tests),
+        log_notes=tuple(note for log in logs if (note := skipped_summary(log)) is not None),
+    )
 
 
 def comm_interval(link: ClusterLink, sizes_bytes: Sequence[int], world_size: int) -> dict[str, Any]:
