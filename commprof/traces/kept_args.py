@@ -54,7 +54,7 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
     def __init__(
         self, keys: tuple[str, ...], index: npt.NDArray[np.int64], columns: list[npt.NDArray[Any]]
     ) -> None:
-        self.keys, self.index = keys, index
+        self.arg_keys, self.index = keys, index
         self._columns = dict(zip(keys, columns, strict=True))
         self._none = np.full(index.size + 1, ABSENT, object)
 
@@ -71,7 +71,7 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
         return self.at(row)
 
     def at(self, row: int) -> dict[str, Any]:
-        """The kept args of row ``row`` (``{}`` for row -1), keys in the order of ``keys``."""
+        """The kept args of row ``row`` (``{}`` for row -1), keys in the order of ``arg_keys``."""
         values = ((k, c[row]) for k, c in self._columns.items())
         return {k: v for k, v in values if v is not ABSENT}
 
@@ -104,7 +104,7 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
         sel = keep[self.index]
         tail = np.ones(1, bool)  # the row -1's ABSENT stays last
         return KeptArgs(
-            self.keys,
+            self.arg_keys,
             new_index[self.index[sel]].astype(np.int64),
             [c[np.concatenate([sel, tail])] for c in self._columns.values()],
         )
