@@ -82,9 +82,9 @@ class KeptArgs(Mapping[int, dict[str, Any]]):
         pos = np.minimum(np.searchsorted(self.index, events), self.index.size - 1)
         return np.where(self.index[pos] == events, pos, -1)
 
-    def column(self, key: str, rows: npt.NDArray[np.intp]) -> npt.NDArray[Any]:
-        """``key``'s value at each row, ``ABSENT`` where the row lacks it or is -1 (a copy)."""
-        return self._columns.get(key, self._none)[rows]
+    def column(self, key: str, rows: npt.NDArray[np.intp] | list[int]) -> list[Any]:
+        """``key``'s value at each row, ``ABSENT`` where the row lacks it or is -1."""
+        return self._columns.get(key, self._none)[rows].tolist()  # type: ignore[no-any-return]
 
     def events_with(self, key: str) -> npt.NDArray[np.int64]:
         """The events whose kept args hold ``key``."""

@@ -297,11 +297,11 @@ class _MergedArgs:
 
     def own(self, key: str) -> list[Any]:
         """The own args' value of ``key`` of each row (``ABSENT`` where they lack it)."""
-        return self._kept.column(key, self.own_rows).tolist()  # type: ignore[no-any-return]
+        return self._kept.column(key, self.own_rows)
 
     def op(self, key: str) -> list[Any]:
         """The launching op's value of ``key`` of each row (``ABSENT`` where none holds it)."""
-        return self._kept.column(key, self.op_rows).tolist()  # type: ignore[no-any-return]
+        return self._kept.column(key, self.op_rows)
 
     def values(self, key: str, default: Any = None) -> list[Any]:
         """The merged ``get(key, default)`` of each row: the own args' value, where they hold
@@ -319,7 +319,7 @@ class _MergedArgs:
         out = self.own(key)
         gaps = absent(out)
         if gaps and self.any_ops:
-            fill = self._kept.column(key, self.op_rows[gaps]).tolist()
+            fill = self._kept.column(key, self.op_rows[gaps])
             for i, value in zip(gaps, fill, strict=True):
                 out[i] = value
             gaps = list(compress(gaps, map(is_, fill, repeat(ABSENT))))
