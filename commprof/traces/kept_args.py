@@ -5,10 +5,11 @@ The reader keeps the args keys that a rule or the collectives table reads
 them: collectives and their launching ops, a few hundred thousand in a large trace. They are
 gathered a chunk at a time while its decoded structs are in the CPU's cache (one tuple of the
 kept fields an event, transposed into the key columns), not as a dict an event: the collectives
-table then reads a key of every collective with one numpy ``take`` of an object column, where a
-dict each would cost a lookup of every cold dict per key, and the columns take a third of the
-memory. :class:`KeptArgs` still reads as the mapping event index -> its kept args (a dict built
-on demand) for the few callers that want one event's.
+table then reads a key of every collective with one numpy ``take`` of an object column, not a
+lookup in each event's dict (cold by then), and the columns hold no dict of their own (a few
+hundred bytes an event). The decoded structs are not kept instead: read a key at a time after the
+whole trace, they are as cold as the dicts. :class:`KeptArgs` still reads as the mapping event
+index -> its kept args (a dict built on demand) for the few callers that want one event's.
 """
 
 from __future__ import annotations
