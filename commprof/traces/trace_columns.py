@@ -44,8 +44,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from msgspec import to_builtins
 
+from commprof.traces.kept_args import KeptArgs, KeptArgsBuilder
 from commprof.traces.trace_reader import (
     CHUNK_BYTES,
     NUM_PH_CHECKED,
@@ -103,8 +103,9 @@ class TraceColumns:
     """Each launch's thread code (the scheme of ``thread``): its launching op is on it."""
     launch_name_code: npt.NDArray[np.int32]
     """Each launch's name, an index in ``names`` (``cudaLaunchKernel``, ``cudaGraphLaunch``)."""
-    args: dict[int, dict[str, Any]]
-    """Event index -> its kept ``args`` keys, for events a rule may need them of."""
+    args: KeptArgs
+    """Event index -> its kept ``args`` keys, for events a rule may need them of (stored as a
+    column per key)."""
     num_duplicates: int = 0
     """Events dropped as duplicates (same category, name, start, end and thread as another)."""
     num_unfinished: int = 0
@@ -133,6 +134,8 @@ MAX_LEARNED_CATS = 64
 """Categories outside the known ones added to the typed decoder before it gives up on tags."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _NAME_PID_TID = attrgetter("name", "pid", "tid")
+_TS_DUR = attrgetter("ts", "dur")
+_TIMES = np.dtype([("ts", np.float64), ("dur", np.float64)])
 _TYPE_CODE = attrgetter("type_code")
 _ARGS_CORR = attrgetter("args.correlation")
 _IS_X = partial(eq, "X")
@@ -373,7 +376,9 @@ class ColumnBuilder:
         """Per (name, pid, tid): its name code and its (pid, tid) pair code."""
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
-        self.args: dict[int, dict[str, Any]] = {}
+        self.args = KeptArgsBuilder(
+            self.struct_keys, tuple(f for f, _ in self.kept_fields), RAW_ARG_KEYS
+        )
         self.first_bad: tuple[int, Any, Any, Any] | None = None
         """Index, name, ts and dur of the first event whose ts or dur was None."""
         self.num_bad, self.num_beyond = 0, 0
@@ -645,8 +650,9 @@ class ColumnBuilder:
         if not xs:
             return len(chunk)
         base = len(self)
-        self.ts_us.frombytes(np.fromiter(map(_GET["ts"], xs), np.float64, len(xs)).tobytes())
-        self.dur_us.frombytes(np.fromiter(map(_GET["dur"], xs), np.float64, len(xs)).tobytes())
+        times = np.fromiter(map(_TS_DUR, xs), _TIMES, len(xs))  # both in one pass
+        self.ts_us.frombytes(times["ts"].tobytes())
+        self.dur_us.frombytes(times["dur"].tobytes())
         if types is None:
             cc = self._codes(self.cats, xs, "cat", self.cat_bits)
         else:
@@ -670,14 +676,12 @@ class ColumnBuilder:
 
     def _keep_args(self, args: list[Any], where: list[int], base: int) -> None:
         """Keep the ``args`` at ``where`` (indices in the chunk; ``base``: the chunk's first
-        event) as dicts of their kept keys: UNSET ones left out, undecoded JSON (RAW_ARG_KEYS)
-        decoded now, and none where no key is left (a launch's args hold the correlation only).
-        One ``to_builtins`` of them all; every pass iterated in C."""
+        event): their kept keys gathered into the key columns while the chunk is in cache
+        (:class:`commprof.traces.kept_args.KeptArgsBuilder`), none where no key is held (a
+        launch's args hold the correlation only)."""
         held = list(map(args.__getitem__, where))
         index = list(compress(map(base.__add__, where), held))  # structs are true, None is not
-        dicts = to_builtins(list(filter(None, held)), enc_hook=_value)
-        list(map(dict.pop, dicts, _CORR))
-        self.args.update(compress(zip(index, dicts, strict=True), dicts))  # {} is false
+        self.args.add_structs(index, list(filter(None, held)))
 
     def _add_launches(self, launches: list[Any]) -> None:
         """Append a chunk's launches to the launch columns (``launch_only``)."""
@@ -833,9 +837,7 @@ class ColumnBuilder:
                     keep = True
                     break
         if keep:
-            kept = {k: a[k] for k in self.keep_keys if k in a}
-            if kept:
-                self.args[len(self) - 1] = kept
+            self.args.add_dict(len(self) - 1, a)
 
     def _flush(self) -> None:
         """Convert the pending float ts/dur to int64 ns starts and ends, and check them.
@@ -922,7 +924,7 @@ class ColumnBuilder:
             thread=thread,
             correlation=np.frombuffer(self.correlation, dtype=np.int64),
             **self._launches(thread),
-            args=self.args,
+            args=self.args.finish(),
         )  # the columns share the arrays' buffers: nothing appends to them any more
         unfinished = np.frombuffer(self.unfinished, dtype=np.int8).astype(bool)
         if unfinished.all():
@@ -1076,7 +1078,7 @@ def _drop(
     """``cols`` without the events where ``drop`` and the launches where ``ldrop`` is set."""
     keep, lkeep = ~drop, ~ldrop
     new_index = np.cumsum(keep) - 1
-    args = {int(new_index[i]): a for i, a in cols.args.items() if keep[i]}
+    args = cols.args.subset(keep, new_index)
     return dataclasses.replace(
         cols,
         start_ns=cols.start_ns[keep], end_ns=cols.end_ns[keep], cat_code=cols.cat_code[keep],
@@ -1093,11 +1095,6 @@ def _canonical(codes: dict[Any, int]) -> npt.NDArray[np.int64]:
     out = np.zeros(max(len(codes), 1), np.int64)
     out[[codes[k] for k in keys]] = np.arange(len(keys))
     return out
-
-
-def _value(v: Any) -> Any:
-    """A kept arg's value: undecoded JSON (RAW_ARG_KEYS) decoded now."""
-    return msgspec.json.decode(v) if isinstance(v, msgspec.Raw) else v
 
 
 def code_mask(codes: npt.NDArray[np.int32], wanted: list[bool]) -> npt.NDArray[np.bool_]:

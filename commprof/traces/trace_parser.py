@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import contains, is_, itemgetter
+from operator import is_
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import pandas as pd
 
 from commprof.traces.comm_rules import CommRule, CommRules
 from commprof.traces.intervals import Int64Array, IntervalSet, difference
+from commprof.traces.kept_args import ABSENT, KeptArgs, absent
 from commprof.traces.possible_comm import possible_comm, possible_ranges
 from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
@@ -175,8 +176,6 @@ def _dtype_bytes(name: Any) -> int | None:
 
 
 INT64_MAX = 2**63 - 1
-_MISSING = object()
-"""A key's value where the args lack the key."""
 
 
 def _int64(value: Any) -> int | None:
@@ -204,28 +203,6 @@ def _message_bytes(args: dict[str, Any] | None) -> int | None:
         if size is not None and all(isinstance(d, int) for d in dims[0]):
             return _int64(math.prod(dims[0]) * size)
     return None
-
-
-def _values(args: list[dict[str, Any]], key: str, default: Any = None) -> list[Any]:
-    """``a.get(key, default)`` of each kept args dict, iterated in C (``a[key]`` while every
-    dict has the key: the usual column, a cheaper call)."""
-    try:
-        return list(map(itemgetter(key), args))
-    except KeyError:
-        return list(map(dict.get, args, repeat(key), repeat(default)))
-
-
-def _held(args: list[dict[str, Any]], key: str, default: Any) -> tuple[list[Any], list[int]]:
-    """``a.get(key, default)`` of each args dict and the rows whose dict lacks the key (none
-    found without a look at the values: ``a[key]`` while every dict has it)."""
-    try:
-        return list(map(itemgetter(key), args)), []
-    except KeyError:
-        out = list(map(dict.get, args, repeat(key), repeat(_MISSING)))
-        gaps = list(compress(range(len(out)), map(is_, out, repeat(_MISSING))))
-        for i in gaps:
-            out[i] = default
-        return out, gaps
 
 
 def _first_codes(values: list[Any], dtype: type) -> tuple[npt.NDArray[Any], list[Any]]:
@@ -304,30 +281,27 @@ def _bytes_column(
 
 class _MergedArgs:
     """Each collective's args: its own over its launching op's (``{**op, **own}``), read a key
-    column at a time; no merged dict is built but for the rare row that needs all of it, and
-    the ops' args are looked up only where the own args lack a key."""
+    column at a time from the kept args' columns (a numpy ``take`` of each); no merged dict is
+    built but for the rare row that needs all of it, and the ops' values are read only where the
+    own args lack the key."""
 
-    def __init__(
-        self, own: list[dict[str, Any]], kept: dict[int, dict[str, Any]], op_index: list[int]
-    ) -> None:
-        self.own, self.any_own = own, any(own)
-        self._kept, self._op_index = kept, op_index
-        self._ops: list[dict[str, Any]] | None = None
-        self._any_ops: bool | None = None
+    def __init__(self, kept: KeptArgs, own: npt.NDArray[np.intp], op: npt.NDArray[np.intp]) -> None:
+        self._kept = kept
+        self.own_rows, self.op_rows = kept.rows(own), kept.rows(op)
+        """Each collective's row in the kept args, and its launching op's (-1: none)."""
+        self.any_own = bool((self.own_rows >= 0).any())
+        self.any_ops = bool((self.op_rows >= 0).any())
 
-    @property
-    def ops(self) -> list[dict[str, Any]]:
-        """The launching ops' args (``{}`` where none: index -1 holds no key)."""
-        if self._ops is None:
-            self._ops = list(map(self._kept.get, self._op_index, repeat(_NO_ARGS)))
-        return self._ops
+    def __len__(self) -> int:
+        return int(self.own_rows.size)
 
-    @property
-    def any_ops(self) -> bool:
-        """Whether some launching op holds args."""
-        if self._any_ops is None:
-            self._any_ops = any(self.ops)
-        return self._any_ops
+    def own(self, key: str) -> list[Any]:
+        """The own args' value of ``key`` of each row (``ABSENT`` where they lack it)."""
+        return self._kept.column(key, self.own_rows)
+
+    def op(self, key: str) -> list[Any]:
+        """The launching op's value of ``key`` of each row (``ABSENT`` where none holds it)."""
+        return self._kept.column(key, self.op_rows)
 
     def values(self, key: str, default: Any = None) -> list[Any]:
         """The merged ``get(key, default)`` of each row: the own args' value, where they hold
@@ -338,20 +312,22 @@ class _MergedArgs:
         return out
 
     def held(self, key: str) -> tuple[list[Any], list[int]]:
-        """``values(key, _MISSING)`` and the rows whose merged args lack the key."""
+        """``values(key, ABSENT)`` and the rows whose merged args lack the key."""
         if not self.any_own:  # RCCL, symmetric memory: no kernel carries metadata
-            return _held(self.ops, key, _MISSING)
-        out, gaps = _held(self.own, key, _MISSING)
+            out = self.op(key)
+            return out, absent(out)
+        out = self.own(key)
+        gaps = absent(out)
         if gaps and self.any_ops:
-            ops = self.ops
-            for i in gaps:
-                out[i] = ops[i].get(key, _MISSING)
-            gaps = [i for i in gaps if out[i] is _MISSING]
+            fill = self._kept.column(key, self.op_rows[gaps])
+            for i, value in zip(gaps, fill, strict=True):
+                out[i] = value
+            gaps = list(compress(gaps, map(is_, fill, repeat(ABSENT))))
         return out, gaps
 
     def row(self, i: int) -> dict[str, Any]:
         """Row ``i``'s merged args."""
-        return {**self.ops[i], **self.own[i]}
+        return {**self._kept.at(int(self.op_rows[i])), **self._kept.at(int(self.own_rows[i]))}
 
 
 class _Events:
@@ -388,8 +364,7 @@ class _Events:
         held = self._with_arg.get(key)
         if held is None:  # over the few events whose args were kept, not over every event
             held = self._with_arg[key] = np.zeros(len(self), bool)
-            args = self.cols.args
-            held[list(compress(args, map(contains, args.values(), repeat(key))))] = True
+            held[self.cols.args.events_with(key)] = True
         return held
 
     def has_arg(self, idx: npt.NDArray[np.intp], key: str) -> npt.NDArray[np.bool_]:
@@ -463,7 +438,6 @@ def _classify(
     return targets, collective, not_compute
 
 
-_NO_ARGS: dict[str, Any] = {}
 OP_DEPTH = 4
 """Enclosing ops searched for a collective's launching op, innermost first (record_param_comms >
 nccl:all_reduce, under ops of other names: a few deep in real traces)."""
@@ -557,9 +531,7 @@ def _collectives(
     if cpu is not None:
         step = np.where(by_launch >= 0, cpu[0][np.maximum(by_launch, 0)], step)
     known = inside | (by_launch >= 0)
-    kept = evs.cols.args
-    own = list(map(kept.get, idx.tolist(), repeat(_NO_ARGS)))
-    merged = _MergedArgs(own, kept, with_args.tolist())
+    merged = _MergedArgs(evs.cols.args, idx, with_args)
     event_code = evs.name_code[idx]
     op_code = np.where(with_name >= 0, evs.name_code[np.maximum(with_name, 0)], -1)
     claimed = {evs.names[c] for c in np.unique(event_code).tolist()}
@@ -657,16 +629,16 @@ def _typed(
     collective's :func:`_type_one`, computed once per distinct combination of what it reads
     (kernel name, launching op name, the two ``Collective name`` values; a trace of many
     collectives holds few), then spread to the rows with numpy."""
-    missing, own = _MISSING, merged.own
-    own_cn, gaps = _held(own, "Collective name", missing)
+    missing, num = ABSENT, len(merged)
+    own_cn = merged.own("Collective name")
     # The op's is read only where some kernel's own args lack it (_type_one: the own first)
-    op_cn = _values(merged.ops, "Collective name", missing) if gaps else [missing] * len(own)
+    op_cn = merged.op("Collective name") if missing in own_cn else [missing] * num
     try:
         keys = _combined([event_code.astype(np.int64), op_code, _factorized(own_cn),
                           _factorized(op_cn)])  # fmt: skip
     except TypeError:  # an unhashable Collective name (a list): every collective on its own
-        keys = np.arange(len(own), dtype=np.int64)
-    if not len(own):
+        keys = np.arange(num, dtype=np.int64)
+    if not num:
         combos, inverse = np.empty(0, np.intp), np.empty(0, np.intp)
     else:
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
