@@ -29,7 +29,8 @@ class Row:
     inplace_time_us: float | None
     """In-place time (us); None where the log has no in-place half."""
     line: int
-    """Line number in the file (1-based)."""
+    """Line number in the file (1-based); in nccl-tests' JSON output, the record's place in
+    ``results`` (1-based)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
