@@ -18,6 +18,7 @@ from commprof.modeling.buckets import (
 )
 from commprof.training import models as ref_models
 from commprof.training.launcher import process_group, spawn_ranks
+from tests.hang import GUARD_S
 
 EXECUTION_ORDER_DIFFERS = {"resnet18"}
 UNEVEN = [(300, 700), (700, 500), (500, 90), (90, 1200), (1200, 10)]
@@ -127,7 +128,7 @@ def _model_bytes(params: list[tuple[str, int]]) -> int:
 
 @pytest.mark.slow
 def test_against_real_ddp_buckets() -> None:
-    results = spawn_ranks(_ddp_worker, 2, limit_s=600)[0]
+    results = spawn_ranks(_ddp_worker, 2, limit_s=GUARD_S)[0]
     for res in results:
         predicted = [b.num_bytes for b in assign_buckets(res["params"], bucket_cap_mb=res["cap"])]
         step0 = [n for s, _, n in res["seen"] if s == 0]

@@ -30,6 +30,7 @@ from commprof.profiling.comm_hooks import (
 from commprof.training.data import loss_fn, make_batch
 from commprof.training.launcher import process_group, spawn_ranks
 from commprof.training.models import build_model, count_parameters
+from tests.hang import GUARD_S
 
 WORLD_SIZE = 2
 MODEL = "srn-100k"
@@ -227,7 +228,7 @@ def _worker(rank: int, world_size: int, store_path: str) -> dict[str, Any]:  # p
 def ranks() -> list[dict[str, Any]]:
     """What each of the two ranks returned, by scenario (a real 2-rank run: its tests are in the
     slow tier)."""
-    per_rank = spawn_ranks(_worker, WORLD_SIZE, limit_s=600)
+    per_rank = spawn_ranks(_worker, WORLD_SIZE, limit_s=GUARD_S)
     return [_convert(r, np.ndarray, torch.from_numpy) for r in per_rank]
 
 

@@ -21,6 +21,7 @@ from commprof.modeling.buckets import assign_buckets
 from commprof.reporting import figures, main_sections, prose
 from commprof.sweeps.guard import GuardPlan
 from commprof.training.launcher import run_local
+from tests.hang import GUARD_S
 
 CELL = Cell(
     model="srn-1m",
@@ -37,7 +38,7 @@ CELL = Cell(
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("default-cap")
-    per_rank = run_local(CELL, timeout_s=120)
+    per_rank = run_local(CELL, timeout_s=120, limit_s=GUARD_S)
     results.commit_attempt(
         out, CELL, per_rank=per_rank, sweep="t", attempt=1, num_params=1, wall_s=1.0
     )

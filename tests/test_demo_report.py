@@ -22,6 +22,7 @@ import pytest
 
 from commprof.analysis.dataset import load_processed
 from commprof.reporting import build
+from tests.hang import GUARD_S
 from tests.prereqs import needs
 from tests.report_claims import contradictions, page_tables
 from tests.test_in_sample import assert_reproduces
@@ -127,7 +128,7 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
     assert "Token authentication is enabled" not in done.stderr
     assert "8 ok, 0 failed" in done.stdout
     # run again: nothing is left to run, and no Ray starts for it
-    again = _run(*sweep, cwd=tmp_path, timeout=120)
+    again = _run(*sweep, cwd=tmp_path, timeout=GUARD_S)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "nothing to run" in again.stdout and "Ray was not started" in again.stdout
     assert "Started a local Ray" not in again.stderr and "0/0" not in again.stderr
@@ -166,7 +167,7 @@ def test_the_demo_sweep_shows_every_section_and_the_hooks_cost(tmp_path: Path) -
 def test_the_attach_example_names_what_it_wrote_and_reads_well(tmp_path: Path) -> None:
     (tmp_path / "example.py").write_text(readme_example())
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = _run(*torchrun, "--nproc_per_node", "2", "example.py", cwd=tmp_path, timeout=300)
+    done = _run(*torchrun, "--nproc_per_node", "2", "example.py", cwd=tmp_path, timeout=GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "commprof-run"
     data = load_processed(out)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from commprof import results
+from tests.hang import GUARD_S
 from tests.prereqs import needs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ def test_an_embedded_sweep_listens_on_loopback_only(tmp_path: Path) -> None:
     while proc.poll() is None and time.monotonic() < deadline:
         seen |= _listening(_tree(proc.pid))
         time.sleep(0.2)
-    _, err = proc.communicate(timeout=600)
+    _, err = proc.communicate(timeout=GUARD_S)
     assert proc.returncode == 0, err[-3000:]
     assert "listening on 127.0.0.1 only" in err
     names = {name for _, name in seen}

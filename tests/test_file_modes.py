@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import GUARD_S
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # a fresh interpreter per umask
 WRITE = """
@@ -33,7 +35,9 @@ write_parquet(analyze(Path(sys.argv[3]), workers=1).tables(), root / "tables")
 def test_written_files_follow_the_umask(tmp_path: Path, umask: str, mode: int) -> None:
     golden = REPO / "tests" / "data" / "golden_gloo2"
     subprocess.run(
-        [sys.executable, "-c", WRITE, str(tmp_path), umask, str(golden)], check=True, timeout=300
+        [sys.executable, "-c", WRITE, str(tmp_path), umask, str(golden)],
+        check=True,
+        timeout=GUARD_S,
     )
     assert (tmp_path / "plain").stat().st_mode & 0o777 == mode  # what open() gives, for reference
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "plain"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from commprof import results
+from tests.hang import GUARD_S
 from tests.mounts import argv, lines_of, read_only, run_mounted, tmpfs
 from tests.prereqs import needs
 
@@ -32,7 +33,7 @@ def test_a_full_disk_at_commit_names_the_path(tmp_path: Path) -> None:
         tmpfs(str(out), "32k"),
         f"{run}; echo RC=$?; find {argv(out)} -name '*.parquet' -o -name '*.tmp'",
         env=ENV,
-        timeout=300,
+        timeout=GUARD_S,
     )
     assert lines_of(said, "RC=") == ["RC=2"], said[-3000:]
     (error,) = lines_of(said, "error: ")
@@ -48,7 +49,10 @@ def test_report_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     data = tmp_path / "ds"
     shutil.copytree(SMOKE, data)
     said = run_mounted(
-        read_only(str(data)), f"{argv(*PYTHON, 'report', data)}; echo RC=$?", env=ENV, timeout=120
+        read_only(str(data)),
+        f"{argv(*PYTHON, 'report', data)}; echo RC=$?",
+        env=ENV,
+        timeout=GUARD_S,
     )
     assert lines_of(said, "RC=") == ["RC=2"], said[-3000:]
     assert lines_of(said, "error: ") == [

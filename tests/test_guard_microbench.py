@@ -13,6 +13,7 @@ import pytest
 
 from commprof.modeling import memory
 from commprof.training.trainer import CALIBRATION_SIZES_BYTES
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 SIZE_BYTES = 64 * 2**20
@@ -53,7 +54,7 @@ def test_the_guard_term_covers_the_microbenchmark_peak() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=GUARD_S,
         check=True,
     )
     peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]

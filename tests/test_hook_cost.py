@@ -17,6 +17,7 @@ from commprof.outcomes import merge_rank_records
 from commprof.sweeps.guard import HOOK_COST_WARMUP_PAIRS, estimate_cell_s
 from commprof.training.hook_cost import ARMS, WARMUP_PAIRS, interleaved_pairs
 from commprof.training.launcher import run_local
+from tests.hang import GUARD_S
 
 PAIRS = 6
 CELL = Cell(
@@ -35,7 +36,9 @@ CELL = Cell(
 
 @pytest.fixture(scope="module")
 def per_rank() -> list[dict[str, Any]]:
-    return run_local(CELL, timeout_s=180)  # generous: the test machine is heavily shared
+    return run_local(
+        CELL, timeout_s=180, limit_s=GUARD_S
+    )  # generous: the test machine is heavily shared
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from commprof import cli, matrix
 from commprof.matrix import MatrixError
 from commprof.sweeps import run_matrix
 from commprof.sweeps.guard import GuardPlan
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "name: t\naxes:\n  model: [srn-100k]\n  world_size: [2]\n  bucket_cap_mb: [1]\n"
@@ -207,7 +208,7 @@ def test_a_nul_in_env_is_refused_by_the_sweep_command(tmp_path: Path) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=GUARD_S,
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -23,6 +23,7 @@ from commprof.lock import DatasetLock, DatasetLocked, LockLost, parse_record
 from commprof.outcomes import classify_error_texts
 from commprof.reporting import viz
 from commprof.sweeps import run_matrix
+from tests.hang import GUARD_S
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "golden_gloo2"
@@ -136,7 +137,7 @@ def test_a_missing_gloo_interface_is_deterministic(tmp_path: Path) -> None:
     )
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "commprof-no-such-if0"}
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=GUARD_S
     )
     text = done.stdout.strip()
     assert "commprof-no-such-if0" in text, done.stdout + done.stderr
@@ -405,7 +406,7 @@ def test_commprof_run_with_its_folder_moved_away_exits_3(tmp_path: Path) -> None
             break
         time.sleep(0.1)
     os.replace(out, tmp_path / "moved")  # while its ranks train
-    _, err = run.communicate(timeout=600)
+    _, err = run.communicate(timeout=GUARD_S)
     lines = [line for line in err.strip().splitlines() if line.startswith("error")]
     _one_error(run.returncode, lines, "the dataset folder is gone", rc=3)
     assert not out.exists()

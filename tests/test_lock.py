@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from commprof.lock import GUARD_NAME, LOCK_NAME, STALE_S, DatasetLock, DatasetLocked
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_S = 600
@@ -60,7 +61,7 @@ def test_a_second_driver_exits_within_seconds_and_writes_nothing(tmp_path: Path)
             env={**env, "RAY_TMPDIR": str(ray_tmp)},  # where a Ray it started would live
             capture_output=True,
             text=True,
-            timeout=300,  # a hang is the failure
+            timeout=GUARD_S,  # a hang is the failure
         )
     assert run.returncode == 3, run.stderr[-2000:]
     assert f"in use by another driver: pid {os.getpid()}" in run.stderr
@@ -101,7 +102,7 @@ def test_waiting_for_the_owner(tmp_path: Path) -> None:
     threading.Timer(1.0, release).start()
     done = threading.Thread(target=lambda: (waiter.acquire(), said.append("taken")), daemon=True)
     done.start()
-    done.join(timeout=600)  # a guard: taken within a look of the release, or it hangs
+    done.join(timeout=GUARD_S)  # a guard: taken within a look of the release, or it hangs
     assert not done.is_alive(), "not taken at the owner's release: it waits out wait_s"
     # it found the owner, looked again until the release, and took the folder then
     assert said == ["releasing", "taken"] and waiter.looks >= 2
@@ -169,7 +170,7 @@ def test_racing_takeovers_of_a_dead_owner_leave_one_holder(tmp_path: Path, kind:
     for proc in procs:
         proc.start()
     for proc in procs:
-        proc.join(timeout=120)
+        proc.join(timeout=GUARD_S)
         assert proc.exitcode == 0
     # exactly one holder per trial: the dead owner's lock went to one racer, and the others
     # found that racer's lock, live
@@ -236,7 +237,7 @@ def test_an_owner_alive_on_this_host_keeps_the_folder_while_stopped(tmp_path: Pa
         os.kill(owner.pid, signal.SIGCONT)
         assert _tell(owner, "commit") == "committed"  # it still owns the folder
         assert _tell(owner, "release") == "released"
-        assert owner.wait(timeout=30) == 0
+        assert owner.wait(timeout=GUARD_S) == 0
     finally:
         if owner.poll() is None:
             os.kill(owner.pid, signal.SIGCONT)
@@ -256,7 +257,7 @@ def test_an_owner_that_lost_the_folder_stops_before_writing(tmp_path: Path) -> N
         assert "stopped before writing" in said
         assert not (tmp_path / "cells").exists()  # nothing written
         assert _tell(owner, "release") == "released"
-        assert owner.wait(timeout=30) == 0
+        assert owner.wait(timeout=GUARD_S) == 0
     finally:
         if owner.poll() is None:
             owner.kill()
@@ -282,7 +283,7 @@ def test_commprof_run_that_lost_its_folder_exits_without_writing(tmp_path: Path)
         time.sleep(0.05)
     # a driver on another node presumed it dead and took the folder over
     lock.write_text(json.dumps({"host": "another-node", "pid": 7, "token": "theirs"}))
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=GUARD_S)
     assert proc.returncode == 3, err[-3000:]
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
     assert "no longer owns the folder: pid 7 on host another-node took it over" in line
@@ -317,7 +318,7 @@ def test_a_sweep_that_lost_its_folder_stops_without_writing(tmp_path: Path) -> N
         time.sleep(0.1)
     (out / LOCK_NAME).write_text(json.dumps({"host": "another-node", "pid": 7, "token": "x"}))
     before = set(results.latest_status(out))
-    _, err = proc.communicate(timeout=300)  # a hang is the failure
+    _, err = proc.communicate(timeout=GUARD_S)  # a hang is the failure
     assert proc.returncode == 3, err[-3000:]
     assert "took it over" in err and "stopped before writing" in err and "Traceback" not in err
     # stopped at the next heartbeat or commit: at most the commit that was under way when the

@@ -29,17 +29,17 @@ try:
     check = subprocess.run(
         [sys.executable, "-m", "commprof", "check", "--json"],
         env={**os.environ, "RAY_ADDRESS": ctx.address_info["gcs_address"]},
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True, text=True, timeout=1800, check=True,  # hang guards here: 1,800 s
     )
     env = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     def gang(shape):
         group = reserve(shape)
-        ray.get(group.ready(), timeout=120)
-        return start_gang(shape, group, ready_timeout_s=120, env=env)
+        ray.get(group.ready(), timeout=1800)
+        return start_gang(shape, group, ready_timeout_s=1800, env=env)
     gangs = [gang((2, "cuda", "PACK")) for _ in range(2)]
-    seen = [ray.get([a.describe.remote() for a in g.actors], timeout=60) for g in gangs]
+    seen = [ray.get([a.describe.remote() for a in g.actors], timeout=1800) for g in gangs]
     host = rendezvous_host(gangs[0])
-    port = ray.get(gangs[0].actors[0].open_store.remote(host, 2, 30.0), timeout=60)
+    port = ray.get(gangs[0].actors[0].open_store.remote(host, 2, 30.0), timeout=1800)
     nodes = json.loads(check.stdout)["ray_nodes"]
     print(json.dumps({"seen": seen, "host": host, "port": port, "nodes": nodes}))
 finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from commprof.ray_reaper import _cmdline, _stat
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -48,7 +49,7 @@ def test_a_killed_driver_leaves_no_ray_process(tmp_path: Path) -> None:
         doc = json.loads(driver.stdout.readline())
     finally:
         driver.send_signal(signal.SIGKILL)  # no atexit, no ray.shutdown
-        driver.wait(timeout=60)
+        driver.wait(timeout=GUARD_S)
     procs = [(int(p), int(s)) for p, s in doc["procs"]]
     assert len(doc["agents"]) >= 2, [_cmdline(p) for p, _ in procs]  # both agents recorded
     watcher = doc["watcher"]

@@ -30,6 +30,7 @@ import pytest
 
 from commprof import results
 from commprof.ray_address import NEEDS_TOKEN
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -164,7 +165,7 @@ class Machine:
             *extra,
         ]
         done = self.run(argv, *flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out, _ = done.communicate(timeout=300)
+        out, _ = done.communicate(timeout=GUARD_S)
         assert done.returncode == 0, out[-3000:]
         return temp_dir
 
@@ -180,7 +181,7 @@ def _check(machine: Machine, **env: str) -> str:
         env={**machine.env, "RAY_ADDRESS": f"{machine.head}:{machine.port}", **env},
         capture_output=True,
         text=True,
-        timeout=300,  # a hang is the failure; the probe answers in about a second
+        timeout=GUARD_S,  # a hang is the failure; the probe answers in about a second
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.strip().startswith("ray cluster:")]
@@ -203,7 +204,7 @@ def test_the_readme_cluster_block_runs_and_resumes_after_a_lost_node(tmp_path: P
     driver = None
     try:
         generate = machine.run(machine.line("ray get-auth-token"), stdout=subprocess.DEVNULL)
-        assert generate.wait(timeout=120) == 0
+        assert generate.wait(timeout=GUARD_S) == 0
         machine.start_node(
             machine.line("ray start --head"),
             "--num-cpus=0",  # the cells run on the other node, which the test kills
@@ -233,7 +234,7 @@ def test_the_readme_cluster_block_runs_and_resumes_after_a_lost_node(tmp_path: P
         _kill(_node_processes(worker))  # the node is lost in the middle of the sweep
         committed = {k for k, v in results.latest_status(out).items() if v[0] == "ok"}
         driver.send_signal(signal.SIGTERM)
-        log, _ = driver.communicate(timeout=300)
+        log, _ = driver.communicate(timeout=GUARD_S)
         assert driver.returncode != 0, log.decode()[-3000:]  # stopped, not finished
         assert len(committed) < 2, "the node was killed after the sweep"
 
@@ -244,7 +245,7 @@ def test_the_readme_cluster_block_runs_and_resumes_after_a_lost_node(tmp_path: P
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        log, _ = resume.communicate(timeout=600)
+        log, _ = resume.communicate(timeout=GUARD_S)
         assert resume.returncode == 0, log.decode()[-3000:]
         from commprof.matrix import load
         from commprof.sweeps.plan import select
@@ -268,7 +269,7 @@ def _analyze(machine: Machine, job: Path, *flags: str, **env: str) -> tuple[int,
         stderr=subprocess.PIPE,
         text=True,
     )
-    out, err = proc.communicate(timeout=300)  # a hang is the failure
+    out, err = proc.communicate(timeout=GUARD_S)  # a hang is the failure
     return proc.pid, proc.returncode, out, err
 
 
@@ -283,7 +284,7 @@ def test_analyze_on_ray_attaches_to_a_ray_start_cluster_as_a_sweep_does(tmp_path
     head_port = _port_block(3)
     try:
         generate = machine.run(machine.line("ray get-auth-token"), stdout=subprocess.DEVNULL)
-        assert generate.wait(timeout=120) == 0
+        assert generate.wait(timeout=GUARD_S) == 0
         head = machine.start_node(
             machine.line("ray start --head"),
             "--num-cpus=2",

@@ -15,6 +15,7 @@ import pytest
 from commprof import results
 from commprof.attempts import FailurePolicy, plan_cells, resume_state
 from commprof.matrix import Cell
+from tests.hang import GUARD_S
 
 REPO = Path(__file__).resolve().parent.parent
 CELL = Cell(model="srn-100k", world_size=2, bucket_cap_mb=1, steps=3)
@@ -87,7 +88,7 @@ def _commprof_run(out: Path) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=GUARD_S,
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from commprof import results
 from commprof.training.session import AttachConfig
+from tests.hang import GUARD_S
 from tests.test_in_sample import assert_reproduces
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def test_readme_example_runs_under_torchrun_and_its_dataset_reads(tmp_path: Path
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -248,7 +249,7 @@ def test_user_conv_net_gradients_unchanged_and_dataset_reads(launcher: str, tmp_
             env=_env(),
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=GUARD_S,
         )
         assert done.returncode == 0, done.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -291,7 +292,7 @@ def test_a_second_run_of_the_same_configuration_is_a_repeat(tmp_path: Path) -> N
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     cells = results.load(tmp_path / "commprof-run")["cells"].sort_values("repeat")
