@@ -96,6 +96,26 @@ CORPUS = {
     "oci-mi355x-pollara/alltoall_p8.txt": (None, 2, 0, True, 8589934592, 17179869184, 41626.0),
     "oci-mi355x/all_reduce_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 73913.0),
     "oci-mi355x/alltoall_p8.txt": (8, 2, 0, True, 8589934592, 17179869184, 41593.0),
+    # GKE (kubernetes-sigs/dranet, SkyPilot): the launcher's lines first (SSH warnings, a
+    # hostfile's names and IP addresses, an MPIJob launcher's 'set -x' line and Open MPI help
+    # banners); the SkyPilot run under '(head, rank=0, pid=3808) [1,0]<stdout>:' on every line
+    "gke-b200/all_gather_p16.txt": (16, 24, 0, True, 1024, 8589934592, 30970.0),
+    "gke-b200/all_gather_p2_excerpt.txt": (2, 8, 0, False, 67108864, 8589934592, 8897.6),
+    "gke-b200/all_gather_p2_one_gpu_per_node.txt": (2, 26, 2, True, 32, 1073741824, 14640.0),
+    "gke-h200/all_gather_p16_skypilot.txt": (16, 24, 0, True, 1024, 8589934592, 24724.0),
+    "gke-h200/all_gather_p2_one_gpu_per_node.txt": (2, 24, 0, True, 1024, 8589934592, 133370.0),
+    "gke-h200/all_reduce_p2_mpijob.txt": (2, 24, 0, True, 1024, 8589934592, 269368.0),
+}
+
+# logs a page printed without a table, kept as *.refused: file: (line, what the reader says)
+REFUSED = {
+    # a run that printed its header and stopped (no NIC reached the pods): no rows
+    "gke-b200/all_gather_p4_no_rows.refused": (18, "the table has a header but no rows"),
+    # the page cut the table out ('# ... (truncated NCCL output for brevity) ...')
+    "gke-b200/all_gather_p16_4w_truncated.refused": (
+        33,
+        "a '# Avg bus bandwidth' footer with no table above it",
+    ),
 }
 
 
@@ -125,7 +145,15 @@ def test_the_corpus_lists_every_kept_log() -> None:
     kept = {str(p.relative_to(DATA)) for p in DATA.rglob("*.txt")}
     pairs = "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
     assert kept == set(CORPUS) | set(MULTI) | {pairs}
-    assert len(kept) == 72 and len({name.split("/")[0] for name in kept}) == 15
+    assert len(kept) == 78 and len({name.split("/")[0] for name in kept}) == 17
+    assert {str(p.relative_to(DATA)) for p in DATA.rglob("*.refused")} == set(REFUSED)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_log_a_page_printed_without_its_table_is_refused_with_file_and_line(name: str) -> None:
+    line, said = REFUSED[name]
+    with pytest.raises(ValueError, match=rf"{re.escape(name)}:{line}: {re.escape(said)}"):
+        read_log(DATA / name)
 
 
 @pytest.mark.parametrize("name", sorted(MULTI))
@@ -202,11 +230,25 @@ def _prefix(text: str, label: str) -> str:
         "[1,0]<stdout>:",  # Open MPI --tag-output
         "[pod/nccl-test-launcher-7x2kq/mpi-launcher] ",  # kubectl logs --prefix
         "2026-12-07T08:01:02.123456789Z [1,0]<stdout>:",  # kubectl --timestamps over mpirun
+        "(head, rank=0, pid=3808) [1,0]<stdout>:",  # SkyPilot over mpirun
+        "(RayTrainWorker pid=2345, ip=10.0.0.5) ",  # Ray
     ],
 )
 def test_launcher_prefixes_change_nothing(label: str) -> None:
     run = parse_text(_prefix(OCI, label), "prefixed.txt").run
     assert run.rows == BASE.rows and run.world_size == 16 and run.complete
+
+
+def test_launcher_lines_that_start_with_a_digit_outside_the_table_are_passed_over() -> None:
+    """A hostfile's IP addresses before the header (GKE's run_nccl_tests.sh prints them) and a
+    count after the footer are the launcher's; a row before any header is still refused."""
+    lines = OCI.splitlines()
+    first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))
+    chatter = ["Generating hostfiles for 2 hosts:", "10.68.3.42", "10.68.5.39"]
+    run = parse_text("\n".join([*chatter, *lines, "2 hosts done"]), "hosts.txt").run
+    assert _values(run.rows) == _values(BASE.rows) and not run.skipped and run.complete
+    with pytest.raises(ValueError, match=r"cut\.txt:4: a table row before any header"):
+        parse_text("\n".join([*chatter, *lines[first_row:]]), "cut.txt")
 
 
 def test_a_log_whose_page_dropped_every_hash_reads_the_same() -> None:

@@ -3,13 +3,14 @@
 The reader takes the text users already have. Every line may carry a launcher's prefix, stripped
 before anything else: Slurm ``srun -l`` task labels (``0: ``, `` 12: ``), Open MPI's
 ``[1,0]<stdout>:``, ``kubectl logs --prefix`` (``[pod/launcher-x/mpi] ``) and ``--timestamps``,
-and the indentation of a page it was copied from, or its lost ``#`` (a page that rendered the
-log as Markdown). The table's own header line names its columns
-(with or without ``redop`` or ``root``, ``#wrong`` or ``error``, one or two halves), so a row is
-read by name, never guessed from its shape: older nccl-tests print times of 10,000 us and more as
-integers. One file may hold several runs, each from its header (``# nThread``, ``#  Rank`` lines)
-to its ``# Avg bus bandwidth`` footer; a run without the footer (cut short, or an excerpt) is read
-and marked incomplete.
+Ray's and SkyPilot's process labels (``(head, rank=0, pid=3808) ``), and the indentation of a
+page it was copied from, or its lost ``#`` (a page that rendered the log as Markdown). The
+table's own header line names its columns (with or without ``redop`` or ``root``, ``#wrong`` or
+``error``, one or two halves), so a row is read by name, never guessed from its shape: older
+nccl-tests print times of 10,000 us and more as integers. Launcher lines outside a table (a
+hostfile's IP addresses) are passed over. One file may hold several runs, each from its header
+(``# nThread``, ``#  Rank`` lines) to its ``# Avg bus bandwidth`` footer; a run without the
+footer (cut short, or an excerpt) is read and marked incomplete.
 
 What is skipped is counted, never dropped silently (:attr:`Run.skipped`): rows of 0 bytes (the
 all_gather, reduce_scatter and alltoall sizes below ranks x type size), a row that an interleaved
@@ -44,6 +45,7 @@ _PREFIXES = (
     re.compile(r"^\s*\[pod/[^\]\s]+\]\s?"),  # kubectl logs --prefix
     re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
     re.compile(r"^\s*\d+:\s"),  # srun -l / --label
+    re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s?"),  # Ray, SkyPilot: (head, rank=0, pid=38)
 )
 _RANK = re.compile(r"^(?:#\s*)?Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\w+?)_perf")
@@ -98,7 +100,10 @@ class _Builder:
                 "keep every '#  Rank' line of the header"
             )
         if not self.rows and not self.skipped:
-            raise ValueError(f"{source}:{self.header_line}: the table has a header but no rows")
+            raise ValueError(
+                f"{source}:{self.header_line}: the table has a header but no rows (the run "
+                "stopped before its first size?); give a log that reached its table"
+            )
         run = Run(
             index=index,
             header_line=self.header_line,
@@ -133,6 +138,7 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
         return parse_json(text, source)
     runs: list[Run] = []
     run = _Builder()
+    orphan_footer = 0  # line of a footer with no table above it (a page cut the table)
     lines = text.splitlines()
     for number, raw in enumerate(lines, start=1):
         stripped = _strip(raw).strip()
@@ -169,6 +175,8 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
                 continue
             if _FOOTER.match(stripped) and run.columns is not None:
                 run.footer = True
+            elif _FOOTER.match(stripped):
+                orphan_footer = orphan_footer or number
             elif (m := _CONCLUDED.search(stripped)) and run.columns and run.collective is None:
                 run.collective = m.group(1)  # an excerpt from the table down names its test
             if stripped.startswith("#"):
@@ -180,6 +188,8 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
         in_table = run.columns is not None and not run.footer
         if _DEBUG.search(stripped) and not (in_table and _opens_row(stripped.split())):
             continue  # a log line of a host whose name starts with a digit
+        if not in_table and not _opens_row(stripped.split()):
+            continue  # a launcher's line outside a table: a hostfile's IP address, a count
         if run.columns is None:
             raise ValueError(
                 f"{source}:{number}: a table row before any header line "
@@ -193,6 +203,11 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
         _add_row(run, stripped, _next_line(lines, number), source, number)
     if run.columns is not None:
         runs.append(run.finish(source, len(runs) + 1))
+    if not runs and orphan_footer:
+        raise ValueError(
+            f"{source}:{orphan_footer}: a '# Avg bus bandwidth' footer with no table above it "
+            "(the rows and their header were cut from the log); give the whole output"
+        )
     if not runs:
         raise ValueError(
             f"{source}: no nccl-tests table found (no header line '#  size  count  type ... time "
