@@ -1,7 +1,7 @@
-"""The scale splits of the collective benchmark (benchmarks/collective_scale_split.yaml and the
-second held-out set, collective_scale_split_2.yaml): each system calibrates on its smallest one or
-two nodes and predicts only larger world sizes; logs with a licence are committed, those without
-are not."""
+"""The scale splits of the collective benchmark (benchmarks/collective_scale_split.yaml, the
+second and third held-out sets, collective_scale_split_2.yaml and _3.yaml): each system
+calibrates on its smallest one or two nodes and predicts only larger world sizes; logs with a
+licence are committed, those without are not."""
 
 from __future__ import annotations
 
@@ -19,15 +19,19 @@ from commprof.yamlio import load_yaml, read_text
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
 SPLIT_2 = ROOT / "benchmarks" / "collective_scale_split_2.yaml"
+SPLIT_3 = ROOT / "benchmarks" / "collective_scale_split_3.yaml"
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SYSTEMS = load_yaml(read_text(SPLIT, "the split"), str(SPLIT))["systems"]
 SYSTEMS_2 = load_yaml(read_text(SPLIT_2, "the split"), str(SPLIT_2))["systems"]
+SYSTEMS_3 = load_yaml(read_text(SPLIT_3, "the split"), str(SPLIT_3))["systems"]
 
 
 @pytest.mark.parametrize(
     "system",
-    SYSTEMS + SYSTEMS_2,
-    ids=[s["name"] for s in SYSTEMS] + [s["name"] + "-2" for s in SYSTEMS_2],
+    SYSTEMS + SYSTEMS_2 + SYSTEMS_3,
+    ids=[s["name"] for s in SYSTEMS]
+    + [s["name"] + "-2" for s in SYSTEMS_2]
+    + [s["name"] + "-3" for s in SYSTEMS_3],
 )
 def test_each_system_calibrates_on_one_or_two_nodes_and_predicts_larger(system: dict) -> None:
     cluster = load_cluster(system["cluster"])
@@ -49,12 +53,15 @@ def test_names_are_unique_and_the_roles_both_present() -> None:
     assert {s["role"] for s in SYSTEMS} == {"development", "held_out"}
 
 
-def test_the_second_set_is_held_out_and_new() -> None:
-    # only systems the first split does not use; nothing there chooses anything
-    assert {s["role"] for s in SYSTEMS_2} == {"held_out"}
-    first = {(s["name"], path) for s in SYSTEMS for path in s["logs"].values()}
-    assert not {s["name"] for s in SYSTEMS_2} & {name for name, _ in first}
-    assert not {p for s in SYSTEMS_2 for p in s["logs"].values()} & {p for _, p in first}
+@pytest.mark.parametrize("later", [SYSTEMS_2, SYSTEMS_3], ids=["second", "third"])
+def test_each_later_set_is_held_out_and_new(later: list[dict]) -> None:
+    # only systems the earlier splits do not use; nothing there chooses anything (the third set
+    # is empty: no system of its search was measured at two whole-node world sizes)
+    assert {s["role"] for s in later} <= {"held_out"}
+    earlier = [s for s in SYSTEMS + SYSTEMS_2 if s not in later]
+    first = {(s["name"], path) for s in earlier for path in s["logs"].values()}
+    assert not {s["name"] for s in later} & {name for name, _ in first}
+    assert not {p for s in later for p in s["logs"].values()} & {p for _, p in first}
 
 
 def test_a_log_of_another_collective_is_refused() -> None:
