@@ -1,7 +1,8 @@
 """Collective model across world sizes (issue #41): calibrate on 1-2 nodes, predict the rest.
 
-For every system of ``benchmarks/collective_scale_split.yaml`` (declared before any score), the
-median absolute relative error of the out-of-place time over sizes >= 1 MiB:
+For every system of ``benchmarks/collective_scale_split.yaml`` and of the later held-out sets
+(``collective_scale_split_2.yaml``, ``_3.yaml``; each declared before any score), the median
+absolute relative error of the out-of-place time over sizes >= 1 MiB:
 
 - in sample: the calibration fitted on each log alone, predicting that log (goal <= 5 %): its
   factors alone, and the answer between the log's sizes (each size left out and its residual
@@ -47,9 +48,12 @@ from commprof.yamlio import load_yaml, read_text
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nccl_tests"
 SPLIT = ROOT / "benchmarks" / "collective_scale_split.yaml"
-SPLIT_2 = ROOT / "benchmarks" / "collective_scale_split_2.yaml"
-"""The second held-out set (every system ``held_out``), scored as role ``held_out_2``."""
-ROLES = ("development", "held_out", "held_out_2")
+LATER_SPLITS = {
+    "held_out_2": ROOT / "benchmarks" / "collective_scale_split_2.yaml",
+    "held_out_3": ROOT / "benchmarks" / "collective_scale_split_3.yaml",
+}
+"""The later held-out sets (every system ``held_out``), each scored under its own role."""
+ROLES = ("development", "held_out", *LATER_SPLITS)
 RULE = ROOT / "commprof" / "modeling" / "collective" / "collective_scale.yaml"
 TARGET_COVERAGE = 0.8
 LOSS_GRID = tuple(0.025 * i for i in range(21))
@@ -262,7 +266,7 @@ def summary(results: list[dict]) -> dict:
     return out
 
 
-SHORT = {"development": "dev", "held_out": "held out", "held_out_2": "held out 2"}
+SHORT = {role: role.replace("_", " ") for role in ROLES} | {"development": "dev"}
 
 
 def _pct(x: float | None) -> str:
@@ -280,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))["systems"]
-    for system in load_yaml(read_text(SPLIT_2, "the split file"), str(SPLIT_2))["systems"]:
-        if system["role"] != "held_out":
-            raise ValueError(f"{SPLIT_2}: {system['name']}: role must be held_out")
-        split.append({**system, "role": "held_out_2"})
+    for role, path in LATER_SPLITS.items():
+        for system in load_yaml(read_text(path, "the split file"), str(path))["systems"]:
+            if system["role"] != "held_out":
+                raise ValueError(f"{path}: {system['name']}: role must be held_out")
+            split.append({**system, "role": role})
     fitted, left_out = [], []
     for system in split:
         if args.only not in (None, system["role"]):
@@ -339,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         figures += (
             f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}, second held-out set "
-            f"{_pct(cov['held_out_2/all']['calibrated'])}; load {load}"
+            f"{_pct(cov['held_out_2/all']['calibrated'])}, third "
+            f"{_pct(cov['held_out_3/all']['calibrated'])}; load {load}"
         )
         ledger.print_row("collective_scale", change=args.change, figures=figures,
                          files=[args.out])  # fmt: skip
