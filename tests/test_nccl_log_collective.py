@@ -19,7 +19,11 @@ from commprof.cli import main
 from commprof.modeling.collective.calibration import calibrate
 from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.nccl_log import parse_text, read_log, read_logs
-from commprof.modeling.collective.nccl_log_collective import log_world_size, skipped_summary
+from commprof.modeling.collective.nccl_log_collective import (
+    log_world_size,
+    placement_summary,
+    skipped_summary,
+)
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 NAMING = re.compile(r"Collective test (?:starting|concluded)")
@@ -267,3 +271,23 @@ def test_a_file_of_several_collectives_gives_the_one_asked_for(
     one = DATA / "h100-cluster01/alltoall_sendrecv_p16_n2.txt"
     with pytest.raises(ValueError, match=r"alltoall_sendrecv_p16_n2\.txt: is a log of alltoall"):
         calibrate(load_cluster("dgx-h100"), read_logs([one], "all", "all_gather"), "all_gather")
+
+
+def test_hosts_other_than_the_whole_nodes_fitted_are_said_aloud(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # one GPU a node on two nodes: fitted as two GPUs of one node of 8 (or 4), said aloud; two
+    # whole nodes of 8, and a log without rank lines, say nothing
+    one_a_node = DATA / "gke-h200/all_reduce_p2_mpijob.txt"
+    said = placement_summary(read_log(one_a_node), 8)
+    assert said == (
+        f"{one_a_node}: its 2 ranks are on 2 hosts (its rank lines), but whole nodes of 8 GPUs "
+        "hold them on 1, as the fit takes them: if its hosts are nodes, give a description of "
+        "their GPUs a node"
+    )
+    assert placement_summary(read_log(DATA / "gh200-alps/all_reduce_p2_one_gpu_per_node.txt"), 4)
+    assert placement_summary(read_log(DATA / "gke-b200/all_gather_p16.txt"), 8) is None
+    assert placement_summary(read_log(DATA / "aws-p5/all_reduce_p16.txt"), 8) is None
+    argv = ["collective", "--cluster", "dgx-h100", "--world-size", "16", "--fit", str(one_a_node)]
+    assert main(argv) == 0
+    assert said in capsys.readouterr().err

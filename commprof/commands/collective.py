@@ -20,7 +20,7 @@ from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.collectives import COLLECTIVES
 from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log import read_logs
-from commprof.modeling.collective.nccl_log_collective import skipped_summary
+from commprof.modeling.collective.nccl_log_collective import placement_summary, skipped_summary
 from commprof.modeling.collective.scale_rule import interval_basis
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     logs = read_logs(args.fit, args.run, args.collective) if args.fit else []
     if logs:
         for log in logs:
-            if (said := skipped_summary(log)) is not None:
-                print(f"commprof collective: {said}", file=sys.stderr)
+            for said in (skipped_summary(log), placement_summary(log, cluster.gpus_per_node)):
+                if said is not None:
+                    print(f"commprof collective: {said}", file=sys.stderr)
         fit = calibrate(cluster, logs, args.collective)
     rows = predict(
         cluster,

@@ -27,7 +27,11 @@ from commprof.modeling.collective.calibration_fit import DESCRIPTION, Fit
 from commprof.modeling.collective.clusters import Cluster, load_cluster
 from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log import read_logs
-from commprof.modeling.collective.nccl_log_collective import check_collective, skipped_summary
+from commprof.modeling.collective.nccl_log_collective import (
+    check_collective,
+    placement_summary,
+    skipped_summary,
+)
 from commprof.modeling.collective.scale_rule import interval_basis
 
 
@@ -44,7 +48,8 @@ class ClusterLink:
     """The logs the calibration was fitted on (empty: the description alone)."""
     log_notes: tuple[str, ...] = ()
     """What reading those logs left out, said aloud (``skipped_summary``): rows skipped, runs of
-    other collectives set aside, a collective inferred from its table."""
+    other collectives set aside, a collective inferred from its table; and hosts that are not the
+    whole nodes the fit takes (``placement_summary``)."""
     end: int | None = None
     """Which time :meth:`predict_ns` answers: None the central one, 0 the low and 1 the high end
     of its 80 % interval (:meth:`interval`)."""
@@ -176,7 +181,12 @@ def cluster_link(
         cluster=cluster,
         calibration=calibrate(cluster, logs),
         calibrated_on=tuple(nccl_tests),
-        log_notes=tuple(note for log in logs if (note := skipped_summary(log)) is not None),
+        log_notes=tuple(
+            note
+            for log in logs
+            for note in (skipped_summary(log), placement_summary(log, cluster.gpus_per_node))
+            if note is not None
+        ),
     )
 
 

@@ -5,7 +5,9 @@ A run whose header does not name its test (``# Collective test starting: X_perf`
 algbw at the run's world size, and the ``root`` and ``redop`` columns (:func:`table_collectives`,
 called by the reader, :mod:`commprof.modeling.collective.nccl_log`). A log is checked against the
 collective asked for (:func:`check_collective`) and its world size against the one given
-(:func:`log_world_size`); what its runs skipped is said aloud (:func:`skipped_summary`).
+(:func:`log_world_size`); what its runs skipped is said aloud (:func:`skipped_summary`), and so
+is a log whose rank lines list other hosts than the whole nodes a description places its ranks on
+(:func:`placement_summary`).
 """
 
 from __future__ import annotations
@@ -234,3 +236,21 @@ def skipped_summary(log: NcclTestsLog) -> str | None:
         runs = ", ".join(f"{r.index} ({r.collective or 'not named'})" for r in log.set_aside)
         parts.append(f"run(s) {runs} set aside: another collective")
     return f"{log.source}: " + "; ".join(parts) if parts else None
+
+
+def placement_summary(log: NcclTestsLog, gpus_per_node: int) -> str | None:
+    """A log whose rank lines list another number of hosts than the whole nodes of
+    ``gpus_per_node`` GPUs its ranks fill, said aloud (``None`` where they agree, or where the
+    log lists no hosts): one GPU a node, or part of each, is fitted as whole nodes would be, which
+    is wrong where the hosts are nodes (a container a GPU lists more hosts than nodes)."""
+    ranks, hosts = log.world_size, log.num_hosts
+    if ranks is None or hosts is None:
+        return None
+    nodes = -(-ranks // gpus_per_node)
+    if hosts == nodes:
+        return None
+    return (
+        f"{log.source}: its {ranks} ranks are on {hosts} hosts (its rank lines), but whole nodes "
+        f"of {gpus_per_node} GPUs hold them on {nodes}, as the fit takes them: if its hosts are "
+        "nodes, give a description of their GPUs a node"
+    )
