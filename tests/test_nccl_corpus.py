@@ -289,6 +289,15 @@ def test_nccl_lines_between_rows_and_inside_one() -> None:
     )  # OCI's page printed no '# Collective test starting' line: the table names the test
 
 
+def test_a_header_without_a_column_a_row_is_read_by_is_refused_with_file_and_line() -> None:
+    # found by the fuzz: a header whose 'type' became '#type' (an edit) named no 'type' column
+    lines = OCI.splitlines()
+    at = next(i for i, line in enumerate(lines) if re.match(r"^#\s+size\s+count", line))
+    lines[at] = lines[at].replace(" type", "#type", 1)
+    with pytest.raises(ValueError, match=rf"^edited\.txt:{at + 1}: the table's header names no"):
+        parse_text("\n".join(lines), "edited.txt")
+
+
 def test_a_cut_row_without_a_log_line_is_refused_with_file_and_line() -> None:
     lines = OCI.splitlines()
     first_row = next(i for i, line in enumerate(lines) if re.match(r"^\s+8\s+2\s+float", line))

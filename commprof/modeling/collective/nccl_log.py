@@ -168,6 +168,11 @@ def parse_text(text: str, source: str) -> NcclTestsLog:
             # the header's '#' is optional: a page that rendered the log as Markdown dropped it
             words = stripped.lstrip("#").split()
             if words[:2] == ["size", "count"] and ("time" in words or "cputime" in words):
+                if missing := [c for c in ("type", "algbw", "busbw") if c not in words]:
+                    raise ValueError(
+                        f"{source}:{number}: the table's header names no {' or '.join(missing)} "
+                        "column; is the header line cut or edited?"
+                    )
                 if run.columns is not None:
                     runs.append(run.finish(source, len(runs) + 1))
                     run = _Builder()
