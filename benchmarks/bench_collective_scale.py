@@ -58,6 +58,8 @@ RULE = ROOT / "commprof" / "modeling" / "collective" / "collective_scale.yaml"
 TARGET_COVERAGE = 0.8
 LOSS_GRID = tuple(0.025 * i for i in range(21))
 """Values of the network's loss per doubling tried on development systems (0 to 0.5)."""
+COORDINATE_ROUNDS = 5
+"""At most this many rounds of the ring's then the tree's loss, each over the grid."""
 ABLATIONS: dict[str, dict] = {
     "with_two_node_fill": {"corrections": CORRECTIONS},
     "no_latency_factors": {"parameters": ("intra_bw", "net_bw", "nvls_bw", "fill")},
@@ -125,8 +127,11 @@ def fit_system(system: dict, folder: Path) -> dict:
     }  # fmt: skip
 
 
-def score(fitted: dict, rule: scale_rule.ScaleRule) -> dict:
-    """In-sample, scale and ablation figures of one system under ``rule``."""
+def score(
+    fitted: dict, rule: scale_rule.ScaleRule, one_loss: scale_rule.ScaleRule | None = None
+) -> dict:
+    """In-sample, scale and ablation figures of one system under ``rule``; ``one_loss``: the
+    same rule with one loss for rings and trees (run 5's), scored as an ablation."""
     system, cluster, logs = fitted["system"], fitted["cluster"], fitted["logs"]
     col, fit = system["collective"], fitted["fit"]
     out: dict = {"system": system["name"], "role": system["role"], "cluster": cluster.name,
@@ -148,7 +153,7 @@ def score(fitted: dict, rule: scale_rule.ScaleRule) -> dict:
                   "residual_log_q80": fit.residual_log_q80,
                   "calibrated_nodes": fit.calibrated_nodes}  # fmt: skip
     out["main_calibration"] = asdict(fitted["main"])
-    no_loss = replace(rule, net_loss_per_doubling=0.0)
+    no_loss = replace(rule, ring_loss_per_doubling=0.0, tree_loss_per_doubling=0.0)
     for p in system["predict"]:
         sizes, meas = _rows(logs[p])
         published = np.array([r.time_us for r in predict(cluster, p, sizes, col)])
@@ -173,45 +178,62 @@ def score(fitted: dict, rule: scale_rule.ScaleRule) -> dict:
         out["ablation"].setdefault("description_no_scale_loss", {})[p] = float(
             np.median(_err(published, meas))
         )
+        if one_loss is not None:
+            t, _, _ = _ours(cluster, p, sizes, col, fit, one_loss)
+            out["ablation"].setdefault("one_loss", {})[p] = float(np.median(_err(t, meas)))
+            t, _, _ = _ours(cluster, p, sizes, col, calibration_fit.DESCRIPTION, one_loss)
+            out["ablation"].setdefault("description_one_loss", {})[p] = float(
+                np.median(_err(t, meas))
+            )
         for name, other in fitted["ablation"].items():
             t, _, _ = _ours(cluster, p, sizes, col, other, rule)
             out["ablation"].setdefault(name, {})[p] = float(np.median(_err(t, meas)))
     return out
 
 
-def fit_loss(fitted: list[dict]) -> float:
-    """The network's loss per doubling (``ScaleRule.net_loss_per_doubling``) from development
-    systems: the grid value with the least median error over their scored points."""
+LOSSES = {
+    "calibrated": ("ring_loss_per_doubling", "tree_loss_per_doubling"),
+    "description": ("description_ring_loss_per_doubling", "description_tree_loss_per_doubling"),
+}
+"""The scale rule's losses per doubling of nodes (ring, tree) that development systems fit."""
+
+
+def _dev_error(dev: list[dict], rule: scale_rule.ScaleRule, model: str) -> float:
+    """Median error of ``model`` (``calibrated`` or ``description``) over the development
+    systems' scored points under ``rule``."""
+    errs = []
+    for f in dev:
+        fit = f["fit"] if model == "calibrated" else calibration_fit.DESCRIPTION
+        for p in f["system"]["predict"]:
+            sizes, meas = _rows(f["logs"][p])
+            t, _, _ = _ours(f["cluster"], p, sizes, f["system"]["collective"], fit, rule)
+            errs.append(_err(t, meas))
+    return float(np.median(np.concatenate(errs)))
+
+
+def fit_losses(fitted: list[dict], rule: scale_rule.ScaleRule, model: str) -> dict[str, float]:
+    """``model``'s (ring, tree) losses per doubling from development systems: the one grid value
+    for both with the least median error over their scored points (run 5's single loss, kept
+    as ``shared``), then each in turn over the grid with the other held, until neither moves
+    (at most :data:`COORDINATE_ROUNDS`)."""
     dev = [f for f in fitted if f["system"]["role"] == "development"]
-    best = (math.inf, 0.0)
-    for c in LOSS_GRID:
-        rule = replace(scale_rule.RULE, net_loss_per_doubling=c)
-        errs = np.concatenate([np.abs(np.exp(np.array(s["log_error_ours"])) - 1.0)
-                               for f in dev for s in score(f, rule)["scale"].values()])  # fmt: skip
-        best = min(best, (float(np.median(errs)), c))
-    return best[1]
+    ring, tree = LOSSES[model]
+
+    def error(r: float, t: float) -> float:
+        return _dev_error(dev, replace(rule, **{ring: r, tree: t}), model)
+
+    shared = min(LOSS_GRID, key=lambda c: (error(c, c), c))
+    r, t = shared, shared
+    for _ in range(COORDINATE_ROUNDS):
+        r2 = min(LOSS_GRID, key=lambda c: (error(c, t), c))
+        t2 = min(LOSS_GRID, key=lambda c: (error(r2, c), c))
+        if (r2, t2) == (r, t):
+            break
+        r, t = r2, t2
+    return {ring: r, tree: t, "shared": shared}
 
 
-def fit_description_loss(fitted: list[dict], rule: scale_rule.ScaleRule) -> float:
-    """The description's loss per doubling (``ScaleRule.description_loss_per_doubling``) from
-    development systems: the grid value with the least median error of the description alone
-    over their scored points."""
-    dev = [f for f in fitted if f["system"]["role"] == "development"]
-    best = (math.inf, 0.0)
-    for c in LOSS_GRID:
-        trial = replace(rule, description_loss_per_doubling=c)
-        errs = []
-        for f in dev:
-            for p in f["system"]["predict"]:
-                sizes, meas = _rows(f["logs"][p])
-                t, _, _ = _ours(f["cluster"], p, sizes, f["system"]["collective"],
-                                calibration_fit.DESCRIPTION, trial)  # fmt: skip
-                errs.append(_err(t, meas))
-        best = min(best, (float(np.median(np.concatenate(errs))), c))
-    return best[1]
-
-
-def fit_rule(results: list[dict], loss: float, description_loss: float) -> scale_rule.ScaleRule:
+def fit_rule(results: list[dict], losses: dict[str, float]) -> scale_rule.ScaleRule:
     """The interval rule from development systems: the description's 80th percentile of
     ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
     80 % of the development points on top of each fit's own in-sample spread."""
@@ -228,8 +250,7 @@ def fit_rule(results: list[dict], loss: float, description_loss: float) -> scale
     per = float(np.quantile(need, TARGET_COVERAGE)) if need else 0.0
     return scale_rule.ScaleRule(description_log=float(np.quantile(desc, TARGET_COVERAGE)),
                          calibrated_floor_log=floor, per_doubling_log=per,
-                         net_loss_per_doubling=loss,
-                         description_loss_per_doubling=description_loss)  # fmt: skip
+                         **losses)  # fmt: skip
 
 
 KEEP = {"all": lambda r: True, "no_broadcast": lambda r: r["collective"] != "broadcast"}
@@ -299,14 +320,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{system['name']}: left out (no local copy of its logs)")
             continue
         fitted.append(fit_system(system, folder))
-    loss = fit_loss(fitted)
-    desc_loss = fit_description_loss(fitted, scale_rule.RULE)
-    chosen = replace(
-        scale_rule.RULE, net_loss_per_doubling=loss, description_loss_per_doubling=desc_loss
-    )
+    losses, shared = {}, {}
+    for model, fields in LOSSES.items():
+        found = fit_losses(fitted, scale_rule.RULE, model)
+        shared |= dict.fromkeys(fields, found.pop("shared"))
+        losses |= found
+    chosen = replace(scale_rule.RULE, **losses)
     first = [score(f, chosen) for f in fitted]
-    rule = fit_rule(first, loss, desc_loss)
-    results = [score(f, rule) for f in fitted]
+    rule = fit_rule(first, losses)
+    results = [score(f, rule, one_loss=replace(rule, **shared)) for f in fitted]
     cov = {f"{role}/{k}": coverage(results, rule, role, keep)
            for role in ROLES for k, keep in KEEP.items()}  # fmt: skip
     print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")

@@ -167,15 +167,21 @@ def test_the_description_alone_is_the_collective_models_time_then_loses_past_two
     # Past two nodes the network side loses c a doubling (ScaleRule, fitted on development
     # systems); with c = 0 the description is NCCL's model again at any size.
     published = [r.time_us for r in collectives.predict(H100, 64, sizes)]
-    no_loss = replace(RULE, description_loss_per_doubling=0.0)
+    ring, tree = "description_ring_loss_per_doubling", "description_tree_loss_per_doubling"
+    no_loss = replace(RULE, **{ring: 0.0, tree: 0.0})
     assert [r.time_us for r in predict(H100, 64, sizes, rule=no_loss)] == pytest.approx(published)
     c = 0.2
-    lossy = [r.time_us for r in predict(H100, 64, sizes, rule=replace(no_loss, **{
-        "description_loss_per_doubling": c}))]  # fmt: skip
-    assert all(t >= q * (1 - 1e-9) for t, q in zip(lossy, published, strict=True))
+    lossy = predict(H100, 64, sizes, rule=replace(no_loss, **{ring: c, tree: c}))
+    assert all(r.time_us >= q * (1 - 1e-9) for r, q in zip(lossy, published, strict=True))
     # the largest size is bandwidth-bound on the network: about (1 + c log2(8 / 2)) slower
-    assert lossy[-1] / published[-1] == pytest.approx(1 + c * 2, rel=0.1)
-    assert RULE.description_loss_per_doubling > 0  # the committed rule uses it
+    assert lossy[-1].time_us / published[-1] == pytest.approx(1 + c * 2, rel=0.1)
+    # each algorithm takes its own loss: a tree-only loss leaves a size the ring carries alone
+    rings = [r.time_us for r in collectives.predict(H100, 64, sizes, algorithms=["ring"])]
+    tree_only = predict(H100, 64, sizes, rule=replace(no_loss, **{tree: c}), algorithms=["ring"])
+    assert [r.time_us for r in tree_only] == pytest.approx(rings)
+    ring_only = predict(H100, 64, sizes, rule=replace(no_loss, **{ring: c}), algorithms=["ring"])
+    assert ring_only[-1].time_us / rings[-1] == pytest.approx(1 + c * 2, rel=0.1)
+    assert RULE.description_ring_loss_per_doubling > 0  # the committed rule uses it
 
 
 def test_every_time_has_an_interval_that_widens_with_extrapolation() -> None:

@@ -85,13 +85,14 @@ def fitted_table(
     """``collectives.table`` with the fit's factors on each term: (latency us, algbw GB/s)."""
     entries = table(cluster, world_size, collective, algorithms=algorithms)
     n = cluster.nodes_for(world_size)
-    loss = net_loss(fit, n, RULE if rule is None else rule)
-    if fit == DESCRIPTION and loss == 1.0:
+    rule = RULE if rule is None else rule
+    losses = {algo: net_loss(fit, n, rule, algo) for algo, _ in entries}
+    if fit == DESCRIPTION and set(losses.values()) == {1.0}:
         return entries
-    net_bw, net_lat = fit.net_bw * loss, fit.net_lat / loss
     graphs = search(cluster, n)
     out = {}
     for (algo, proto), (_, algbw) in entries.items():
+        net_bw, net_lat = fit.net_bw * losses[algo], fit.net_lat / losses[algo]
         intra, net = _physical_sides(algo, graphs, cluster, n)
         s_intra = fit.nvls_bw if algo.startswith("nvls") else fit.intra_bw
         ratio = _softmin(intra * s_intra, net * net_bw) / _softmin(intra, net)

@@ -28,14 +28,21 @@ class ScaleRule:
     80th percentile)."""
     per_doubling_log: float
     """Added per doubling of nodes past the most nodes fitted."""
-    net_loss_per_doubling: float
-    """The scale correction: past ``max(2, calibrated_nodes)`` nodes a calibrated network side
-    (bandwidth and hop latency) runs at ``1 / (1 + c log2(N / max(2, calibrated_nodes)))`` of
-    its fitted rate, ``c`` this value (a larger fabric's congestion and adaptive routing, which
-    one or two nodes cannot show)."""
-    description_loss_per_doubling: float
-    """The same correction on the description alone, past two nodes: its published rates are
+    ring_loss_per_doubling: float
+    """The scale correction of a ring: past ``max(2, calibrated_nodes)`` nodes a calibrated
+    ring's network side (bandwidth and hop latency) runs at ``1 / (1 + c log2(N / max(2,
+    calibrated_nodes)))`` of its fitted rate, ``c`` this value (a larger fabric's congestion and
+    adaptive routing, which one or two nodes cannot show)."""
+    tree_loss_per_doubling: float
+    """The same for a tree (``tree``, ``nvls_tree``). NCCL's ring joins each node to the next in
+    the job's order; its trees join node ``r`` to nodes ``2^(k-1)`` away, ``2^k`` the lowest set
+    bit of ``r`` (src/graph/trees.cc), so a growing share of a tree's edges spans the far parts
+    of a larger fabric (dragonfly groups, fat-tree spines), whose links other traffic shares."""
+    description_ring_loss_per_doubling: float
+    """The ring's correction on the description alone, past two nodes: its published rates are
     a fabric's best, which a larger fabric's traffic does not reach either."""
+    description_tree_loss_per_doubling: float
+    """The tree's correction on the description alone, past two nodes."""
 
 
 def _load_rule() -> ScaleRule:
@@ -84,12 +91,20 @@ def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> st
     )
 
 
-def net_loss(fit: Fit, num_nodes: int, rule: ScaleRule) -> float:
-    """The scale correction's factor on the network side at ``num_nodes``: past the nodes fitted
-    (``ScaleRule.net_loss_per_doubling``), or past two nodes with no fit
-    (``ScaleRule.description_loss_per_doubling``); 1.0 within them."""
+def net_loss(fit: Fit, num_nodes: int, rule: ScaleRule, algorithm: str) -> float:
+    """The scale correction's factor on ``algorithm``'s network side at ``num_nodes``: past the
+    nodes fitted (``ScaleRule.ring_loss_per_doubling`` or ``tree_loss_per_doubling``), or past
+    two nodes with no fit (the ``description_`` ones); 1.0 within them. Every algorithm but the
+    ring is a tree across nodes (``collectives.ALGORITHMS``: NVLS stays on one node)."""
+    ring = algorithm == "ring"
     if fit.calibrated_nodes == 0:
-        c, reach = rule.description_loss_per_doubling, 2
+        reach = 2
+        c = (
+            rule.description_ring_loss_per_doubling
+            if ring
+            else rule.description_tree_loss_per_doubling
+        )
     else:
-        c, reach = rule.net_loss_per_doubling, max(2, fit.calibrated_nodes)
+        reach = max(2, fit.calibrated_nodes)
+        c = rule.ring_loss_per_doubling if ring else rule.tree_loss_per_doubling
     return 1.0 / (1.0 + c * max(0.0, math.log2(num_nodes / reach)))
