@@ -181,7 +181,7 @@ def test_the_description_alone_is_the_collective_models_time_then_loses_past_two
     assert [r.time_us for r in tree_only] == pytest.approx(rings)
     ring_only = predict(H100, 64, sizes, rule=replace(no_loss, **{ring: c}), algorithms=["ring"])
     assert ring_only[-1].time_us / rings[-1] == pytest.approx(1 + c * 2, rel=0.1)
-    assert RULE.description_ring_loss_per_doubling > 0  # the committed rule uses it
+    assert RULE.description_tree_loss_per_doubling > 0  # the committed rule uses it
 
 
 def test_every_time_has_an_interval_that_widens_with_extrapolation() -> None:
