@@ -14,7 +14,8 @@ absolute relative error of the out-of-place time over sizes >= 1 MiB:
   (``commprof.modeling.collective.calibration``);
 - the 80 % interval's coverage on every scored point; the interval rule
   (``commprof/modeling/collective/collective_scale.yaml``) is fitted on the development systems
-  only (``--write-rule`` writes it) and its coverage is quoted on the held-out ones;
+  only (``--write-rule`` writes it), on each one's residuals under the losses of the other
+  clusters (:func:`unseen_residuals`), and its coverage is quoted on the held-out ones;
 - ablations: the calibration with one part taken off, scored the same way.
 
 Usage: python benchmarks/bench_collective_scale.py [--external-logs DIR] [--out FILE]
@@ -233,10 +234,35 @@ def fit_losses(fitted: list[dict], rule: scale_rule.ScaleRule, model: str) -> di
     return {ring: r, tree: t, "shared": shared}
 
 
+def all_losses(fitted: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """Both models' (ring, tree) losses from the development systems of ``fitted``
+    (:func:`fit_losses`), and run 5's single loss of each model as the same fields."""
+    losses, shared = {}, {}
+    for model, fields in LOSSES.items():
+        found = fit_losses(fitted, scale_rule.RULE, model)
+        shared |= dict.fromkeys(fields, found.pop("shared"))
+        losses |= found
+    return losses, shared
+
+
+def unseen_residuals(fitted: list[dict]) -> list[dict]:
+    """Each development system scored under the losses the development systems of the other
+    clusters fit (one cluster left out at a time): the residuals of a system whose own points
+    chose nothing, as a held-out system's are, for :func:`fit_rule`."""
+    dev = [f for f in fitted if f["system"]["role"] == "development"]
+    out = []
+    for cluster in sorted({f["system"]["cluster"] for f in dev}):
+        others, _ = all_losses([f for f in dev if f["system"]["cluster"] != cluster])
+        print(f"losses without {cluster}: {others}")
+        rule = replace(scale_rule.RULE, **others)
+        out += [score(f, rule) for f in dev if f["system"]["cluster"] == cluster]
+    return out
+
+
 def fit_rule(results: list[dict], losses: dict[str, float]) -> scale_rule.ScaleRule:
-    """The interval rule from development systems: the description's 80th percentile of
-    ``|log error|``; the calibrated one's widening per doubling of nodes, the least that covers
-    80 % of the development points on top of each fit's own in-sample spread."""
+    """The interval rule from development systems' ``results``: the description's 80th
+    percentile of ``|log error|``; the calibrated one's widening per doubling of nodes, the least
+    that covers 80 % of the development points on top of each fit's own in-sample spread."""
     dev = [r for r in results if r["role"] == "development"]
     desc = np.abs(np.concatenate([s["log_error_description"] for r in dev
                                   for s in r["scale"].values()]))  # fmt: skip
@@ -320,17 +346,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{system['name']}: left out (no local copy of its logs)")
             continue
         fitted.append(fit_system(system, folder))
-    losses, shared = {}, {}
-    for model, fields in LOSSES.items():
-        found = fit_losses(fitted, scale_rule.RULE, model)
-        shared |= dict.fromkeys(fields, found.pop("shared"))
-        losses |= found
-    chosen = replace(scale_rule.RULE, **losses)
-    first = [score(f, chosen) for f in fitted]
-    rule = fit_rule(first, losses)
+    losses, shared = all_losses(fitted)
+    first = [score(f, replace(scale_rule.RULE, **losses)) for f in fitted]
+    rule = fit_rule(unseen_residuals(fitted), losses)
     results = [score(f, rule, one_loss=replace(rule, **shared)) for f in fitted]
     cov = {f"{role}/{k}": coverage(results, rule, role, keep)
            for role in ROLES for k, keep in KEEP.items()}  # fmt: skip
+    seen_rule = fit_rule(first, losses)  # run 6's: residuals under the losses they chose
+    cov_seen = {f"{role}/{k}": coverage(results, seen_rule, role, keep)
+                for role in ROLES for k, keep in KEEP.items()}  # fmt: skip
     print(f"{'system':<22} {'role':<11} {'p':>5} {'desc':>7} {'main':>7} {'ours':>7}  ablations")
     for r in results:
         for p, s in r["scale"].items():
@@ -342,12 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'':<22} in sample {ins}")
     pooled = summary(results)
     print(f"interval rule (development): {rule}; coverage {cov}")
+    print(f"run 6's rule (residuals under their own losses): {seen_rule}; coverage {cov_seen}")
     for key, doc in pooled.items():
         print(f"{key}: " + ", ".join(f"{k} {_pct(v)}" for k, v in doc.items()))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective_scale", "commit": commit, "load_avg": load,
            "left_out": left_out, "interval_rule": asdict(rule), "coverage": cov,
+           "interval_rule_seen": asdict(seen_rule), "coverage_seen": cov_seen,
            "summary": pooled,
            "systems": results}  # fmt: skip
     if args.write_rule:
