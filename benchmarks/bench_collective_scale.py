@@ -66,13 +66,11 @@ ABLATIONS: dict[str, dict] = {
     "no_latency_factors": {"parameters": ("intra_bw", "net_bw", "nvls_bw", "fill")},
     "fit_net_latency": {"parameters": (*cal.FITTED, "net_lat")},
     "no_prior": {"prior_weight": 1e-9},
-    "no_efficiency": {"parameters": tuple(p for p in cal.FITTED if not p.startswith("knee"))},
-    "square_root_bend": {"parameters": tuple(p for p in cal.FITTED if p != "knee_power")},
+    "no_efficiency": {"parameters": tuple(p for p in cal.FITTED if p != "knee_bytes")},
     "no_protocol_factor": {"parameters": tuple(p for p in cal.FITTED if p != "ll128_bw")},
 }
 """The calibration with one part changed (the ``calibrate`` keyword it takes); "fit net latency"
-is run 1's calibration, before run 2's declared change held the network hop latency; "square root
-bend" is run 7's, before run 8 fitted the efficiency's power."""
+is run 1's calibration, before run 2's declared change held the network hop latency."""
 
 
 def read(path: Path, collective: str, world_size: int) -> NcclTestsLog:

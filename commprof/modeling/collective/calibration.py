@@ -16,10 +16,9 @@ fitted factor, so the fitted model scales to other world sizes by each algorithm
   description unless asked for, ``HELD``);
 - protocol: ``ll128_bw`` on LL128's bandwidth, relative to Simple's (where a log shows both);
 - a size-dependent efficiency where the logs bend: the bandwidth term is divided by
-  ``eta(S) = 1 / (1 + (knee_bytes / (S / nCh)) ^ knee_power)`` (``nCh`` the communicator's
-  channels): a channel's pipeline reaches its rate only for chunks well above ``knee_bytes``,
-  the sooner the larger ``knee_power`` (how sharply the log bends; prior 0.5); ``knee_bytes`` 0
-  (the description) is no such loss;
+  ``eta(S) = 1 / (1 + sqrt(knee_bytes / (S / nCh)))`` (``nCh`` the communicator's channels):
+  a channel's pipeline reaches its rate only for chunks well above ``knee_bytes``; 0 (the
+  description) is no such loss;
 - ``fill`` on the two-node buffer fill of ``collectives.Corrections.two_node_fill``
   (``min(S, fill x nCh x BUFFSIZE) / algbw``), fitted only where a calibration keeps that
   correction (off in the declared one, ``CALIBRATED``).
@@ -82,10 +81,6 @@ KNEE_SCALE_BYTES = 65536.0
 ``KNEE_PRIOR_BYTES`` (no loss to speak of: the description)."""
 KNEE_PRIOR_BYTES = 16.0
 """Where the prior holds ``knee_bytes`` (a 1 MiB message on 32 channels loses 1.6 % to it)."""
-PRIOR_CENTRE = {"knee_bytes": KNEE_PRIOR_BYTES, "knee_power": 0.5}
-"""Where the prior holds a factor other than 1.0 (``knee_power``: the square root of run 1 to 7)."""
-BOUNDS = {"knee_bytes": (1e-5, 1e2), "knee_power": (0.1, 2.0)}
-"""Bounds of the factors other than ``FACTOR_BOUNDS`` (``knee_bytes`` over ``KNEE_SCALE_BYTES``)."""
 HELD = ("net_lat",)
 """Factors the declared calibration holds at the description (run 2 of the scale benchmark,
 chosen on its development systems): a network hop's latency fitted on one or two nodes does not
@@ -153,7 +148,9 @@ def calibrate(
     names = [p for p in PARAMETERS if p in parameters]
     widths = np.array([PRIOR_WIDTH[p] for p in names])
     scale = np.array([KNEE_SCALE_BYTES if p == "knee_bytes" else 1.0 for p in names])
-    centre = np.log(np.array([PRIOR_CENTRE.get(p, 1.0) for p in names]) / scale)
+    centre = np.log(
+        np.array([KNEE_PRIOR_BYTES if p == "knee_bytes" else 1.0 for p in names]) / scale
+    )
 
     def fit_of(x: np.ndarray) -> Fit:
         factors = dict(zip(names, (scale * np.exp(x)).tolist(), strict=True))
@@ -169,7 +166,8 @@ def calibrate(
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.concatenate([errors(fit_of(x)), prior_weight * (x - centre) / widths])
 
-    low, high = np.log(np.array([BOUNDS.get(p, FACTOR_BOUNDS) for p in names])).T
+    low = np.where(scale > 1, math.log(1e-5), math.log(FACTOR_BOUNDS[0]))
+    high = np.where(scale > 1, math.log(1e2), math.log(FACTOR_BOUNDS[1]))
     bounds = (low, high)
     best = None
     for start in _starts(centre):

@@ -24,7 +24,6 @@ PRIOR_WIDTH: dict[str, float] = {
     "net_lat": 1.0,
     "ll128_bw": 0.5,
     "knee_bytes": 3.0,
-    "knee_power": 0.5,
     "fill": 2.0,
 }
 """Width of each factor's prior (log space): NVLink's rate is NCCL's own constant, the network's a
@@ -90,8 +89,6 @@ class Fit:
     knee_bytes: float = 0.0
     """Chunk size (bytes a channel) of the efficiency ``eta(S)`` (the docstring of
     :mod:`commprof.modeling.collective.calibration`); 0: none."""
-    knee_power: float = 0.5
-    """Power of ``eta(S)``'s bend: how sharply the efficiency rises past ``knee_bytes``."""
     fill: float = 1.0
     """Multiplies the two-node buffer fill (``nCh x NCCL_BUFFSIZE``)."""
     residual_log_q80: float = 0.0

@@ -151,7 +151,7 @@ def predict(
     for size in sizes_bytes:
         if size <= 0:
             raise ValueError(f"message size {size} must be > 0 bytes")
-        eta = 1.0 / (1.0 + (fit.knee_bytes * channels / size) ** fit.knee_power)
+        eta = 1.0 / (1.0 + math.sqrt(fit.knee_bytes * channels / size))
         sized = {k: (lat, bw * eta) for k, (lat, bw) in entries.items()}
         best = min(
             (algo_time_us(e, a, pr, int(size), collective=collective, num_nodes=n,
