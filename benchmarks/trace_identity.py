@@ -54,6 +54,9 @@ def _frame(df: pd.DataFrame | None) -> dict[str, Any] | None:
     return out
 
 
+FRAMES = frozenset({"collectives", "counted", "possible_comm", "possible_ranges"})
+
+
 def digest(parsed: ParsedTrace) -> dict[str, Any]:
     """Every field of ``parsed``, as comparable JSON."""
     out: dict[str, Any] = {}
@@ -61,9 +64,7 @@ def digest(parsed: ParsedTrace) -> dict[str, Any]:
         value = getattr(parsed, name)
         if isinstance(value, np.ndarray):
             out[name] = _array(value)
-        elif isinstance(value, pd.DataFrame) or value is None and name in {
-            "counted", "possible_comm", "possible_ranges"
-        }:  # fmt: skip
+        elif isinstance(value, pd.DataFrame) or name in FRAMES:
             out[name] = _frame(value)
         elif isinstance(value, dict):
             out[name] = {
