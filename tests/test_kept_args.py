@@ -58,3 +58,15 @@ def test_a_drop_renumbers_the_events_kept() -> None:
     kept = built.finish().subset(keep, np.cumsum(keep) - 1)
     assert dict(kept) == {1: {"Seq": 1}, 2: {"Seq": 3}, 3: {"Seq": 4}}
     assert kept.column("Seq", kept.rows(np.array([3, 0]))) == [4, ABSENT]
+
+
+def test_equal_strings_are_kept_as_one_object_and_other_values_as_they_are() -> None:
+    dicts = [{"Collective name": "allreduce", "Seq": 1}, {"Collective name": "allreduce",
+             "Seq": True}, {"Seq": 1.0}, {"Collective name": ["a"], "Seq": 1}]  # fmt: skip
+    built = KeptArgsBuilder(KEYS, ("k0", "k1", "k2"), frozenset({"Input Dims"}))
+    built.add_structs([0, 1], _structs(dicts[:2]))  # a chunk of strings: interned
+    built.add_structs([2, 3], _structs(dicts[2:]))  # a list among them: kept as it is
+    kept = built.finish()
+    names, seqs = kept.column("Collective name", [0, 1, 2, 3]), kept.column("Seq", [0, 1, 2, 3])
+    assert names == ["allreduce", "allreduce", ABSENT, ["a"]] and names[0] is names[1]
+    assert [type(s) for s in seqs] == [int, bool, float, int]  # 1 == True == 1.0: not merged

@@ -7,7 +7,11 @@ gathered a chunk at a time while its decoded structs are in the CPU's cache (one
 kept fields an event, transposed into the key columns), not as a dict an event: the collectives
 table then reads a key of every collective with one numpy ``take`` of an object column, not a
 lookup in each event's dict (cold by then), and the columns hold no dict of their own (a few
-hundred bytes an event). The decoded structs are not kept instead: read a key at a time after the
+hundred bytes an event). A chunk's string values (collective names, process groups, dtypes) are
+kept as one object per distinct string, found while the chunk is hot: the table's later passes
+over a column then read a few objects in cache, not a cold string an event (run 11 of
+``bench_trace_shapes``: about 0.85 of the parse's CPU time on the collective-heavy shapes), and
+the decoded copies are freed with their chunk. The decoded structs are not kept instead: read a key at a time after the
 whole trace, they are as cold as the dicts. :class:`KeptArgs` still reads as the mapping event
 index -> its kept args (a dict built on demand) for the few callers that want one event's.
 """
@@ -26,6 +30,9 @@ import numpy.typing as npt
 
 ABSENT: Any = msgspec.UNSET
 """A key's value where an event's args lack the key (what a decoded struct's field holds)."""
+
+
+_TEXT = frozenset({str, type(ABSENT)})
 
 
 def absent(values: list[Any]) -> list[int]:
@@ -130,6 +137,8 @@ class KeptArgsBuilder:
         self._none = (ABSENT,) * len(keys)
         self.index = array("q")
         self.values: list[list[Any]] = [[] for _ in keys]
+        self._strings: list[dict[str, str]] = [{} for _ in keys]
+        """Per key: its string values so far, each the one object every equal value is kept as."""
 
     def _row(self, args: Any) -> tuple[Any, ...]:
         return tuple(getattr(args, f, ABSENT) for f in self.fields)
@@ -151,8 +160,13 @@ class KeptArgsBuilder:
                 return
         start = len(self.index)
         self.index.fromlist(index)
-        for column, values in zip(self.values, zip(*rows, strict=True), strict=True):
-            column.extend(values)
+        for column, strings, values in zip(
+            self.values, self._strings, zip(*rows, strict=True), strict=True
+        ):
+            if set(map(type, values)) <= _TEXT:  # the chunk's are strings (or absent): interned
+                column.extend(map(strings.setdefault, values, values))
+            else:
+                column.extend(values)
         for k in self._raw:
             column = self.values[k]
             if any(map(isinstance, column[start:], repeat(msgspec.Raw))):
