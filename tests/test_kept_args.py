@@ -63,7 +63,8 @@ def test_a_drop_renumbers_the_events_kept() -> None:
 def test_equal_strings_are_kept_as_one_object_and_other_values_as_they_are() -> None:
     dicts = [{"Collective name": "allreduce", "Seq": 1}, {"Collective name": "allreduce",
              "Seq": True}, {"Seq": 1.0}, {"Collective name": ["a"], "Seq": 1}]  # fmt: skip
-    built = KeptArgsBuilder(KEYS, ("k0", "k1", "k2"), frozenset({"Input Dims"}))
+    text = frozenset({"Collective name", "Seq"})  # Seq: numbers where strings were expected
+    built = KeptArgsBuilder(KEYS, ("k0", "k1", "k2"), frozenset({"Input Dims"}), text)
     built.add_structs([0, 1], _structs(dicts[:2]))  # a chunk of strings: interned
     built.add_structs([2, 3], _structs(dicts[2:]))  # a list among them: kept as it is
     kept = built.finish()

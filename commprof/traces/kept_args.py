@@ -34,6 +34,8 @@ ABSENT: Any = msgspec.UNSET
 
 
 _TEXT = frozenset({str, type(ABSENT)})
+_RAW_KEY, _TEXT_KEY = "raw", "text"
+"""How a key's values are kept: decoded from undecoded JSON, interned where they are strings."""
 
 
 def absent(values: list[Any]) -> list[int]:
@@ -127,14 +129,22 @@ class KeptArgsBuilder:
         keys: The kept keys.
         fields: The struct field of each key (the args structs rename keys to fields).
         raw_keys: Keys decoded as undecoded JSON (``msgspec.Raw``), decoded when kept.
+        text_keys: Keys whose values are usually strings that repeat: a chunk's, where they are
+            all strings, kept as one object per distinct string.
     """
 
     def __init__(
-        self, keys: tuple[str, ...], fields: tuple[str, ...], raw_keys: frozenset[str]
+        self,
+        keys: tuple[str, ...],
+        fields: tuple[str, ...],
+        raw_keys: frozenset[str],
+        text_keys: frozenset[str] = frozenset(),
     ) -> None:
         self.keys, self.fields = keys, fields
         self._get = attrgetter(*fields) if len(fields) > 1 else None
-        self._raw = [i for i, k in enumerate(keys) if k in raw_keys]
+        self._kinds = [
+            _RAW_KEY if k in raw_keys else _TEXT_KEY if k in text_keys else None for k in keys
+        ]
         self._none = (ABSENT,) * len(keys)
         self.index = array("q")
         self.values: list[list[Any]] = [[] for _ in keys]
@@ -159,19 +169,16 @@ class KeptArgsBuilder:
             rows, index = list(compress(rows, held)), list(compress(index, held))
             if not rows:
                 return
-        start = len(self.index)
         self.index.fromlist(index)
-        for column, strings, values in zip(
-            self.values, self._strings, zip(*rows, strict=True), strict=True
+        for column, strings, kind, values in zip(
+            self.values, self._strings, self._kinds, zip(*rows, strict=True), strict=True
         ):
-            if set(map(type, values)) <= _TEXT:  # the chunk's are strings (or absent): interned
+            if kind is _TEXT_KEY and set(map(type, values)) <= _TEXT:  # strings: interned
                 column.extend(map(strings.setdefault, values, values))
+            elif kind is _RAW_KEY and any(map(isinstance, values, repeat(msgspec.Raw))):
+                column.extend(map(_decoded, values))
             else:
                 column.extend(values)
-        for k in self._raw:
-            column = self.values[k]
-            if any(map(isinstance, column[start:], repeat(msgspec.Raw))):
-                column[start:] = map(_decoded, column[start:])
 
     def add_dict(self, event: int, args: dict[str, Any]) -> None:
         """Keep the kept keys of event ``event``'s args (a plain dict), if it holds one."""

@@ -62,6 +62,7 @@ from commprof.traces.trace_rules import (
     PYTHON_FUNCTION_CAT,
     RAW_ARG_KEYS,
     SKIP_CATS,
+    TEXT_ARG_KEYS,
     RuleTable,
     needed_cats,
     needed_names,
@@ -377,7 +378,7 @@ class ColumnBuilder:
         self.cat_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the category
         self.name_bits: list[int] = []  # per code: bit i set if coll_rules[i] takes the name
         self.args = KeptArgsBuilder(
-            self.struct_keys, tuple(f for f, _ in self.kept_fields), RAW_ARG_KEYS
+            self.struct_keys, tuple(f for f, _ in self.kept_fields), RAW_ARG_KEYS, TEXT_ARG_KEYS
         )
         self.first_bad: tuple[int, Any, Any, Any] | None = None
         """Index, name, ts and dur of the first event whose ts or dur was None."""

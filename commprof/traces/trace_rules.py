@@ -134,6 +134,9 @@ COLLECTIVE_ARG_KEYS = (
 ``seq_num``; group, message size), on the kernel or on its launching op."""
 RAW_ARG_KEYS = frozenset({"Input Dims", "Input type"})
 """Arg keys decoded only for the events kept with args (lists, costly to build for every op)."""
+TEXT_ARG_KEYS = frozenset({"Collective name", "Process Group Name", "dtype"})
+"""Arg keys whose values are strings that repeat (a few distinct a trace): kept as one object per
+distinct string (:class:`commprof.traces.kept_args.KeptArgsBuilder`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
