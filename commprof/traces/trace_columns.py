@@ -147,6 +147,10 @@ _DROP, _KEEP, _LAUNCH, _BY_NAME, _PYTHON = 0, 1, 2, 3, 4
 """What becomes of the events of a category: dropped, kept, kept as launches, kept where
 their name is needed, kept where their name is a communication library's Python function."""
 _NO_INDEX = np.empty(0, np.intp)
+_PHASE: Any = Literal.__getitem__(tuple("BEXiICbneSTpFstfPNODMVvRc()"))
+"""The event phases of the Trace Event Format, as the tagged structs decode ``ph``: each value
+the one string object of the ``Literal`` (no string built an event); any other value fails the
+chunk, which is then read as the untagged struct reads it (``ph`` as it is)."""
 _BAD_CAT = re.compile(r"Invalid value '(.{1,200})' - at `\$\[\d+\]\.cat`")
 
 
@@ -223,7 +227,7 @@ class _TaggedTypes:
     ) -> None:
         nan = float("nan")
         kept_args, launch_args = _args_type("Args", kept_keys), _args_type("LaunchArgs", ())
-        self.read_fields = [("ph", Any, None), ("name", Any, ""), ("pid", Any, None),
+        self.read_fields = [("ph", _PHASE, None), ("name", Any, ""), ("pid", Any, None),
                             ("tid", Any, None), ("ts", float, nan), ("dur", float, nan),
                             ("args", kept_args | None, None)]  # fmt: skip
         self.launch_fields = [*self.read_fields[:-1], ("args", launch_args | None, None)]
