@@ -10,7 +10,7 @@ lookup in each event's dict (cold by then), and the columns hold no dict of thei
 hundred bytes an event). A chunk's string values (collective names, process groups, dtypes) are
 kept as one object per distinct string, found while the chunk is hot: the table's later passes
 over a column then read a few objects in cache, not a cold string an event (run 11 of
-``bench_trace_shapes``: about 0.85 of the parse's CPU time on the collective-heavy shapes), and
+``bench_trace_shapes``: about 0.85 of the parse's CPU time on kernel_heavy_150k), and
 the decoded copies are freed with their chunk. The decoded structs are not kept instead: read a
 key at a time after the whole trace, they are as cold as the dicts. :class:`KeptArgs` still reads
 as the mapping event index -> its kept args (a dict built on demand) for the few callers that
