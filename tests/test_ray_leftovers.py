@@ -35,8 +35,16 @@ time.sleep(600)
 
 
 def _alive(pid: int, start: int) -> bool:
+    """The process is there and not a zombie (ended, its exit status not yet collected: under a
+    loaded host a killed agent stays one a while, and its command line reads empty)."""
     stat = _stat(pid)
-    return stat is not None and stat[1] == start
+    if stat is None or stat[1] != start:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
 
 
 def test_a_killed_driver_leaves_no_ray_process(tmp_path: Path) -> None:
