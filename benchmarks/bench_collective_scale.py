@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         fitted.append(fit_system(system, folder))
     losses, shared = all_losses(fitted)
-    first = [score(f, replace(scale_rule.RULE, **losses)) for f in fitted]
+    dev = [f for f in fitted if f["system"]["role"] == "development"]
+    first = [score(f, replace(scale_rule.RULE, **losses)) for f in dev]  # fit_rule reads these
     rule = fit_rule(unseen_residuals(fitted), losses)
     results = [score(f, rule, one_loss=replace(rule, **shared)) for f in fitted]
     cov = {f"{role}/{k}": coverage(results, rule, role, keep)
