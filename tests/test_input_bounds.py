@@ -182,7 +182,7 @@ def test_the_guard_costs_the_microbenchmark_buffers(tmp_path: Path) -> None:
     m = matrix.load(_write(tmp_path, text))
     decision = GuardPlan(m).decide(m.cells[0])
     assert not decision.feasible and "host" in decision.rejected_pools
-    assert "microbench buffers (9 x largest size 64 GiB)" in decision.explain()
+    assert "microbench buffers (10 x largest size 64 GiB)" in decision.explain()
     small = matrix.load(_write(tmp_path, BASE))
     assert GuardPlan(small).decide(small.cells[0]).feasible
 

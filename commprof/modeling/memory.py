@@ -93,12 +93,14 @@ RECORD_BYTES = 256
 """Bytes of one returned record row (a pickled bucket row measured 217 B)."""
 MICROBENCH_ROWS_BOUND = 64
 """Upper bound on microbenchmark rows per rank."""
-MICROBENCH_PEAK_FACTOR = 9
+MICROBENCH_PEAK_FACTOR = 10
 """Peak bytes of one rank's all-reduce microbenchmark per byte of its largest message size S
 (``commprof.training.microbench``, float32): the source and the reduced buffer (2 S), then the
 correctness check's int64 pattern, float64 expected values and float64 copy of the result (6 S)
-and its bool mask (S / 4): 8.25 S; measured 8.27 S as peak RSS at S = 256 MiB (torch 2.13 CPU);
-9 S with the allocator's headroom (tests/test_guard_microbench.py measures it)."""
+and its bool mask (S / 4): 8.25 S; measured 8.27 S as peak RSS at S = 256 MiB (torch 2.13 CPU)
+and 8.25 S at 64 MiB beside a CPU hog, but 9.03 S once inside the full test suite beside one
+(cause not isolated: pages the host dropped and faulted back in at the peak are the likeliest);
+10 S keeps that reading inside the term (tests/test_guard_microbench.py measures it)."""
 DEFAULT_MICROBENCH_MAX_BYTES = 16 * MIB
 """Largest microbenchmark size of a cell whose matrix names none (16 KiB to 16 MiB:
 ``commprof.training.trainer.CALIBRATION_SIZES_BYTES``; a test keeps the two equal)."""
