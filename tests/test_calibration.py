@@ -4,6 +4,7 @@ extrapolates by each algorithm's scaling, and gives every time an interval."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from commprof.modeling.collective.clusters import load_cluster
 from commprof.modeling.collective.fitted_model import predict
 from commprof.modeling.collective.nccl_log_collective import log_world_size
 from commprof.modeling.collective.nccl_tests import NcclTestsLog, Row, Run, read_log
-from commprof.modeling.collective.scale_rule import RULE, halfwidth_log
+from commprof.modeling.collective.scale_rule import RULE, halfwidth_log, interval_basis
 
 DATA = Path(__file__).parent / "data" / "nccl_tests"
 H100 = load_cluster("dgx-h100")
@@ -198,6 +199,21 @@ def test_every_time_has_an_interval_that_widens_with_extrapolation() -> None:
         Fit(net_bw=0.0)
 
 
+def test_a_one_node_fit_is_no_surer_than_the_description_where_the_network_is_crossed() -> None:
+    one_node = replace(Fit(intra_bw=0.9), residual_log_q80=0.02, calibrated_nodes=1)
+    # within its node: its own spread; on two nodes and more: at least the description's
+    assert halfwidth_log(one_node, 1) == pytest.approx(max(0.02, RULE.calibrated_floor_log))
+    for nodes in (2, 8, 512):
+        widened = max(0.02, RULE.calibrated_floor_log) + RULE.per_doubling_log * math.log2(nodes)
+        assert halfwidth_log(one_node, nodes) == pytest.approx(max(widened, RULE.description_log))
+    assert halfwidth_log(one_node, 2) == RULE.description_log  # the committed rule's case
+    assert "saw no network, which 2 nodes cross" in interval_basis(one_node, 16, "all_reduce", 2)
+    assert "saw no network" not in interval_basis(one_node, 8, "all_reduce", 1)
+    # a two-node fit saw the network: its own spread, widened by doublings only
+    two_nodes = replace(one_node, calibrated_nodes=2)
+    assert halfwidth_log(two_nodes, 4) < RULE.description_log
+
+
 def test_collective_command_json_carries_the_interval(capsys: pytest.CaptureFixture[str]) -> None:
     a = str(DATA / "abci-a100/all_reduce_p8.txt")
     b = str(DATA / "abci-a100/all_reduce_p16.txt")
@@ -239,7 +255,7 @@ def test_estimate_picks_the_run_of_a_multi_run_log(capsys: pytest.CaptureFixture
     assert main([*argv, "--nccl-tests", log, "--run", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     basis = doc["communication_interval"]["basis"]
-    assert "widened for 2 nodes: 1 doubling(s) past the 1 node(s) fitted" in basis, basis
+    assert "the logs fitted are of one node and saw no network, which 2 nodes cross" in basis, basis
     assert chosen == doc
     assert main([*argv, "--nccl-tests", log, "--run", "2"]) == 2
     assert "not all_reduce; pick the all_reduce run with --run K" in capsys.readouterr().err

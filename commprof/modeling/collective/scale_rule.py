@@ -59,16 +59,29 @@ RULE = _load_rule()
 
 
 def halfwidth_log(fit: Fit, num_nodes: int, rule: ScaleRule = RULE) -> float:
-    """Half-width of the 80 % interval in log space at ``num_nodes``.
-
-    Description alone: ``rule.description_log``. Calibrated: the fit's own in-sample 80th
-    percentile (at least ``calibrated_floor_log``) plus ``per_doubling_log`` per doubling of nodes
-    past the most nodes fitted: the validation's spread grows with extrapolation distance.
-    """
+    """Half-width of the 80 % interval in log space at ``num_nodes``: a calibration's
+    (:func:`calibrated_halfwidth_log`), or ``rule.description_log`` for the description alone."""
     if fit.calibrated_nodes == 0:
         return rule.description_log
-    base = max(fit.residual_log_q80, rule.calibrated_floor_log)
-    return base + rule.per_doubling_log * max(0.0, math.log2(num_nodes / fit.calibrated_nodes))
+    return calibrated_halfwidth_log(fit.residual_log_q80, fit.calibrated_nodes, num_nodes, rule)
+
+
+def calibrated_halfwidth_log(
+    residual_log_q80: float, calibrated_nodes: int, num_nodes: int, rule: ScaleRule = RULE
+) -> float:
+    """Half-width of a calibrated prediction's 80 % interval in log space at ``num_nodes``.
+
+    The fit's own in-sample 80th percentile (at least ``calibrated_floor_log``) plus
+    ``per_doubling_log`` per doubling of nodes past the most nodes fitted: the validation's
+    spread grows with extrapolation distance. A calibration on one node saw no network, and on
+    more nodes predicts with the description's: its interval there is at least the
+    description's (``description_log``).
+    """
+    base = max(residual_log_q80, rule.calibrated_floor_log)
+    width = base + rule.per_doubling_log * max(0.0, math.log2(num_nodes / calibrated_nodes))
+    if calibrated_nodes == 1 and num_nodes > 1:
+        width = max(width, rule.description_log)
+    return width
 
 
 def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> str:
@@ -81,6 +94,12 @@ def interval_basis(fit: Fit, world_size: int, collective: str, nodes: int) -> st
     if fit.calibrated_nodes == 0:
         return "the description's spread on the development systems' nccl-tests logs"
     doublings = max(0.0, math.log2(nodes / fit.calibrated_nodes))
+    unseen_network = fit.calibrated_nodes == 1 and nodes > 1
+    if unseen_network and halfwidth_log(fit, nodes) == RULE.description_log:
+        return (
+            f"the description's spread on the development systems' nccl-tests logs: the logs "
+            f"fitted are of one node and saw no network, which {nodes} nodes cross"
+        )
     if doublings == 0:
         nodes_fitted = f"{fit.calibrated_nodes} node(s) fitted"
         return f"the calibration's residuals on its logs, within the {nodes_fitted}"
