@@ -16,7 +16,9 @@ absolute relative error of the out-of-place time over sizes >= 1 MiB:
   (``commprof/modeling/collective/collective_scale.yaml``) is fitted on the development systems
   only (``--write-rule`` writes it), on each one's residuals under the losses of the other
   clusters (:func:`unseen_residuals`), and its coverage is quoted on the held-out ones;
-- ablations: the calibration with one part taken off, scored the same way.
+- ablations: the calibration with one part taken off, scored the same way;
+- the third split's systems measured at one world size (``in_sample_only``): in sample, and the
+  description alone at that world size with its interval's coverage.
 
 Usage: python benchmarks/bench_collective_scale.py [--external-logs DIR] [--out FILE]
 [--write-rule] [--change TEXT]. Torch-free.
@@ -128,6 +130,35 @@ def fit_system(system: dict, folder: Path) -> dict:
     }  # fmt: skip
 
 
+def in_sample(cluster, p: int, log, col: str, one, rule: scale_rule.ScaleRule) -> dict:
+    """A log fitted alone (``one``) predicting itself: its factors alone, and the answer between
+    its sizes (each left out, its residual interpolated from the others)."""
+    sizes, meas = _rows(log)
+    pred, _, _ = _ours(cluster, p, sizes, col, replace(one, anchors=()), rule)
+    anchor = one.anchor(p, col)
+    assert anchor is not None
+    loo = calibration_fit.leave_one_out(anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES)
+    return {"median_error": float(np.median(_err(pred, meas))),
+            "leave_one_out": float(np.median(np.expm1(loo))),
+            "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
+
+
+def in_sample_only(entry: dict, folder: Path, rule: scale_rule.ScaleRule) -> dict:
+    """A system measured at one world size (``in_sample_only`` of the third split): its log in
+    sample (:func:`in_sample`) and its description alone at that world size, with the share of
+    its sizes inside the description's 80 % interval."""
+    cluster, col, p = load_cluster(entry["cluster"]), entry["collective"], int(entry["world_size"])
+    log = read(folder / entry["log"], col, p)
+    sizes, meas = _rows(log)
+    desc, low, high = _ours(cluster, p, sizes, col, calibration_fit.DESCRIPTION, rule)
+    return {"system": entry["name"], "cluster": cluster.name, "collective": col,
+            "licence": entry["licence"], "world_size": p, "nodes": cluster.nodes_for(p),
+            "sizes": len(sizes),
+            "in_sample": in_sample(cluster, p, log, col, cal.calibrate(cluster, [log], col), rule),
+            "description": float(np.median(_err(desc, meas))),
+            "description_covered": float(np.mean((low <= meas) & (meas <= high)))}  # fmt: skip
+
+
 def score(
     fitted: dict, rule: scale_rule.ScaleRule, one_loss: scale_rule.ScaleRule | None = None
 ) -> dict:
@@ -139,17 +170,7 @@ def score(
                  "collective": col, "licence": system["licence"], "in_sample": {},
                  "scale": {}, "ablation": {}}  # fmt: skip
     for p, log in sorted(logs.items()):
-        sizes, meas = _rows(log)
-        one = fitted["in_sample"][p]
-        pred, _, _ = _ours(cluster, p, sizes, col, replace(one, anchors=()), rule)
-        anchor = one.anchor(p, col)
-        assert anchor is not None
-        loo = calibration_fit.leave_one_out(
-            anchor.num_bytes, anchor.log_residual, cal.FIT_MIN_BYTES
-        )
-        out["in_sample"][p] = {"median_error": float(np.median(_err(pred, meas))),
-                               "leave_one_out": float(np.median(np.expm1(loo))),
-                               "fit": one.factors(), "seen": list(one.seen)}  # fmt: skip
+        out["in_sample"][p] = in_sample(cluster, p, log, col, fitted["in_sample"][p], rule)
     out["fit"] = {**fit.factors(), "seen": list(fit.seen),
                   "residual_log_q80": fit.residual_log_q80,
                   "calibrated_nodes": fit.calibrated_nodes}  # fmt: skip
@@ -355,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             if system["role"] != "held_out":
                 raise ValueError(f"{path}: {system['name']}: role must be held_out")
             split.append({**system, "role": role})
-    fitted, left_out = [], []
+    fitted, left_out, one_size = [], [], []
+    third = load_yaml(read_text(LATER_SPLITS["held_out_3"], "the split file"), "split 3")
     for system in split:
         if args.only not in (None, system["role"]):
             continue
@@ -394,6 +416,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run 7's rule (a one-node fit as any other): {rule_off}; coverage {cov_off}")
     for key, doc in pooled.items():
         print(f"{key}: " + ", ".join(f"{k} {_pct(v)}" for k, v in doc.items()))
+    for entry in third.get("in_sample_only", []) if args.only in (None, "held_out_3") else []:
+        folder = DATA if entry["licence"] != "none" else args.external_logs
+        if folder is None or not (folder / entry["log"]).is_file():
+            left_out.append(entry["name"])
+            print(f"{entry['name']}: left out (no local copy of its log)")
+            continue
+        one_size.append(in_sample_only(entry, folder, rule))
+        r = one_size[-1]
+        print(f"{r['system']:<22} held_out_3  {r['world_size']:>5} {r['collective']}: in sample "
+              f"{_pct(r['in_sample']['median_error'])} ({_pct(r['in_sample']['leave_one_out'])}), "
+              f"description {_pct(r['description'])}, "
+              f"inside its interval {_pct(r['description_covered'])}")  # fmt: skip
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     doc = {"benchmark": "collective_scale", "commit": commit, "load_avg": load,
@@ -402,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
            "interval_rule_one_node_as_two": asdict(rule_off),
            "coverage_one_node_as_two": cov_off,
            "summary": pooled,
-           "systems": results}  # fmt: skip
+           "systems": results, "in_sample_only": one_size}  # fmt: skip
     if args.write_rule:
         text = RULE.read_text().split("description_log")[0]
         body = "".join(f"{k}: {v:.4f}\n" for k, v in asdict(rule).items())
@@ -420,7 +454,13 @@ def main(argv: list[str] | None = None) -> int:
         figures += (
             f"; coverage held out {_pct(cov['held_out/all']['calibrated'])}, second held-out set "
             f"{_pct(cov['held_out_2/all']['calibrated'])}, third "
-            f"{_pct(cov['held_out_3/all']['calibrated'])}; load {load}"
+            f"{_pct(cov['held_out_3/all']['calibrated'])}; "
+            + "".join(
+                f"{r['system']} (held out 3, one size) {r['world_size']}: in sample "
+                f"{_pct(r['in_sample']['median_error'])}, description {_pct(r['description'])}; "
+                for r in one_size
+            )
+            + f"load {load}"
         )
         ledger.print_row("collective_scale", change=args.change, figures=figures,
                          files=[args.out])  # fmt: skip

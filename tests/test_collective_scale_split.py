@@ -64,6 +64,21 @@ def test_each_later_set_is_held_out_and_new(later: list[dict]) -> None:
     assert not {p for s in later for p in s["logs"].values()} & {p for _, p in first}
 
 
+ONE_SIZE = load_yaml(read_text(SPLIT_3, "the split"), str(SPLIT_3))["in_sample_only"]
+
+
+@pytest.mark.parametrize("entry", ONE_SIZE, ids=[e["name"] for e in ONE_SIZE])
+def test_each_one_size_system_is_new_and_within_two_nodes(entry: dict) -> None:
+    # the third split's logs of one world size: scored in sample and by the description alone
+    assert set(entry) == {"name", "cluster", "collective", "licence", "world_size", "log"}
+    assert entry["collective"] in COLLECTIVES
+    assert load_cluster(entry["cluster"]).nodes_for(int(entry["world_size"])) <= 2
+    assert (DATA / entry["log"]).is_file() == (entry["licence"] != "none"), entry["log"]
+    used = {p for s in SYSTEMS + SYSTEMS_2 + SYSTEMS_3 for p in s["logs"].values()}
+    assert entry["log"] not in used
+    assert [e["name"] for e in ONE_SIZE].count(entry["name"]) == 1
+
+
 def test_a_log_of_another_collective_is_refused() -> None:
     # a broadcast log (its header names the test) given as all_reduce: refused, file named
     log = read_log(DATA / "abci-a100" / "broadcast_p8.txt")
