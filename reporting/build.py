@@ -2,19 +2,21 @@
 
 Output folder (default ``RESULTS/report/``)::
 
-    figures/<name>.pdf, .png  every figure of ``commprof.reporting.figures.FIGURES`` the
-                              dataset supports (the others are not drawn; the command says why)
-    tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_csv_tables``)
-    generated/main_body.tex   the main report's sections (``main_sections``, ``recommend``)
-    generated/postmortem_body.tex  the postmortem's sections (``post_sections``)
-    generated/tab_<name>.tex  booktabs fragments of the tables, for reuse
-    quoted_<report>.json      every number the report's prose quotes: name -> text, value
-    main.tex, postmortem.tex  the two reports (from ``commprof.reporting.templates``)
+    main.html, postmortem.html  the two reports, self-contained pages
     main.pdf, postmortem.pdf  built with latexmk + pdflatex when they are installed, in a
                               private temporary folder (``build_pdf``: no rc file read, TeX
                               paranoid); LaTeX's work files never reach this folder
+    figures/<name>.pdf, .png, .svg  every figure of ``commprof.reporting.figures.FIGURES`` the
+                              dataset supports (the others are not drawn; the command says why)
+    tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_csv_tables``)
+    quoted_<report>.json      every number the report's prose quotes: name -> text, value
+    latex/                    the PDFs' LaTeX sources (``LATEX_DIR``), apart from the reports:
+      main.tex, postmortem.tex  the two reports (from ``commprof.reporting.templates``)
+      generated/main_body.tex   the main report's sections (``main_sections``, ``recommend``)
+      generated/postmortem_body.tex  the postmortem's sections (``post_sections``)
+      generated/tab_<name>.tex  booktabs fragments of the tables, for reuse
 
-Without LaTeX the figures and .tex files are still written and the command says how to get the
+Without LaTeX the figures and LaTeX sources are still written and the command says how to get the
 PDFs. Reads only the dataset folder, never a live run; imports no torch and no ray.
 """
 
@@ -38,6 +40,9 @@ TEMPLATES = resources.files("commprof.reporting.templates")
 """The report templates (package data: present in a checkout and in an installed wheel)."""
 REPORTS = ("main", "postmortem")
 """The two PDFs, by template stem."""
+LATEX_DIR = "latex"
+"""The report folder's subfolder of LaTeX sources (the templates and ``generated/``); the
+templates find the report's ``figures/`` one level up (``\\graphicspath``)."""
 LATEX_TIMEOUT_S = 300
 """Longest a latexmk run may take."""
 INSTALL_HINT = (
@@ -254,8 +259,9 @@ def make_reports(data: Processed, figs: set[str], dataset_name: str) -> list[Rep
 
 def write_latex(data: Processed, out: Path, figs: set[str], dataset_name: str) -> list[Report]:
     """The two report bodies, their quoted numbers and claims, the table fragments and the
-    templates; returns the reports' parts."""
-    generated = out / "generated"
+    templates (the LaTeX under ``out / LATEX_DIR``); returns the reports' parts."""
+    latex = out / LATEX_DIR
+    generated = latex / "generated"
     generated.mkdir(parents=True, exist_ok=True)
     reports = make_reports(data, figs, dataset_name)
     for report in reports:
@@ -264,7 +270,7 @@ def write_latex(data: Processed, out: Path, figs: set[str], dataset_name: str) -
         report.quotes.write_claims(out / f"claims_{report.stem}.json")
     report_tables.write_latex_tables(data, generated)
     for stem in REPORTS:
-        (out / f"{stem}.tex").write_bytes(TEMPLATES.joinpath(f"{stem}.tex").read_bytes())
+        (latex / f"{stem}.tex").write_bytes(TEMPLATES.joinpath(f"{stem}.tex").read_bytes())
     return reports
 
 
@@ -302,25 +308,24 @@ def _latex_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _stage(out: Path, stem: str, build: Path) -> Path:
+def _stage(generated: Path, figures: Path, stem: str, build: Path) -> Path:
     """Copy what ``stem``'s PDF needs (the template, the generated bodies and tables, the
-    figures' PDFs) from ``out`` into the private build folder; returns the staged .tex file.
+    figures' PDFs) into the private build folder; returns the staged .tex file.
 
     Only regular files of the names the report writes are copied, so nothing else that sits
-    in ``out`` (an rc file, a symlink) reaches the build.
+    in the report's folders (an rc file, a symlink) reaches the build.
     """
-    (build / "generated").mkdir()
-    (build / "figures").mkdir()
     tex = build / f"{stem}.tex"
     tex.write_bytes(TEMPLATES.joinpath(f"{stem}.tex").read_bytes())
-    for sub, pattern in (("generated", "*.tex"), ("figures", "*.pdf")):
-        for src in sorted((out / sub).glob(pattern)):
+    for src_dir, sub, pattern in ((generated, "generated", "*.tex"), (figures, "figures", "*.pdf")):
+        (build / sub).mkdir()
+        for src in sorted(src_dir.glob(pattern)):
             if src.is_file() and not src.is_symlink():
                 shutil.copyfile(src, build / sub / src.name)
     return tex
 
 
-def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
+def build_pdf(tex: Path, dest: Path | None = None, figures: Path | None = None) -> tuple[bool, str]:
     """Build one PDF with latexmk and pdflatex in a fresh private folder; copy the PDF alone
     next to ``tex`` (or into ``dest``).
 
@@ -330,8 +335,9 @@ def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
     files (``.aux .log .fls .fdb_latexmk .out``) stay in that folder, which is removed after.
 
     Args:
-        tex: the .tex file (in the report folder, next to ``generated/`` and ``figures/``).
+        tex: the .tex file (next to ``generated/``: the report folder's ``LATEX_DIR``).
         dest: the folder the PDF is copied into (default ``tex``'s folder).
+        figures: the folder of the figures' PDFs (default ``figures/`` next to ``tex``).
 
     Returns:
         (success, LaTeX's log: the whole of it on success, for a caller to check it for
@@ -345,7 +351,8 @@ def build_pdf(tex: Path, dest: Path | None = None) -> tuple[bool, str]:
         home.mkdir()
         work = build / "work"
         work.mkdir()
-        staged = _stage(tex.parent, tex.stem, work)
+        figures = tex.parent / "figures" if figures is None else figures
+        staged = _stage(tex.parent / "generated", figures, tex.stem, work)
         cmd = ["latexmk", "-norc", "-pdf", "-interaction=nonstopmode", "-halt-on-error"]
         try:
             proc = subprocess.run(
@@ -435,13 +442,13 @@ def build_reports(
         print(
             f"LaTeX not found: no PDFs (the HTML reports above are complete; open "
             f"{pages[0]} in a browser). For the PDFs install TeX Live ({INSTALL_HINT}) and "
-            f"rerun, or run `latexmk -norc -pdf main.tex postmortem.tex` in {out}.",
+            f"rerun, or run `latexmk -norc -pdf main.tex postmortem.tex` in {out / LATEX_DIR}.",
             file=sys.stderr,
         )
         return 1 if pdf == "yes" else 0
     status = 0
     for stem in REPORTS:
-        ok, log = build_pdf(out / f"{stem}.tex")
+        ok, log = build_pdf(out / LATEX_DIR / f"{stem}.tex", dest=out, figures=out / "figures")
         if logs is not None:
             logs[stem] = log
         if ok:

@@ -85,9 +85,9 @@ def test_build_folder_is_private_and_removed(
     seen: list[tuple[Path, int]] = []
     real = build._stage
 
-    def spy(out: Path, stem: str, work: Path) -> Path:
+    def spy(generated: Path, figures: Path, stem: str, work: Path) -> Path:
         seen.append((work.parent, stat.S_IMODE(os.stat(work.parent).st_mode)))
-        return real(out, stem, work)
+        return real(generated, figures, stem, work)
 
     monkeypatch.setattr(build, "_stage", spy)
     (tmp_path / "generated").mkdir()

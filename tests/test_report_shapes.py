@@ -206,7 +206,7 @@ def test_the_html_report_has_the_pdfs_sections_and_numbers(built: dict, shape: s
     for stem in build.REPORTS:
         text = _html_text(folder / f"{stem}.html")
         pdf = built[shape]["text"][stem]
-        body = (folder / "generated" / f"{stem}_body.tex").read_text()
+        body = (folder / "latex" / "generated" / f"{stem}_body.tex").read_text()
         titles = re.findall(r"\\section\{([^}]*)\}", body)
         for n, title in enumerate(titles, start=1):
             plain = title.replace("\\", "")
@@ -234,7 +234,7 @@ def test_no_rejection_no_repeat_no_trace_sections(built: dict, shape: str) -> No
     main, post = built[shape]["text"]["main"], built[shape]["text"]["postmortem"]
     assert "The memory guard rejected no cell of this dataset." in main
     assert not (built[shape]["dir"] / "figures" / "memory_guard.pdf").exists()
-    body = (built[shape]["dir"] / "generated" / "main_body.tex").read_text()
+    body = (built[shape]["dir"] / "latex" / "generated" / "main_body.tex").read_text()
     assert "fig:memory_guard" not in body
     assert "Repeatability" not in post and "pooled; how far" not in main
     assert "Hook against trace" not in post
@@ -257,7 +257,7 @@ def test_rejections_are_shown_with_their_arithmetic(built: dict) -> None:
 def test_an_error_text_with_any_character_prints_as_ascii(built: dict) -> None:
     post = built["all_failed"]["text"]["postmortem"]
     assert "GLHF! ?; ranks [1]: (raylet) cafe died" in post
-    body = (built["all_failed"]["dir"] / "generated" / "postmortem_body.tex").read_bytes()
+    body = (built["all_failed"]["dir"] / "latex" / "generated" / "postmortem_body.tex").read_bytes()
     assert body.isascii() and b"\x1b" not in body
 
 
@@ -307,7 +307,7 @@ def test_every_measured_number_in_the_prose_is_a_quote(built: dict, shape: str) 
     # a decimal, a count with a thousands comma or a percentage typed into the text without
     # going through Quotes (so without a recomputable record) fails here
     for stem in build.REPORTS:
-        tex = (built[shape]["dir"] / "generated" / f"{stem}_body.tex").read_text()
+        tex = (built[shape]["dir"] / "latex" / "generated" / f"{stem}_body.tex").read_text()
         quoted = {q["text"] for q in built[shape]["quoted"][stem].values()}
         numbers = re.findall(r"-?\d[\d,]*\.\d+|-?\d[\d,]*(?=\\%)|\d{1,3}(?:,\d{3})+", _prose(tex))
         assert set(numbers) <= quoted, (shape, stem, set(numbers) - quoted)
@@ -402,17 +402,17 @@ def test_step_model_numbers_equal_the_step_advice_api(built: dict, shape: str) -
 def test_step_model_section_only_where_the_data_support_it(built: dict) -> None:
     # no completed cell: no step model, no what-if; one cell (one cap): advice without any claim
     # of accuracy, since no other cap was run to check it on
-    body = (built["all_failed"]["dir"] / "generated" / "main_body.tex").read_text()
+    body = (built["all_failed"]["dir"] / "latex" / "generated" / "main_body.tex").read_text()
     assert "tab:step_advice" not in body and "tab:what_if" not in body
     one = built["one_cell"]
-    body = (one["dir"] / "generated" / "main_body.tex").read_text()
+    body = (one["dir"] / "latex" / "generated" / "main_body.tex").read_text()
     assert "tab:step_advice" in body and "tab:step_oos" not in body
     assert (
         "has no out-of-sample check of it and says nothing of its accuracy" in one["text"]["main"]
     )
     assert not any(n.startswith("step_oos_") for n in one["quoted"]["main"])
     for shape in SHAPES:  # every prediction is called one
-        body = (built[shape]["dir"] / "generated" / "main_body.tex").read_text()
+        body = (built[shape]["dir"] / "latex" / "generated" / "main_body.tex").read_text()
         for label in ("step_advice", "what_if"):
             if f"tab:{label}" in body:
                 caption = re.search(rf"\\caption\{{(.*?)\}}\\label\{{tab:{label}\}}", body, re.S)

@@ -92,9 +92,14 @@ def test_figures_without_latex(
             path = tmp_path / "figures" / f"{name}{suffix}"
             assert path.is_file() and path.stat().st_size > 0, path
     for stem in build.REPORTS:
-        assert (tmp_path / f"{stem}.tex").is_file()
-        assert (tmp_path / "generated" / f"{stem}_body.tex").stat().st_size > 0
+        assert (tmp_path / "latex" / f"{stem}.tex").is_file()
+        assert (tmp_path / "latex" / "generated" / f"{stem}_body.tex").stat().st_size > 0
     assert not (tmp_path / "main.pdf").exists()
+    # the folder holds the reports and what they show; the LaTeX sources sit apart in latex/
+    pages = {f"{stem}.html" for stem in build.REPORTS}
+    numbers = {f"{kind}_{stem}.json" for kind in ("quoted", "claims") for stem in build.REPORTS}
+    top = {p.name for p in tmp_path.iterdir()}
+    assert top == pages | numbers | {"figures", "tables", build.LATEX_DIR}, top
 
 
 def test_missing_dataset_is_exit_2(tmp_path: Path) -> None:

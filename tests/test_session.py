@@ -111,7 +111,7 @@ def _builds_report(out: Path) -> None:
 
     assert report_main(out, None) in (0, 1)
     report = out / "report"
-    assert (report / "main.tex").is_file()
+    assert (report / "latex" / "main.tex").is_file()
     # one configuration: the figures of one cell (no cap or world-size comparison to draw)
     for stem in ("step_breakdown", "layer_attribution"):
         assert (report / "figures" / f"{stem}.pdf").is_file(), stem
