@@ -99,9 +99,9 @@ def _pct(comm: Any, comp: Any) -> float:
 def _chain(path: Path) -> dict[str, Any]:
     """commprof's value, then HTA's choices applied one at a time (module docstring)."""
     from commprof.traces import trace_parser as tp
+    from commprof.traces.column_builder import read_columns
     from commprof.traces.intervals import IntervalSet
     from commprof.traces.metrics import step_metrics, trace_overlap
-    from commprof.traces.trace_columns import read_columns
     from commprof.traces.trace_rules import CLASSES, RULES, STEP_PATTERN, detect_regime
 
     with warnings.catch_warnings():

@@ -115,7 +115,7 @@ def _worker_floor(trace: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     import msgspec
 
-    from commprof.traces.trace_columns import ColumnBuilder
+    from commprof.traces.column_builder import ColumnBuilder
     from commprof.traces.trace_rules import RULES
 
     event = ColumnBuilder(str(trace), RULES.values()).event_type

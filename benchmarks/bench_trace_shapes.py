@@ -98,7 +98,7 @@ def _worker_floor(trace: Path) -> dict[str, Any]:
     import msgspec
     from isal import igzip  # the decompressor commprof's reader uses (commprof.traces.gunzip)
 
-    from commprof.traces.trace_columns import ColumnBuilder
+    from commprof.traces.column_builder import ColumnBuilder
     from commprof.traces.trace_rules import RULES
 
     event = ColumnBuilder(str(trace), RULES.values()).event_type

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from commprof.traces.trace_columns import TraceColumns, read_columns
+from commprof.traces.column_builder import read_columns
+from commprof.traces.trace_columns import TraceColumns
 from commprof.traces.trace_rules import RULES
 
 NCCL_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from commprof.cli import main
-from commprof.traces import trace_columns
+from commprof.traces import event_selection, event_structs
+from commprof.traces.column_builder import read_columns
 from commprof.traces.comm_rules import resolve_rules
 from commprof.traces.metrics import step_metrics
 from commprof.traces.possible_comm import COMPUTE_NAMESPACES, outer_name, rule_line
-from commprof.traces.trace_columns import read_columns
 from commprof.traces.trace_parser import RULES, parse_trace
 from commprof.traces.trace_rules import PYTHON_COMM_PATTERN
 from tests.test_trace_parser import assert_same_parse
@@ -164,7 +164,7 @@ def test_frames_of_other_modules_leave_the_parse_as_it_was(
     assert "python_function" not in cols.cats
     assert cols.names == read_columns(bare_path, RULES.values()).names
     # As the reader was before it read Python frames: the frames skipped undecoded.
-    monkeypatch.setattr(trace_columns, "reads_python_functions", lambda tables: False)
+    monkeypatch.setattr(event_selection, "reads_python_functions", lambda tables: False)
     assert_same_parse(parse_trace(path), want)
 
 
@@ -195,13 +195,13 @@ def test_settled_names_decode_by_the_known_ones_and_a_new_name_still_counts(
     # (no string built); a chunk with another name (an object address, then DeepEP) fails that
     # decoder and is read by name again: nothing is lost either way.
     known: list[int] = []
-    know = trace_columns._TaggedTypes.know
+    know = event_structs.TaggedTypes.know
 
     def spy(self: Any, names: tuple[str, ...]) -> None:
         known.append(len(names))
         know(self, names)
 
-    monkeypatch.setattr(trace_columns._TaggedTypes, "know", spy)
+    monkeypatch.setattr(event_structs.TaggedTypes, "know", spy)
     address = x("<built-in method numel of Tensor object at 0x7f00aa>", "python_function", 1, 1)
     events = [
         *_many_frames(150), address, *_many_frames(150), x(DEEPEP, "python_function", 9000.0, 50),

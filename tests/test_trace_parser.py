@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 from trace_events import x
 
-from commprof.traces import trace_columns
+from commprof.traces import column_builder
+from commprof.traces.column_builder import read_columns
 from commprof.traces.intervals import total_length
-from commprof.traces.trace_columns import read_columns
 from commprof.traces.trace_notes import trace_notes
 from commprof.traces.trace_parser import RULES, ParsedTrace, Rule, load_trace, parse_trace
 from commprof.traces.trace_rules import COLLECTIVE_ARG_KEYS
@@ -632,7 +632,7 @@ def test_bad_times_are_counted_over_every_chunk_and_the_first_is_named(
     events[9]["dur"] = 1e12
     first = r"3 event\(s\) with missing, negative or absurd ts/dur \(first: 'op2' ts=2.0 dur=-2.0\)"
     only_none = r"1 event\(s\) .* \(first: 'op5' ts=None dur=1\)"
-    monkeypatch.setattr(trace_columns, "BLOCK_EVENTS", 2)
+    monkeypatch.setattr(column_builder, "BLOCK_EVENTS", 2)
     path = tmp_path / "bad.json"
     for evs, want in ((events, first), ([events[0], events[6]], only_none)):
         with pytest.raises(ValueError, match=want):
@@ -655,7 +655,7 @@ def test_unfinished_events_as_the_profiler_writes_them_are_dropped_counted_and_n
     coll = [x("gloo:all_reduce", "user_annotation", 30 + 5 * i, 4, tid=2, Seq=i) for i in range(3)]
     coll[1]["dur"] = -1.0
     events = [step(0, 5, 100), *ops, *coll]
-    monkeypatch.setattr(trace_columns, "BLOCK_EVENTS", 3)
+    monkeypatch.setattr(column_builder, "BLOCK_EVENTS", 3)
     path = tmp_path / "unfinished.json"
     path.write_text(json.dumps(trace(events)))
     for source in (trace(events), path):

@@ -82,7 +82,7 @@ def _names(rank: _Rank) -> list[dict[str, Any]]:
 
 
 def _ns(us: Any) -> int | None:
-    """``rint(us * 1000)`` in float64, exactly as the parser converts (trace_columns._to_ns)."""
+    """``rint(us * 1000)`` in float64, exactly as the parser converts (event_times.to_ns)."""
     if not isinstance(us, int | float) or not math.isfinite(us):
         return None
     return round(float(us) * 1000.0)

@@ -10,7 +10,7 @@ microseconds in the file and are converted once, at the reader, to int64
 nanoseconds (``np.rint(ts * 1000)``; docs/design.md, Definitions).
 
 Files are decoded by msgspec in chunks of whole events into typed structs of the
-fields used (:mod:`commprof.traces.trace_reader`, :mod:`commprof.traces.trace_columns`):
+fields used (:mod:`commprof.traces.trace_reader`, :mod:`commprof.traces.column_builder`):
 peak memory stays at a few compact columns per event plus one chunk, however large the
 trace. Rules are evaluated on the distinct names and categories, then
 broadcast to the events with numpy.
@@ -31,11 +31,12 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from commprof.traces.column_builder import read_columns
 from commprof.traces.comm_rules import CommRule, CommRules
 from commprof.traces.intervals import Int64Array, IntervalSet, difference
 from commprof.traces.kept_args import ABSENT, KeptArgs, absent
 from commprof.traces.possible_comm import possible_comm, possible_ranges
-from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask, read_columns
+from commprof.traces.trace_columns import BLOCK_EVENTS, TraceColumns, code_mask
 from commprof.traces.trace_reader import CHUNK_BYTES, load_trace
 from commprof.traces.trace_rules import (
     CLASSES,
@@ -719,7 +720,7 @@ def parse_trace(
     """Classify a trace's events into interval sets per class and find its step windows.
 
     A file is decoded in chunks (bounded memory,
-    :func:`commprof.traces.trace_columns.read_columns`);
+    :func:`commprof.traces.column_builder.read_columns`);
     a dict is read in place. Both give the same result.
 
     Args:

@@ -4,7 +4,7 @@ Each complete event (``ph == "X"``) of a trace is classified by the first matchi
 rule of its regime's :class:`RuleTable`; collective metadata in the event args
 (``Collective name``) comes before kernel-name patterns, which are only a
 fallback. The parser (:mod:`commprof.traces.trace_parser`) applies the tables;
-the column reader (:mod:`commprof.traces.trace_columns`) reads them to know
+the column builder (:mod:`commprof.traces.column_builder`) reads them to know
 which events' ``args`` it must keep.
 """
 
