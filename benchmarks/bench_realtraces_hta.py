@@ -100,6 +100,7 @@ def _chain(path: Path) -> dict[str, Any]:
     """commprof's value, then HTA's choices applied one at a time (module docstring)."""
     from commprof.traces import trace_parser as tp
     from commprof.traces.column_builder import read_columns
+    from commprof.traces.event_classes import Events, classify, unlaunched_events
     from commprof.traces.intervals import IntervalSet
     from commprof.traces.metrics import step_metrics, trace_overlap
     from commprof.traces.trace_rules import CLASSES, RULES, STEP_PATTERN, detect_regime
@@ -111,9 +112,9 @@ def _chain(path: Path) -> dict[str, Any]:
     steps = step_metrics(parsed)
     step_comm, step_overlap = int(steps["comm_ns"].sum()), int(steps["overlap_ns"].sum())
     cols = read_columns(path, RULES.values())
-    evs = tp._Events(cols)
+    evs = Events(cols)
     regime = detect_regime(cols.meta, cols.cats, cols.names)
-    targets, _, _ = tp._classify(evs, RULES[regime], np.zeros(len(evs), bool))
+    targets, _, _ = classify(evs, RULES[regime], np.zeros(len(evs), bool))
     names = np.array([str(n) for n in cols.names], dtype=object)[cols.name_code]
     start, end = cols.start_ns, cols.end_ns
 
@@ -124,7 +125,7 @@ def _chain(path: Path) -> dict[str, Any]:
         )
 
     gpu = evs.cat_mask(HTA_GPU_CATS)
-    unlaunched = tp._unlaunched(evs)
+    unlaunched = unlaunched_events(evs)
     steps = {n for n in cols.names if STEP_PATTERN.match(str(n)) or "ProfilerStep" in str(n)}
     filters = len(steps) >= 2  # HTA filters nothing with at most one ProfilerStep name
     launch = evs.cat_mask(tp.LAUNCH_CATS)

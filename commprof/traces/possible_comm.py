@@ -182,7 +182,7 @@ def possible_comm(
         targets: Each event's class index in CLASSES (-1: none).
         comm: The communication rules used.
         launch: Each event's index in the launch columns (-1: none), as
-            ``trace_parser._Events.launch_of`` gives it for every event.
+            ``event_classes.Events.launch_of`` gives it for every event.
 
     Returns:
         One row per kernel name (COLUMNS), most time first: its events, their summed time, why

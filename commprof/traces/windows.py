@@ -197,3 +197,15 @@ def step_windows(
     )
     lo, hi = cols.start_ns[classified].min(), cols.end_ns[classified].max()
     return np.array([0]), np.array([lo]), np.array([hi]), WHOLE_SOURCE
+
+
+def step_index(
+    cpu: Windows | None, at_ns: Int64Array, valid: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.intp]:
+    """Index of the CPU window each time lies in (-1: none, or not ``valid``)."""
+    if cpu is None or not at_ns.size:
+        return np.full(at_ns.size, -1, np.intp)
+    _, lo, hi = cpu
+    win = np.searchsorted(lo, at_ns, side="right") - 1
+    inside = valid & (win >= 0) & (at_ns < hi[np.maximum(win, 0)])
+    return np.where(inside, win, -1)
