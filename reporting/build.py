@@ -10,6 +10,7 @@ Output folder (default ``RESULTS/report/``)::
                               dataset supports (the others are not drawn; the command says why)
     tables/<name>.csv         the processed tables (``commprof.analysis.dataset.write_csv_tables``)
     quoted_<report>.json      every number the report's prose quotes: name -> text, value
+    claims_<report>.json      what its sentences claim of its tables (checked against them)
     latex/                    the PDFs' LaTeX sources (``LATEX_DIR``), apart from the reports:
       main.tex, postmortem.tex  the two reports (from ``commprof.reporting.templates``)
       generated/main_body.tex   the main report's sections (``main_sections``, ``recommend``)
