@@ -269,17 +269,8 @@ def _source_hashes() -> dict[str, str]:
     import hashlib
 
     out = {}
-    for name in (
-        "trace_parser.py",
-        "trace_reader.py",
-        "trace_columns.py",
-        "trace_rules.py",
-        "intervals.py",
-        "metrics.py",
-    ):
-        path = REPO / "commprof" / "profiling" / name
-        if path.exists():
-            out[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    for path in sorted((REPO / "commprof" / "traces").glob("*.py")):  # the reader's package
+        out[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     return out
 
 
