@@ -22,7 +22,7 @@ from commprof.traces.kept_args import KeptArgs
 BLOCK_EVENTS = 1 << 16
 """Events taken at a time where a whole-trace temporary would cost several bytes an event: the
 events between conversions of their ts/dur to ns (``event_times.EventTimes.flush``), the blocks
-of :func:`code_mask` and of ``trace_parser``'s launch search."""
+of :func:`code_mask` and of the launch search (``event_classes.Events.launch_index``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
