@@ -364,22 +364,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--external-logs", type=Path, help="local copy of unlicensed logs")
     parser.add_argument("--out", type=Path, help="write the JSON here")
-    parser.add_argument("--only", choices=ROLES)
+    parser.add_argument("--only", choices=ROLES,
+                        help="score the development systems (they fit the losses and the "
+                             "interval rule) and this role's only")  # fmt: skip
     parser.add_argument("--write-rule", action="store_true",
                         help="write the interval rule fitted on development systems")  # fmt: skip
     ledger.add_change_argument(parser)
     args = parser.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     split = load_yaml(read_text(SPLIT, "the split file"), str(SPLIT))["systems"]
+    later = {role: load_yaml(read_text(path, "the split file"), str(path))
+             for role, path in LATER_SPLITS.items()}  # fmt: skip
     for role, path in LATER_SPLITS.items():
-        for system in load_yaml(read_text(path, "the split file"), str(path))["systems"]:
+        for system in later[role]["systems"]:
             if system["role"] != "held_out":
                 raise ValueError(f"{path}: {system['name']}: role must be held_out")
             split.append({**system, "role": role})
     fitted, left_out, one_size = [], [], []
-    third = load_yaml(read_text(LATER_SPLITS["held_out_3"], "the split file"), "split 3")
     for system in split:
-        if args.only not in (None, system["role"]):
+        if args.only not in (None, system["role"]) and system["role"] != "development":
             continue
         folder = DATA if system["licence"] != "none" else args.external_logs
         if folder is None or not all((folder / p).is_file() for p in system["logs"].values()):
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run 7's rule (a one-node fit as any other): {rule_off}; coverage {cov_off}")
     for key, doc in pooled.items():
         print(f"{key}: " + ", ".join(f"{k} {_pct(v)}" for k, v in doc.items()))
-    for entry in third.get("in_sample_only", []) if args.only in (None, "held_out_3") else []:
+    one_size_entries = later["held_out_3"].get("in_sample_only", [])
+    for entry in one_size_entries if args.only in (None, "held_out_3") else []:
         folder = DATA if entry["licence"] != "none" else args.external_logs
         if folder is None or not (folder / entry["log"]).is_file():
             left_out.append(entry["name"])
